@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+def _has_cuda() -> bool:
+    return shutil.which("nvidia-smi") is not None
+
+
+def pytest_collection_modifyitems(config, items):
+    if _has_cuda():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tmp_path_factory) -> Path:
+    from tiny import make_tokenizer
+
+    return make_tokenizer(tmp_path_factory.mktemp("tok"))
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tmp_path_factory, tiny_tokenizer) -> tuple[Path, Path]:
+    """A tiny random target (4 layers) and draft (1 layer) sharing one tokenizer; hidden 128 so 4-bit formats work."""
+    from tiny import make_llama
+
+    root = tmp_path_factory.mktemp("pair")
+    target = make_llama(root / "target", tiny_tokenizer, layers=4, seed=0)
+    draft = make_llama(root / "draft", tiny_tokenizer, layers=1, seed=1)
+    return target, draft
+
+
+@pytest.fixture
+def write_spec(tmp_path):
+    """Write a spec YAML from a dict and return its path."""
+    import yaml
+
+    def _write(data: dict, name: str = "trtspec.yaml") -> Path:
+        path = tmp_path / name
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        return path
+
+    return _write
+
+
+@pytest.fixture(scope="session")
+def example_paths():
+    """The embedded SmolLM2 example (converted once into the user cache)."""
+    from trtspec.example import example_models
+
+    return example_models()

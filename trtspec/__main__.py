@@ -1,0 +1,3 @@
+from trtspec.cli.main import main
+
+main()

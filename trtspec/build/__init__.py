@@ -1,0 +1,1 @@
+"""Build stages: compatibility checks, memory plan, plan, quantization, orchestration."""

@@ -1,0 +1,212 @@
+"""Preflight: draft/target compatibility, the GPU memory plan and the toolchain, from config and tokenizer files only."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+
+from trtspec.build.memory import GIB, MemoryPlan, plan_memory
+from trtspec.build.tokenizers import TokenizerInfo, first_vocab_difference, read_tokenizer
+from trtspec.build.toolchain import Toolchain, detect_toolchain
+from trtspec.errors import TrtspecError
+from trtspec.families import NormalizedConfig, known_families, read_config
+from trtspec.spec import BuildSpec, Quantization, Runtime
+
+BLOCK_SIZE_4BIT = 128
+CUDA_ONLY_FORMATS = (Quantization.NVFP4,)
+
+
+class Level(str, Enum):
+    OK = "ok"
+    WARN = "warn"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str
+    level: Level
+    detail: str
+    hint: str | None = None
+
+
+@dataclass
+class CheckReport:
+    findings: list[Finding] = field(default_factory=list)
+    memory: MemoryPlan | None = None
+    toolchain: Toolchain | None = None
+
+    def add(self, check: str, level: Level, detail: str, hint: str | None = None) -> None:
+        self.findings.append(Finding(check, level, detail, hint))
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.level is Level.ERROR]
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def to_dict(self) -> dict:
+        return {
+            "ok": self.ok,
+            "findings": [{**asdict(f), "level": f.level.value} for f in self.findings],
+            "memory": self.memory.to_dict() if self.memory else None,
+            "toolchain": self.toolchain.to_dict() if self.toolchain else None,
+        }
+
+
+def _load(report: CheckReport, spec: BuildSpec, role: str) -> tuple[NormalizedConfig, TokenizerInfo] | None:
+    path = spec.model_path(role)
+    try:
+        cfg = read_config(path)
+        tok = read_tokenizer(path)
+    except TrtspecError as exc:
+        report.add(f"{role} model", Level.ERROR, exc.message, exc.hint)
+        return None
+    report.add(f"{role} model", Level.OK,
+               f"{cfg.model_type}, {cfg.num_layers} layers, hidden {cfg.hidden_size}, {cfg.num_params / 1e6:.1f}M params")
+    return cfg, tok
+
+
+def _check_family(report: CheckReport, spec: BuildSpec, role: str, cfg: NormalizedConfig) -> None:
+    if cfg.model_type in known_families():
+        report.add(f"{role} family", Level.OK, f"{cfg.model_type} (TRT-LLM decoder {cfg.family.decoder_type})")
+    else:
+        # The torch runtime runs any HF causal LM; the TRT-LLM runtimes need a known checkpoint converter.
+        level = Level.ERROR if spec.runtime is not Runtime.TORCH else Level.WARN
+        report.add(f"{role} family", level, f"model family '{cfg.model_type}' is not supported",
+                   f"supported: {', '.join(known_families())}")
+
+
+def _check_tokenizers(report: CheckReport, t: tuple[NormalizedConfig, TokenizerInfo],
+                      d: tuple[NormalizedConfig, TokenizerInfo]) -> None:
+    (tc, tt), (dc, dt) = t, d
+    if tc.vocab_size != dc.vocab_size:
+        report.add("vocabulary size", Level.ERROR,
+                   f"target vocab_size {tc.vocab_size} != draft vocab_size {dc.vocab_size}",
+                   "draft and target must share one tokenizer and one vocabulary")
+    else:
+        report.add("vocabulary size", Level.OK, f"{tc.vocab_size} (config), {len(tt.vocab)} tokenizer entries")
+    diff = first_vocab_difference(tt.vocab, dt.vocab)
+    if diff is None:
+        report.add("token-to-id mapping", Level.OK, f"identical ({len(tt.vocab)} tokens)")
+    else:
+        report.add("token-to-id mapping", Level.ERROR, f"tokenizers differ at {diff}",
+                   "use a draft trained with the target's tokenizer (same family), or distill one: trtspec distill")
+    for name, a, b in (("bos", tc.bos_token_id, dc.bos_token_id), ("eos", tc.eos_token_ids, dc.eos_token_ids),
+                       ("pad", tc.pad_token_id, dc.pad_token_id)):
+        a_tok, b_tok = tt.special_ids.get(name), dt.special_ids.get(name)
+        if a != b or a_tok != b_tok:
+            level = Level.WARN if name == "pad" else Level.ERROR
+            report.add(f"{name} id", level, f"target {a} (tokenizer {a_tok}), draft {b} (tokenizer {b_tok})",
+                       "the pair must stop on the same tokens" if name != "pad"
+                       else "trtspec pads with the target's pad id; harmless, but check the draft's export")
+        else:
+            report.add(f"{name} id", Level.OK, f"{a}")
+
+
+def _check_context(report: CheckReport, spec: BuildSpec, role: str, cfg: NormalizedConfig) -> None:
+    if cfg.max_position_embeddings < spec.engine.max_seq_len:
+        report.add(f"{role} context", Level.ERROR,
+                   f"max_position_embeddings {cfg.max_position_embeddings} < engine.max_seq_len {spec.engine.max_seq_len}",
+                   f"set engine.max_seq_len <= {cfg.max_position_embeddings}")
+    else:
+        report.add(f"{role} context", Level.OK,
+                   f"max_position_embeddings {cfg.max_position_embeddings} >= max_seq_len {spec.engine.max_seq_len}")
+
+
+def _check_quantization(report: CheckReport, spec: BuildSpec, role: str, cfg: NormalizedConfig,
+                        tools: Toolchain) -> None:
+    q = getattr(spec, role).quantization
+    if q in (Quantization.INT4_AWQ, Quantization.W4A8_AWQ):
+        dims = {"hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
+                "num_attention_heads x head_dim": cfg.num_attention_heads * cfg.head_dim}
+        bad = {k: v for k, v in dims.items() if v % BLOCK_SIZE_4BIT}
+        if bad:
+            name, dim = next(iter(bad.items()))
+            report.add(f"{role} quantization", Level.ERROR,
+                       f"{q.value} needs input dimensions that are multiples of {BLOCK_SIZE_4BIT}; {name} is {dim}",
+                       "use fp8, int8_sq or int8_wo for this model")
+            return
+    if q in CUDA_ONLY_FORMATS and not tools.has_gpu:
+        report.add(f"{role} quantization", Level.ERROR, f"{q.value} calibration needs a CUDA GPU and none is here",
+                   "run `trtspec quantize` on a GPU machine, or pick fp8 / int4_awq")
+        return
+    report.add(f"{role} quantization", Level.OK, f"{q.value}")
+
+
+def _check_speculative(report: CheckReport, spec: BuildSpec, t: NormalizedConfig, d: NormalizedConfig) -> None:
+    k = spec.speculative.max_draft_len
+    room = spec.engine.max_seq_len - spec.engine.max_input_len
+    if k >= room:
+        report.add("draft length", Level.ERROR, f"K={k} leaves no room: max_seq_len - max_input_len = {room}",
+                   "lower speculative.max_draft_len or raise engine.max_seq_len")
+    else:
+        report.add("draft length", Level.OK, f"K={k} (runtime {spec.runtime.value} allows 1..16)")
+    ratio = d.num_params / max(t.num_params, 1)
+    if ratio > 0.5:
+        report.add("draft size", Level.WARN, f"draft has {ratio:.0%} of the target's parameters",
+                   "a draft pays off when one of its steps costs a small fraction of a target step")
+    else:
+        report.add("draft size", Level.OK, f"draft/target parameters = {ratio:.3f}")
+    if spec.runtime is not Runtime.TORCH and spec.speculative.use_draft_logits and spec.runtime is Runtime.TRTLLM_LLMAPI:
+        report.add("draft logits", Level.WARN, "the LLM API DraftTarget path accepts by exact match only",
+                   "use_draft_logits applies to the trtllm-engine runtime")
+
+
+def _check_memory(report: CheckReport, spec: BuildSpec, t: NormalizedConfig, d: NormalizedConfig) -> None:
+    plan = plan_memory(spec, t, d)
+    report.memory = plan
+    if spec.target.tp_size > spec.gpu.count:
+        report.add("GPU count", Level.ERROR, f"target.tp_size {spec.target.tp_size} > gpu.count {spec.gpu.count}",
+                   "lower target.tp_size or raise gpu.count")
+    if plan.free_for_kv_gpu0 <= 0:
+        report.add("GPU memory", Level.ERROR,
+                   f"weights need {(plan.target.weight_bytes_per_gpu + plan.draft.weight_bytes_per_gpu) / GIB:.1f} GiB"
+                   f" on GPU 0 but {plan.usable_bytes_per_gpu / GIB:.1f} GiB are usable",
+                   "quantize harder, raise target.tp_size, or use a larger GPU")
+    elif not plan.kv_sufficient:
+        report.add("KV cache", Level.WARN,
+                   f"room for {plan.kv_tokens_capacity:,} tokens < max_batch_size x max_seq_len = {plan.kv_tokens_needed:,}",
+                   "requests will queue for KV blocks; lower max_batch_size or use fp8 KV cache")
+    else:
+        report.add("GPU memory", Level.OK,
+                   f"{plan.free_for_kv_gpu0 / GIB:.1f} GiB left for KV on GPU 0: {plan.kv_tokens_capacity:,} tokens"
+                   f" (need {plan.kv_tokens_needed:,})")
+
+
+def _check_toolchain(report: CheckReport, spec: BuildSpec, tools: Toolchain) -> None:
+    report.toolchain = tools
+    if spec.runtime is Runtime.TORCH:
+        report.add("runtime", Level.OK if tools.torch_installed else Level.ERROR,
+                   "torch runtime: runs on this machine" if tools.torch_installed else "torch is not installed",
+                   None if tools.torch_installed else "pip install 'trtspec[torch]'")
+    else:
+        if tools.trtllm_build:
+            report.add("runtime", Level.OK, f"trtllm-build at {tools.trtllm_build}")
+        else:
+            report.add("runtime", Level.WARN, f"{spec.runtime.value}: no trtllm-build and no GPU here",
+                       "`trtspec compile` prints the docker command that runs it in the NGC image")
+    report.add("tritonserver", Level.OK if tools.tritonserver else Level.WARN,
+               tools.tritonserver or "no tritonserver binary found",
+               None if tools.tritonserver else "pip install 'trtspec[serve]' (bundles one), or use serve --docker")
+
+
+def run_check(spec: BuildSpec, toolchain: Toolchain | None = None) -> CheckReport:
+    """Every preflight check; never raises for a problem it can report."""
+    report = CheckReport()
+    tools = toolchain or detect_toolchain()
+    t = _load(report, spec, "target")
+    d = _load(report, spec, "draft")
+    if t is not None and d is not None:
+        _check_family(report, spec, "target", t[0])
+        _check_family(report, spec, "draft", d[0])
+        _check_tokenizers(report, t, d)
+        for role, (cfg, _) in (("target", t), ("draft", d)):
+            _check_context(report, spec, role, cfg)
+            _check_quantization(report, spec, role, cfg, tools)
+        _check_speculative(report, spec, t[0], d[0])
+        _check_memory(report, spec, t[0], d[0])
+    _check_toolchain(report, spec, tools)
+    return report

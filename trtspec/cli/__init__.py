@@ -1,0 +1,1 @@
+"""The `trtspec` command line: thin commands that parse, call the library and render."""

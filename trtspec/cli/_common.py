@@ -1,0 +1,29 @@
+"""What commands share: the console, spec resolution, JSON output."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from trtspec.spec import BuildSpec, load_spec
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def resolve_spec(path: Path | None) -> BuildSpec:
+    """The spec at ``path``, or the embedded example (materialized on first use) when omitted."""
+    if path is not None:
+        return load_spec(path)
+    from trtspec.example import example_spec
+
+    with err_console.status("preparing the embedded example (SmolLM2-135M-Instruct; first run converts it, ~30 s)"):
+        return example_spec()
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")

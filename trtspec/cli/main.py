@@ -1,0 +1,71 @@
+"""Entry point: the typer app, and the one place where errors become one line, a hint and an exit code."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+
+from trtspec import __version__
+from trtspec.cli import spec_cmds
+from trtspec.errors import TrtspecError
+
+app = typer.Typer(
+    name="trtspec",
+    help="Draft-target speculative decoding: quantize, compile and serve a target + draft pair on Triton.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"trtspec {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="print the version and exit")) -> None:
+    """Draft-target speculative decoding toolchain."""
+
+
+spec_cmds.register(app)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI; a TrtspecError exits with its code after one line and a hint (traceback with TRTSPEC_DEBUG=1)."""
+    debug = os.environ.get("TRTSPEC_DEBUG", "") not in ("", "0")
+    try:
+        rc = app(args=argv, standalone_mode=False)
+    except TrtspecError as exc:
+        if debug:
+            raise
+        from trtspec.cli._common import err_console
+
+        err_console.print(f"[bold red]error:[/] {exc.message}", highlight=False, soft_wrap=True)
+        if exc.hint:
+            err_console.print(f"[dim]hint:[/] {exc.hint}", highlight=False, soft_wrap=True)
+        sys.exit(exc.exit_code)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        sys.stderr.write("aborted\n")
+        sys.exit(130)
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        sys.exit(130)
+    except Exception as exc:  # click usage errors and anything unexpected: never exit 0
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        if debug:
+            raise
+        sys.stderr.write(f"error: unexpected {type(exc).__name__}: {exc}\nhint: rerun with TRTSPEC_DEBUG=1 for a "
+                         "traceback and report it\n")
+        sys.exit(1)
+    sys.exit(rc if isinstance(rc, int) else 0)
