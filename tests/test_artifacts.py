@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+import pytest
+
+from trtspec.build.artifacts import atomic_dir, hash_inputs, is_up_to_date, read_manifest, write_manifest
+
+
+def test_atomic_dir_leaves_nothing_on_failure(tmp_path):
+    final = tmp_path / "out"
+    with pytest.raises(RuntimeError):
+        with atomic_dir(final) as tmp:
+            (tmp / "half.bin").write_bytes(b"x")
+            raise RuntimeError("killed mid-stage")
+    assert not final.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_atomic_dir_replaces_previous_output(tmp_path):
+    final = tmp_path / "out"
+    for content in ("one", "two"):
+        with atomic_dir(final) as tmp:
+            (tmp / "f").write_text(content)
+            write_manifest(tmp, {"inputs_hash": content})
+    assert (final / "f").read_text() == "two"
+    assert read_manifest(final)["inputs_hash"] == "two"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_inputs_hash_changes_with_content_and_settings(tmp_path):
+    src = tmp_path / "model"
+    src.mkdir()
+    (src / "w").write_bytes(b"abc")
+    h1 = hash_inputs({"model": src}, {"fmt": "fp8"})
+    assert h1 == hash_inputs({"model": src}, {"fmt": "fp8"})
+    assert h1 != hash_inputs({"model": src}, {"fmt": "int8_wo"})
+    (src / "w").write_bytes(b"abd")
+    h2 = hash_inputs({"model": src}, {"fmt": "fp8"})
+    assert h2 != h1
+    out = tmp_path / "out"
+    with atomic_dir(out) as tmp:
+        write_manifest(tmp, {"inputs_hash": h2})
+    assert is_up_to_date(out, h2) and not is_up_to_date(out, h1)

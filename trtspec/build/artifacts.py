@@ -1,0 +1,134 @@
+"""Stage outputs: atomic directories and their ``manifest.json``.
+
+Every stage writes into a temporary sibling of its output directory and renames it into place only when complete,
+so a crash or Ctrl-C never leaves a half-written output. The manifest records the inputs' content hashes, tool
+versions, settings and timings; a stage whose recorded ``inputs_hash`` equals the current one is skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+MANIFEST = "manifest.json"
+_HASH_CHUNK = 1 << 20
+
+
+def hash_file(path: Path, h: Any | None = None) -> str:
+    """SHA-256 of a file's bytes."""
+    h = h or hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def hash_dir(path: Path, exclude: tuple[str, ...] = (MANIFEST,)) -> str:
+    """SHA-256 over a directory's relative file names and contents (sorted; ``exclude`` names skipped)."""
+    path = Path(path)
+    h = hashlib.sha256()
+    if path.is_file():
+        h.update(path.name.encode())
+        hash_file(path, h)
+        return h.hexdigest()
+    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        rel = file.relative_to(path).as_posix()
+        if file.name in exclude or any(part.startswith(".tmp-") for part in file.relative_to(path).parts):
+            continue
+        h.update(rel.encode() + b"\0")
+        hash_file(file, h)
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def hash_inputs(paths: Mapping[str, Path | None], settings: Mapping[str, Any]) -> str:
+    """One hash over named input paths (files or directories) and JSON-serializable settings."""
+    h = hashlib.sha256()
+    for name in sorted(paths):
+        p = paths[name]
+        h.update(name.encode() + b"=")
+        h.update((hash_dir(p) if p is not None and Path(p).exists() else "absent").encode())
+        h.update(b";")
+    h.update(json.dumps(settings, sort_keys=True, default=str).encode())
+    return h.hexdigest()
+
+
+def read_manifest(directory: Path) -> dict[str, Any] | None:
+    """The manifest of a completed output directory, or None."""
+    path = Path(directory) / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def is_up_to_date(directory: Path, inputs_hash: str) -> bool:
+    """True when ``directory`` holds a completed output made from inputs with this hash."""
+    manifest = read_manifest(directory)
+    return manifest is not None and manifest.get("inputs_hash") == inputs_hash
+
+
+def write_manifest(directory: Path, data: Mapping[str, Any]) -> Path:
+    path = Path(directory) / MANIFEST
+    path.write_text(json.dumps(dict(data), indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
+    return path
+
+
+@contextlib.contextmanager
+def atomic_dir(final: Path) -> Iterator[Path]:
+    """Yield a fresh temporary sibling of ``final``; on success replace ``final`` with it, on any error remove it.
+
+    The rename is atomic on one filesystem; the old output (if any) is moved aside first and deleted after.
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}-{time.monotonic_ns()}")
+    tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = None
+    if final.exists():
+        old = final.with_name(f".old-{final.name}-{os.getpid()}-{time.monotonic_ns()}")
+        final.rename(old)
+    tmp.rename(final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def clean_stale_temporaries(parent: Path) -> list[Path]:
+    """Remove ``.tmp-*`` / ``.old-*`` leftovers of killed runs in ``parent``; return what was removed."""
+    removed = []
+    parent = Path(parent)
+    if not parent.is_dir():
+        return removed
+    for p in parent.iterdir():
+        if p.name.startswith((".tmp-", ".old-")):
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+            removed.append(p)
+    return removed
+
+
+def tool_versions(*packages: str) -> dict[str, str | None]:
+    """Installed versions of Python packages (None when absent), without importing them."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: dict[str, str | None] = {}
+    for name in packages:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
