@@ -148,3 +148,19 @@ def test_cli_compile_without_trtllm_build_exits_1_with_docker_lines(tmp_path, ti
     assert "Traceback" not in r.stderr
     assert "error: trtllm-build is not on PATH" in r.stderr
     assert r.stderr.count("docker run --rm --gpus all") >= 2  # one line per role, then the hint
+
+
+def test_cli_compile_with_trtllm_build_builds_then_skips(tmp_path, tiny_pair, trtllm_checkpoints, standin_bin):
+    spec = engine_spec(tmp_path, tiny_pair)
+    _place_checkpoints(spec, trtllm_checkpoints)
+    path = tmp_path / "trtspec.yaml"
+    path.write_text(yaml.safe_dump(spec.to_yaml_dict()))
+    env = {**os.environ, "PATH": f"{standin_bin}{os.pathsep}{os.environ['PATH']}", "TRTLLM_STANDIN_VERSION": "1.0.0"}
+    r = subprocess.run([sys.executable, "-m", "trtspec", "compile", str(path)], capture_output=True, text=True,
+                       env=env, cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "compile:target" in r.stderr and "built" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "trtspec", "compile", str(path), "--only", "draft", "--json"],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert [s["status"] for s in json.loads(r.stdout)["stages"]] == ["skipped"]

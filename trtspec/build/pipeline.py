@@ -120,16 +120,21 @@ def pipeline_stages(spec: BuildSpec, bodies: StageBodies | None = None) -> list[
             stages.append(PipelineStage(f"compile:{role}", None,
                                         not_needed=f"{spec.runtime.value} loads the checkpoint at serve time"))
 
-    def repo_body(out: Path, progress: Any) -> dict:
-        extra: dict = {}
+    def repo_inputs() -> tuple[dict[str, Path | None], dict]:
+        paths, settings = b.get("repo_inputs")(spec)
         if spec.runtime is Runtime.TRTLLM_ENGINE:
+            # The version guard runs before the up-to-date test, so that switching the serving image to another
+            # TensorRT-LLM release is refused even when nothing else changed; the image is an input of the repo.
             from trtspec.engines.engine_dir import check_engine_versions, serving_image
 
-            extra["engine_trtllm_versions"] = check_engine_versions(spec)
-            extra["serving_image"] = serving_image(spec)
-        return {**extra, **(b.get("write_repo_into")(spec, out) or {})}
+            settings = {**settings, "serving_image": serving_image(spec),
+                        "engine_trtllm_versions": check_engine_versions(spec)}
+        return paths, settings
 
-    stages.append(PipelineStage("repo", spec.repo_dir, inputs=lambda: b.get("repo_inputs")(spec), body=repo_body))
+    def repo_body(out: Path, progress: Any) -> dict:
+        return b.get("write_repo_into")(spec, out) or {}
+
+    stages.append(PipelineStage("repo", spec.repo_dir, inputs=repo_inputs, body=repo_body))
     return stages
 
 

@@ -43,9 +43,10 @@ def compile(spec_path: SpecArg = None, only: OnlyOpt = None, force: ForceOpt = F
     """Build the TensorRT-LLM engines (runtime trtllm-engine) with trtllm-build, or print the docker command."""
     import shlex
 
-    from trtspec.build.plan import ROLES
+    from trtspec.build.artifacts import MANIFEST
+    from trtspec.build.plan import ROLES, engine_dir
     from trtspec.engines.compile import docker_command, find_trtllm_build
-    from trtspec.errors import SpecError
+    from trtspec.errors import EngineBuildError, SpecError
     from trtspec.spec import Runtime
 
     spec = resolve_spec(spec_path)
@@ -55,12 +56,16 @@ def compile(spec_path: SpecArg = None, only: OnlyOpt = None, force: ForceOpt = F
     roles = [only] if only else list(ROLES)
     if only and only not in ROLES:
         raise SpecError(f"--only {only}: expected target or draft", hint="--only target | --only draft")
-    if find_trtllm_build() is None and not as_json:
-        # Say up front what to run elsewhere, for every role; the stage then adopts engines built that way.
-        for role in roles:
-            err_console.print(f"[dim]{role}:[/] {shlex.join(docker_command(spec, role))}", highlight=False,
-                              soft_wrap=True)
-    _run(spec, [f"compile:{r}" for r in roles], force, as_json)
+    try:
+        _run(spec, [f"compile:{r}" for r in roles], force, as_json)
+    except EngineBuildError:
+        if find_trtllm_build() is None:
+            # What to run elsewhere, for every role still without an engine; the next `trtspec compile` adopts them.
+            for role in roles:
+                if not (engine_dir(spec, role) / MANIFEST).is_file():
+                    err_console.print(f"[dim]{role}:[/] {shlex.join(docker_command(spec, role))}", highlight=False,
+                                      soft_wrap=True)
+        raise
 
 
 def build(spec_path: SpecArg = None, force: ForceOpt = False, as_json: JsonOpt = False) -> None:
