@@ -111,8 +111,12 @@ def test_build_killed_mid_stage_leaves_no_partial_output_and_the_next_run_comple
     spec = engine_spec(tmp_path, tiny_pair)
     proc = _start_runner(tmp_path, spec, trtllm_checkpoints, sleep="600")
     _wait_for_build_mid_stage(spec, proc)
-    os.killpg(proc.pid, signal.SIGKILL)  # no cleanup handlers run: as after a power cut or OOM kill
+    os.kill(proc.pid, signal.SIGKILL)  # trtspec alone, no cleanup handlers: as after an OOM kill
     proc.wait(timeout=60)
+    end = time.monotonic() + 30
+    while not _group_gone(proc.pid) and time.monotonic() < end:  # trtllm-build dies with its parent
+        time.sleep(0.2)
+    assert _group_gone(proc.pid), "trtllm-build kept running after trtspec was killed"
     assert not engine_dir(spec, "target").exists()
     assert list(spec.engines_dir.glob(".tmp-target-*"))  # the half-built engine is only a temporary sibling
     report = run_pipeline(spec, bodies=TinyStageBodies(trtllm_checkpoints).bodies())

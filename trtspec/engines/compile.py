@@ -91,14 +91,22 @@ def _log_path(spec: BuildSpec, role: str) -> Path:
     return spec.engines_dir / "logs" / f"{role}.{LOG_NAME}"
 
 
-def _set_parent_death_signal() -> None:
-    """Make the child die with us even on SIGKILL (Linux), so a killed build leaves no orphan compiling."""
+def _parent_death_signal_setter():
+    """A pre-exec hook making the child die with us even on SIGKILL (Linux PR_SET_PDEATHSIG), or None.
+
+    libc is loaded here, in the parent: between fork and exec the child only calls the resolved function, so it
+    takes no loader or import lock that another thread (e.g. the progress display's) might hold at fork time.
+    """
+    if sys.platform != "linux":
+        return None
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:  # noqa: BLE001 - best effort on non-Linux systems
-        pass
+        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    kill = int(signal.SIGKILL)
+    return lambda: prctl(1, kill)  # 1 = PR_SET_PDEATHSIG
 
 
 def run_trtllm_build(cmd: list[str], log_path: Path, on_line=None) -> float:
@@ -111,7 +119,7 @@ def run_trtllm_build(cmd: list[str], log_path: Path, on_line=None) -> float:
         log.flush()
         lock = threading.Lock()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace",
-                                preexec_fn=_set_parent_death_signal if sys.platform == "linux" else None)
+                                preexec_fn=_parent_death_signal_setter())
 
         def pump(stream, is_err: bool) -> None:
             for line in stream:
