@@ -1,0 +1,124 @@
+"""`trtspec distill`: train a small draft on the target's own answers (see trtspec.engines.distill)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from trtspec.cli._common import console, err_console, print_json, quiet_transformers
+from trtspec.cli._options import JsonOpt
+
+_REPORT_ROWS = [
+    ("acceptance_rate", "held-out greedy acceptance (accepted / proposed)"),
+    ("a", "per-token acceptance a"),
+    ("tokens_per_step", "tokens per target step"),
+    ("c", "cost ratio c (draft step / target step)"),
+    ("v", "verify ratio v (K+1 tokens / one)"),
+    ("bound_s", "speedup bound S"),
+    ("measured_speedup", "measured speedup on held-out prompts"),
+    ("identical_greedy", "greedy output identical to target-only"),
+    ("head_coverage", "held-out answer tokens the head covers"),
+    ("train_answer_tokens", "training tokens (target answers)"),
+    ("total_s", "wall time (s)"),
+]
+
+
+def _report_table(report: dict, k: int) -> Table:
+    table = Table(title=f"distilled draft (K = {k})", show_header=False)
+    for key, label in _REPORT_ROWS:
+        if key in report:
+            table.add_row(label, str(report[key]))
+    return table
+
+
+def _parse_layers(text: str | None) -> tuple[int, ...] | None:
+    from trtspec.engines.distill.data import DistillError
+
+    if text is None:
+        return None
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise DistillError(f"--init-layers {text!r} is not a comma-separated list of layer indices",
+                           hint="e.g. --init-layers 0,1") from None
+
+
+def distill(
+    target: Annotated[Path, typer.Option("--target", "-t", help="the target model directory (local HF model)",
+                                         show_default=False)],
+    out: Annotated[Path, typer.Option("--out", "-o", help="where to write the draft (an HF model directory)",
+                                      show_default=False)],
+    prompts: Annotated[Optional[Path], typer.Option(help="prompts the target answers (one per line, or JSONL "
+                                                         "with 'prompt'); default: the shipped set")] = None,
+    layers: Annotated[int, typer.Option(help="draft depth (decoder layers)")] = 2,
+    init_layers: Annotated[Optional[str], typer.Option("--init-layers", help="target layers to start from, "
+                                                       "e.g. 0,1 (default: the first --layers)")] = None,
+    head_tokens: Annotated[int, typer.Option("--head-tokens", help="head width: the most frequent tokens of the "
+                                             "target's answers that the draft can propose")] = 8192,
+    intermediate_size: Annotated[Optional[int], typer.Option("--intermediate-size", help="MLP width (default: "
+                                                             "the target's)")] = None,
+    tokens: Annotated[int, typer.Option(help="answer tokens of training data the target generates (at most)")]
+    = 60_000,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="answer length per prompt")] = 128,
+    gen_batch_size: Annotated[int, typer.Option("--gen-batch-size", help="prompts answered per batch")] = 32,
+    top_k: Annotated[int, typer.Option("--top-k", help="teacher distribution: the target's top-k")] = 20,
+    steps: Annotated[int, typer.Option(help="training steps")] = 300,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="answers per training step")] = 16,
+    lr: Annotated[float, typer.Option(help="peak learning rate (AdamW, cosine decay)")] = 1e-3,
+    seed: Annotated[int, typer.Option(help="seed of the training order")] = 0,
+    k: Annotated[int, typer.Option("--k", help="draft length K of the report")] = 4,
+    eval_prompts: Annotated[int, typer.Option("--eval-prompts", help="held-out prompts in the report")] = 12,
+    eval_max_tokens: Annotated[int, typer.Option("--eval-max-tokens", help="answer length in the report")] = 96,
+    held_out: Annotated[float, typer.Option("--held-out", help="fraction of prompts held out")] = 0.06,
+    work_dir: Annotated[Optional[Path], typer.Option("--work-dir", help="teacher data and checkpoints (default: "
+                                                     "a hidden sibling of --out); rerun to resume")] = None,
+    threads: Annotated[int, typer.Option(help="torch threads (1 is fastest on a shared CPU: OpenMP threads spin "
+                                              "on each other)")] = 1,
+    bf16: Annotated[Optional[bool], typer.Option("--bf16/--no-bf16", help="bfloat16 autocast while training "
+                                                 "(default: where the CPU supports it)")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Distill a draft for TARGET: the target answers prompts, the draft learns its next-token distributions."""
+    from trtspec.engines.distill.data import DistillError
+    from trtspec.engines.distill.pipeline import DistillSettings
+    from trtspec.engines.distill.train import TrainSettings
+
+    if threads < 1:
+        raise DistillError(f"--threads {threads} must be >= 1", hint="1 is fastest on a shared CPU")
+    settings = DistillSettings(
+        prompts=prompts, layers=layers, init_layers=_parse_layers(init_layers), head_tokens=head_tokens,
+        intermediate_size=intermediate_size, tokens=tokens, max_new_tokens=max_new_tokens,
+        gen_batch_size=gen_batch_size, top_k=top_k, held_out=held_out, eval_prompts=eval_prompts,
+        eval_max_tokens=eval_max_tokens, k=k,
+        train=TrainSettings(steps=steps, batch_size=batch_size, lr=lr, seed=seed, bf16=bool(bf16)))
+    settings.validate()  # what needs no model: fail before loading anything
+
+    import torch
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from trtspec.engines.distill.pipeline import distill as run_distill
+
+    torch.set_num_threads(threads)
+    if bf16 is None:
+        import dataclasses
+
+        settings = dataclasses.replace(settings, train=dataclasses.replace(
+            settings.train, bf16=bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())))
+    quiet_transformers()
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err_console, transient=as_json) as progress:
+        result = run_distill(target, out, settings, work_dir=work_dir, progress=progress)
+    if as_json:
+        print_json({"out": str(result.out), "skipped": result.skipped, "report": result.report})
+        return
+    if result.skipped:
+        err_console.print(f"{out} is up to date (same target, prompts and settings); kept as it is")
+    console.print(_report_table(result.report, k))
+    console.print(f"draft written to {result.out}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(distill)

@@ -1,0 +1,191 @@
+"""Training data for a draft: the target's own greedy answers to a prompt set, with its top-k next-token distributions.
+
+The target answers each prompt greedily (batched, through the torch runtime's ``ModelState``) and, at every answer
+position, the top-k log-probabilities of the forward pass that chose the token are kept: on-policy data (what the
+draft must predict at decode time is exactly the target's greedy continuation) with soft labels for free, since the
+logits were computed anyway. Batches are written as shards, so a killed run resumes from the last finished shard.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trtspec.errors import TrtspecError
+
+
+class DistillError(TrtspecError):
+    """A distillation input or setting is invalid."""
+
+
+@dataclass
+class Sample:
+    """One prompt + the target's answer; teacher data covers the answer positions."""
+
+    ids: torch.Tensor  # [L] int64: prompt then answer tokens
+    start: int  # index of the first answer token; the input at start - 1 + j predicts answer token j
+    topk_ids: torch.Tensor  # [n_answer, k] int64
+    topk_logp: torch.Tensor  # [n_answer, k] float32: the target's log-probabilities (full-vocabulary softmax)
+
+    @property
+    def answer(self) -> torch.Tensor:
+        return self.ids[self.start:]
+
+
+def shipped_prompts() -> Path:
+    """The prompt set that ships with trtspec (scripts/make_distill_prompts.py writes it)."""
+    return Path(str(resources.files("trtspec") / "data" / "distill_prompts.txt"))
+
+
+def load_prompts(path: Path | None) -> list[str]:
+    """Prompts from a text file (one per line) or JSONL (``prompt`` or ``text`` field); the shipped set by default."""
+    path = path or shipped_prompts()
+    if not path.is_file():
+        raise DistillError(f"{path}: prompt file not found", hint="pass --prompts FILE (one prompt per line, or JSONL)")
+    out: list[str] = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        if path.suffix == ".jsonl":
+            try:
+                obj = json.loads(line)
+                text = obj.get("prompt") or obj.get("text")
+            except (json.JSONDecodeError, AttributeError):
+                text = None
+            if not isinstance(text, str):
+                raise DistillError(f"{path}:{n}: not a JSON object with a 'prompt' or 'text' string",
+                                   hint="one JSON object per line, e.g. {\"prompt\": \"...\"}")
+            out.append(text)
+        else:
+            out.append(line.strip())
+    if len(out) < 2:
+        raise DistillError(f"{path}: needs at least 2 prompts, found {len(out)}",
+                           hint="give a training and a held-out prompt at least")
+    return out
+
+
+def split_prompts(prompts: Sequence[str], held_out: float) -> tuple[list[str], list[str]]:
+    """(train, held-out) by a hash of each prompt's text: stable under reordering and additions."""
+    def bucket(text: str) -> float:
+        return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+
+    train = [p for p in prompts if bucket(p) >= held_out]
+    test = [p for p in prompts if bucket(p) < held_out]
+    if not test:  # tiny prompt sets: hold out the last one rather than nothing
+        train, test = train[:-1], train[-1:]
+    if not train:
+        train, test = test[:-1], test[-1:]
+    return train, test
+
+
+def encode_prompt(tokenizer: Any, text: str, chat: bool = True) -> list[int]:
+    """Token ids of a prompt through the chat template when the tokenizer has one (as ``TorchSession.encode``)."""
+    if chat and getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                            tokenize=True)
+        return list(ids if isinstance(ids, list) else ids["input_ids"])
+    ids = list(tokenizer.encode(text))
+    return ids if ids else [tokenizer.bos_token_id or 0]
+
+
+@torch.inference_mode()
+def answer_batch(target: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int, top_k: int,
+                 eos_ids: Sequence[int], pad_id: int = 0) -> list[Sample]:
+    """The target's greedy answers to a batch of tokenized prompts, with its top-k log-probs at each answer token.
+
+    The target runs in its own dtype: under bfloat16 autocast SmolLM2's greedy answers left the float32 ones after
+    ~30 tokens (median), and the draft must predict the target that verifies it."""
+    from trtspec.engines.torch_runtime.state import ModelState
+
+    state = ModelState(target, len(prompts), pad_id)
+    if any(len(p) > 1 for p in prompts):
+        state.forward([list(p[:-1]) for p in prompts], keep=1)
+    active = list(range(len(prompts)))
+    answers: list[list[int]] = [[] for _ in prompts]
+    tk_ids: list[list[torch.Tensor]] = [[] for _ in prompts]
+    tk_logp: list[list[torch.Tensor]] = [[] for _ in prompts]
+    feed = [[int(p[-1])] for p in prompts]
+    stops = set(eos_ids)
+    for _ in range(max_new_tokens):
+        logp = torch.log_softmax(state.forward(feed, keep=1)[:, -1].float(), dim=-1)
+        top = logp.topk(top_k, dim=-1)
+        nxt = top.indices[:, 0].tolist()  # the greedy token is the top-1
+        keep = []
+        for i, row in enumerate(active):
+            answers[row].append(nxt[i])
+            tk_ids[row].append(top.indices[i])
+            tk_logp[row].append(top.values[i])
+            if nxt[i] not in stops:
+                keep.append(i)
+        if not keep:
+            break
+        if len(keep) < len(active):
+            state.select(torch.tensor(keep))
+            active = [active[i] for i in keep]
+        feed = [[nxt[i]] for i in keep]
+    return [Sample(torch.tensor(list(p) + a, dtype=torch.long), len(p), torch.stack(ti), torch.stack(tl))
+            for p, a, ti, tl in zip(prompts, answers, tk_ids, tk_logp)]
+
+
+def generate_teacher_data(target: Any, tokenizer: Any, prompts: Sequence[str], shard_dir: Path, *,
+                          max_new_tokens: int, tokens: int, batch_size: int, top_k: int, eos_ids: Sequence[int],
+                          on_batch: Callable[[int], None] | None = None) -> list[Sample]:
+    """Answer ``prompts`` in batches until ``tokens`` answer tokens exist; shards in ``shard_dir`` make it resumable.
+
+    ``on_batch(n_tokens)`` reports progress after each batch (answer tokens added).
+    """
+    shard_dir.mkdir(parents=True, exist_ok=True)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    samples: list[Sample] = []
+    total = 0
+    for b, start in enumerate(range(0, len(prompts), batch_size)):
+        if total >= tokens:
+            break
+        shard = shard_dir / f"shard-{b:05d}.pt"
+        if shard.is_file():
+            batch = [Sample(**d) for d in torch.load(shard)]
+        else:
+            ids = [encode_prompt(tokenizer, p) for p in prompts[start:start + batch_size]]
+            batch = answer_batch(target, ids, max_new_tokens, top_k, eos_ids, pad)
+            _save_atomic([{"ids": s.ids, "start": s.start, "topk_ids": s.topk_ids, "topk_logp": s.topk_logp.half()}
+                          for s in batch], shard)
+        for s in batch:
+            s.topk_logp = s.topk_logp.float()
+        n = sum(len(s.answer) for s in batch)
+        samples += batch
+        total += n
+        if on_batch is not None:
+            on_batch(n)
+    return samples
+
+
+def _save_atomic(obj: Any, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    tmp.replace(path)
+
+
+def token_counts(samples: Sequence[Sample], vocab_size: int) -> torch.Tensor:
+    """How often each token id occurs in the target's answers (what the draft has to propose)."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for s in samples:
+        counts += torch.bincount(s.answer, minlength=vocab_size)
+    return counts
+
+
+def select_head_tokens(counts: torch.Tensor, n: int, always: Sequence[int] = ()) -> torch.Tensor:
+    """The ``n`` token ids the draft's head scores: ``always`` (stop tokens), then the most frequent in the target's
+    answers; ties and unseen tokens go by lower id first (BPE ids roughly follow merge order, i.e. frequency)."""
+    vocab = counts.numel()
+    n = min(n, vocab)
+    # Stable ordering by (-count, id): scale counts above any id so that one sort does both keys.
+    key = -counts.double() * vocab + torch.arange(vocab, dtype=torch.double)
+    key[torch.tensor(list(always), dtype=torch.long)] = float("-inf")
+    return torch.sort(torch.argsort(key)[:n]).values

@@ -1,0 +1,163 @@
+"""The distilled draft's architecture: a small Llama whose vocabulary head scores only the target's frequent tokens.
+
+On a CPU the draft's cost is dominated by its vocabulary head (FACTS: "the draft's vocabulary head dominates its cost").
+``DraftForCausalLM`` keeps the target's input embeddings (frozen: the lookup is free and any prompt token embeds
+exactly) and scores only ``head_token_ids``, the most frequent tokens of the target's outputs (FR-Spec, Zhao et al.
+2025), with head rows that start as the target's output rows for those tokens and are trained. It returns
+full-vocabulary logits (-inf outside the subset), so the draft proposes frequent tokens only while the target still verifies over its whole vocabulary: greedy
+output stays identical to target-only decoding.
+
+Registered with transformers' Auto classes as model type ``trtspec_draft`` (:func:`register`), so
+``AutoModelForCausalLM.from_pretrained`` and ``loading.load_model`` load it like any HF model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, LlamaConfig
+from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.utils.deprecation import deprecate_kwarg
+from transformers.models.llama.modeling_llama import LlamaModel, LlamaPreTrainedModel
+
+MODEL_TYPE = "trtspec_draft"
+
+
+class DraftConfig(LlamaConfig):
+    """LlamaConfig plus ``head_vocab_size``: how many token ids the head scores (the rest get -inf)."""
+
+    model_type = MODEL_TYPE
+    head_vocab_size: int | None = None
+
+
+class SubsetHead(nn.Module):
+    """Vocabulary head over ``token_ids`` only: ``weight`` [N, hidden] holds their rows (its own, trained)."""
+
+    def __init__(self, hidden_size: int, n: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(n, hidden_size))
+        # Saved with the weights: which token ids the rows score (ascending), set by the distiller.
+        self.register_buffer("token_ids", torch.arange(n, dtype=torch.long), persistent=True)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden @ self.weight.T
+
+
+class DraftForCausalLM(LlamaPreTrainedModel, GenerationMixin):
+    """Llama decoder over the target's embeddings; logits over ``head_token_ids`` only, scattered to the full vocabulary."""
+
+    config_class = DraftConfig
+    config: DraftConfig
+    _tied_weights_keys: dict[str, str] = {}
+
+    def __init__(self, config: DraftConfig) -> None:
+        super().__init__(config)
+        self.model = LlamaModel(config)
+        self.vocab_size = config.vocab_size
+        self.lm_head = SubsetHead(config.hidden_size, config.head_vocab_size or config.vocab_size)
+        self.post_init()
+
+    def _init_weights(self, module: nn.Module) -> None:
+        if isinstance(module, SubsetHead):
+            nn.init.normal_(module.weight, std=self.config.initializer_range)
+        else:
+            super()._init_weights(module)
+
+    @property
+    def head_token_ids(self) -> torch.Tensor:
+        return self.lm_head.token_ids
+
+    # transformers and trtspec read the vocabulary a model's logits cover from its output embeddings' first
+    # dimension (``SpeculativeDecoder`` checks it against the target's): the draft's logits cover the full vocabulary
+    # of its input embeddings (tokens outside the head get -inf), so that is what this returns.
+    def get_output_embeddings(self) -> nn.Module:
+        return self.model.embed_tokens
+
+    def set_output_embeddings(self, new_embeddings: nn.Module) -> None:
+        raise NotImplementedError("the draft's head is a SubsetHead; it cannot be replaced by a full-vocabulary one")
+
+    def subset_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits over ``head_token_ids`` only ([..., N]); what training uses."""
+        return self.lm_head(hidden)
+
+    def full_logits(self, subset: torch.Tensor) -> torch.Tensor:
+        """Scatter subset logits into a full-vocabulary tensor (-inf for tokens the head does not score)."""
+        out = subset.new_full((*subset.shape[:-1], self.vocab_size), float("-inf"))
+        out[..., self.head_token_ids] = subset
+        return out
+
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.LongTensor | None = None, cache: Any = None,
+                inputs_embeds: torch.Tensor | None = None, use_cache: bool | None = None,
+                logits_to_keep: int = 0, **kwargs: Any) -> CausalLMOutputWithPast:
+        """Like LlamaForCausalLM.forward (no loss); ``.logits`` cover the full vocabulary."""
+        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             cache=cache, inputs_embeds=inputs_embeds, use_cache=use_cache, **kwargs)
+        hidden = outputs.last_hidden_state
+        if logits_to_keep:
+            hidden = hidden[:, -logits_to_keep:, :]
+        logits = self.full_logits(self.subset_logits(hidden))
+        return CausalLMOutputWithPast(logits=logits, cache=outputs.cache)
+
+
+def draft_config(target_config: Any, layers: int, head_tokens: int, intermediate_size: int | None = None) -> DraftConfig:
+    """A draft config with the target's width, attention shape, rope and tokens; ``layers`` deep."""
+    d = target_config.to_dict()
+    for key in ("architectures", "model_type", "transformers_version", "_model_name_or_path", "auto_map",
+                "quantization_config", "head_vocab_size"):
+        d.pop(key, None)
+    if d.get("layer_types"):
+        d["layer_types"] = d["layer_types"][:layers]
+    d.update(num_hidden_layers=layers, head_vocab_size=head_tokens, tie_word_embeddings=False,
+             intermediate_size=intermediate_size or d["intermediate_size"])
+    return DraftConfig(**d)
+
+
+@torch.no_grad()
+def draft_from_target(target: Any, layer_indices: Sequence[int], head_token_ids: torch.Tensor,
+                      intermediate_size: int | None = None) -> DraftForCausalLM:
+    """A draft initialized from the target: its embeddings (frozen), the decoder layers ``layer_indices``, its final
+    norm, and a head over ``head_token_ids`` starting from the target's output rows. A narrower MLP keeps the target's strongest
+    channels (largest gate x up x down norms)."""
+    cfg = draft_config(target.config, len(layer_indices), int(head_token_ids.numel()), intermediate_size)
+    draft = DraftForCausalLM(cfg)
+    draft.model.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
+    draft.model.norm.load_state_dict(target.model.norm.state_dict())
+    for dst, i in zip(draft.model.layers, layer_indices):
+        src = target.model.layers[i].state_dict()
+        if cfg.intermediate_size != target.config.intermediate_size:
+            src = _narrow_mlp(src, cfg.intermediate_size)
+        dst.load_state_dict(src)
+    ids = torch.sort(head_token_ids.long()).values
+    draft.lm_head.token_ids.copy_(ids)
+    # The head starts as the target's own output rows for these tokens (its head is tied to its embeddings).
+    draft.lm_head.weight.copy_(target.get_output_embeddings().weight[ids])
+    draft.model.embed_tokens.weight.requires_grad_(False)
+    return draft
+
+
+def _narrow_mlp(state: dict[str, torch.Tensor], width: int) -> dict[str, torch.Tensor]:
+    gate, up, down = state["mlp.gate_proj.weight"], state["mlp.up_proj.weight"], state["mlp.down_proj.weight"]
+    score = gate.norm(dim=1) * up.norm(dim=1) * down.norm(dim=0)
+    keep = torch.sort(score.topk(width).indices).values
+    state = dict(state)
+    state["mlp.gate_proj.weight"], state["mlp.up_proj.weight"] = gate[keep], up[keep]
+    state["mlp.down_proj.weight"] = down[:, keep]
+    return state
+
+
+_registered = False
+
+
+def register() -> None:
+    """Make ``trtspec_draft`` directories loadable through AutoConfig / AutoModelForCausalLM (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    AutoConfig.register(MODEL_TYPE, DraftConfig, exist_ok=True)
+    AutoModelForCausalLM.register(DraftConfig, DraftForCausalLM, exist_ok=True)
+    _registered = True

@@ -1,0 +1,129 @@
+"""How good a draft is for its target: held-out greedy acceptance at K, cost ratio c, and the speedup bound S.
+
+Acceptance is measured by trtspec's own SpeculativeDecoder on held-out prompts. ``a`` in the bound is the per-token
+acceptance probability; from the measured mean accepted tokens per target step m (with K proposals each step) it is the
+a that solves a(1 - a^K) / (1 - a) = m, so that (1 - a^(K+1)) / (1 - a) is the measured tokens per step. The
+accepted/proposed ratio that the decoder reports is lower than a (a rejection voids the rest of the window), and both
+are reported.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+
+
+@dataclass
+class DraftReport:
+    """The figures `trtspec distill` prints and writes to ``distill_report.json``."""
+
+    k: int
+    prompts: int
+    acceptance_rate: float  # accepted / proposed, as SpeculativeDecoder reports it
+    a: float  # per-token acceptance (geometric fit of accepted tokens per step)
+    tokens_per_step: float
+    c: float  # one draft step / one target step (single token, same context)
+    v: float  # verifying K + 1 tokens / one target step
+    bound_s: float  # ((1 - a^(K+1)) / (1 - a)) / (K c + v)
+    head_coverage: float  # fraction of the held-out answers' tokens that the draft's head can propose
+    identical_greedy: bool  # speculative output == target-only output on every held-out prompt
+    measured_speedup: float  # target-only time / speculative time on these prompts (a loaded machine skews it)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+
+
+def speedup_bound(a: float, k: int, c: float, v: float) -> float:
+    """Leviathan et al.'s bound: expected tokens per target step over the cost of one speculative step."""
+    tokens = float(k + 1) if a >= 1.0 else (1 - a ** (k + 1)) / (1 - a)
+    return tokens / (k * c + v)
+
+
+def per_token_acceptance(mean_accepted: float, k: int) -> float:
+    """The a whose geometric window of K gives ``mean_accepted`` accepted tokens per step (bisection)."""
+    if mean_accepted <= 0:
+        return 0.0
+    if mean_accepted >= k:
+        return 1.0
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        value = sum(mid ** i for i in range(1, k + 1))
+        lo, hi = (mid, hi) if value < mean_accepted else (lo, mid)
+    return (lo + hi) / 2
+
+
+def _interleaved_ratio(model: Any, target: Any, context: int, n_new: int, reps: int,
+                       baseline_new: int = 1) -> float:
+    """Median over reps of (model step with n_new tokens) / (target step with baseline_new tokens), timed in
+    alternation so that load from other processes hits both alike."""
+    from trtspec.engines.torch_runtime.cache import GrowableCache
+
+    vocab = target.config.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    ctx = torch.randint(0, vocab, (1, context), generator=gen)
+    caches = []
+    for m in (model, target):
+        cache = GrowableCache()
+        m(input_ids=ctx, cache=cache, use_cache=True, logits_to_keep=1)
+        caches.append(cache)
+
+    def step(m: Any, cache: Any, n: int) -> float:
+        new = torch.randint(0, vocab, (1, n), generator=gen)
+        t0 = time.perf_counter()
+        m(input_ids=new, cache=cache, use_cache=True, logits_to_keep=n)
+        dt = time.perf_counter() - t0
+        cache.crop(-n)
+        return dt
+
+    step(model, caches[0], n_new), step(target, caches[1], baseline_new)  # warm-up
+    ratios = [step(model, caches[0], n_new) / step(target, caches[1], baseline_new) for _ in range(reps)]
+    return statistics.median(ratios)
+
+
+@torch.inference_mode()
+def cost_ratios(target: Any, draft: Any, context: int, k: int, reps: int = 15) -> tuple[float, float]:
+    """(c, v): one draft step and one K+1-token verification, each relative to one target step, at ``context``."""
+    c = _interleaved_ratio(draft, target, context, 1, reps)
+    v = _interleaved_ratio(target, target, context, k + 1, reps)
+    return c, v
+
+
+def measure(target: Any, draft: Any, prompts: Sequence[Sequence[int]], *, k: int, max_tokens: int,
+            eos_ids: Sequence[int], pad_id: int = 0, head_tokens: torch.Tensor | None = None) -> DraftReport:
+    """Held-out greedy acceptance and speed with trtspec's SpeculativeDecoder (one prompt at a time, as a chat user
+    sees it) against target-only decoding of the same prompts, plus c, v and the bound."""
+    from trtspec.engines.torch_runtime.decoder import SpeculativeDecoder
+
+    dec = SpeculativeDecoder(target, draft, max_draft_len=k, eos_ids=eos_ids, pad_id=pad_id)
+    proposed = accepted = 0
+    outputs, base, spec_s, base_s = [], [], 0.0, 0.0
+    for p in prompts:
+        t0 = time.perf_counter()
+        r = dec.generate([p], max_tokens, draft_len=k)[0]
+        t1 = time.perf_counter()
+        b = dec.generate([p], max_tokens, use_draft=False)[0]
+        base_s += time.perf_counter() - t1
+        spec_s += t1 - t0
+        outputs.append(r.token_ids)
+        base.append(b.token_ids)
+        proposed += r.stats.draft_tokens
+        accepted += r.stats.accepted_tokens
+    rate = accepted / proposed if proposed else 0.0
+    # accepted / proposed * K: mean accepted per step with a full window (the last steps of an answer propose fewer)
+    a = per_token_acceptance(rate * k, k)
+    coverage = 1.0
+    if head_tokens is not None:
+        toks = torch.tensor([t for o in base for t in o], dtype=torch.long)
+        coverage = float(torch.isin(toks, head_tokens).float().mean()) if len(toks) else 1.0
+    context = int(statistics.mean(len(p) for p in prompts)) + max_tokens // 2
+    c, v = cost_ratios(target, draft, context, k)
+    tokens = float(k + 1) if a >= 1.0 else (1 - a ** (k + 1)) / (1 - a)
+    return DraftReport(k, len(prompts), rate, a, tokens, c, v, speedup_bound(a, k, c, v), coverage,
+                       outputs == base, base_s / spec_s if spec_s else 0.0)

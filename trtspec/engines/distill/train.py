@@ -1,0 +1,133 @@
+"""The training loop: the draft learns the target's next-token distributions on the target's own answers.
+
+Loss: cross-entropy of the draft's distribution over its head tokens against the target's top-k distribution,
+renormalized over the head tokens (forward KL up to a constant; the target's greedy token is its top-1, so the
+greedy label is the heaviest term and the rest of the top-k adds the target's ranking of alternatives, a denser
+signal per token than the greedy label alone). Only answer positions are trained: those are what the draft proposes.
+
+Checkpoints (trainable weights, optimizer, step, RNG) are written atomically every ``checkpoint_every`` steps;
+``train`` resumes from one when its settings match.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trtspec.engines.distill.data import Sample
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """Optimization settings (the checkpoint refuses to resume under different ones)."""
+
+    steps: int = 300
+    batch_size: int = 16
+    lr: float = 5e-4
+    warmup: int = 20
+    weight_decay: float = 0.0
+    teacher_temperature: float = 1.0
+    seed: int = 0
+    checkpoint_every: int = 25
+    bf16: bool = False  # bfloat16 autocast for the draft's matmuls (2-3x faster where the CPU has AVX512-BF16/AMX)
+
+
+@dataclass
+class StepLog:
+    step: int
+    loss: float
+    top1: float  # fraction of answer positions where the draft's argmax is the target's greedy token
+
+
+def _lr_at(step: int, s: TrainSettings) -> float:
+    if step < s.warmup:
+        return s.lr * (step + 1) / s.warmup
+    progress = (step - s.warmup) / max(1, s.steps - s.warmup)
+    return s.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def _collate(batch: Sequence[Sample], sub_index: torch.Tensor, pad_id: int, temperature: float):
+    """Right-padded input ids (causal attention never sees the padding of later positions), the answer positions to
+    train, and the teacher distributions over head tokens at those positions."""
+    length = max(len(s.ids) for s in batch)
+    ids = torch.full((len(batch), length), pad_id, dtype=torch.long)
+    rows, cols, t_ids, t_logp = [], [], [], []
+    for b, s in enumerate(batch):
+        ids[b, : len(s.ids)] = s.ids
+        n = len(s.answer)
+        rows.append(torch.full((n,), b, dtype=torch.long))
+        cols.append(torch.arange(s.start - 1, s.start - 1 + n))
+        t_ids.append(s.topk_ids)
+        t_logp.append(s.topk_logp)
+    t_sub = sub_index[torch.cat(t_ids)]  # [M, k] head index of each teacher token, -1 where the head lacks it
+    logits = torch.cat(t_logp) / temperature
+    logits = logits.masked_fill(t_sub < 0, float("-inf"))
+    usable = torch.isfinite(logits).any(-1)  # positions whose top-k has at least one head token
+    probs = torch.softmax(logits[usable], dim=-1)
+    greedy = t_sub[usable, 0]  # -1 when the target's greedy token is outside the head
+    return ids, torch.cat(rows)[usable], torch.cat(cols)[usable], t_sub[usable].clamp_min(0), probs, greedy
+
+
+def train(draft: Any, samples: Sequence[Sample], settings: TrainSettings, checkpoint: Path, *, pad_id: int = 0,
+          on_step: Callable[[StepLog], None] | None = None) -> list[StepLog]:
+    """Train ``draft`` in place for ``settings.steps`` steps (resuming from ``checkpoint`` when it exists)."""
+    vocab = draft.config.vocab_size
+    sub_index = torch.full((vocab,), -1, dtype=torch.long)
+    sub_index[draft.head_token_ids] = torch.arange(draft.head_token_ids.numel())
+    params = [p for p in draft.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=settings.lr, betas=(0.9, 0.95), weight_decay=settings.weight_decay)
+    rng = random.Random(settings.seed)
+    torch.manual_seed(settings.seed)
+    start, logs, order = 0, [], []  # order: sample indices left in the current epoch
+    if checkpoint.is_file():
+        state = torch.load(checkpoint, weights_only=False)
+        if state["settings"] == asdict(settings):
+            draft.load_state_dict(state["model"], strict=False)
+            opt.load_state_dict(state["optimizer"])
+            rng.setstate(state["rng"])
+            start, logs = state["step"], [StepLog(**d) for d in state["logs"]]
+            order = list(state["order"])
+    draft.train()
+    for step in range(start, settings.steps):
+        if len(order) < settings.batch_size:
+            perm = list(range(len(samples)))
+            rng.shuffle(perm)
+            order += perm
+        batch = [samples[i] for i in order[: settings.batch_size]]
+        del order[: settings.batch_size]
+        ids, rows, cols, t_sub, probs, greedy = _collate(batch, sub_index, pad_id, settings.teacher_temperature)
+        for group in opt.param_groups:
+            group["lr"] = _lr_at(step, settings)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
+            hidden = draft.model(input_ids=ids, use_cache=False).last_hidden_state[rows, cols]
+            logits = draft.subset_logits(hidden)
+        log_q = torch.log_softmax(logits.float(), dim=-1)
+        loss = -(probs * log_q.gather(-1, t_sub)).sum(-1).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        top1 = float((log_q.argmax(-1) == greedy).float().mean())
+        log = StepLog(step + 1, float(loss.detach()), top1)
+        logs.append(log)
+        if on_step is not None:
+            on_step(log)
+        if (step + 1) % settings.checkpoint_every == 0 or step + 1 == settings.steps:
+            _save_checkpoint(checkpoint, draft, opt, rng, step + 1, settings, logs, order)
+    draft.eval()
+    return logs
+
+
+def _save_checkpoint(path: Path, draft: Any, opt: Any, rng: random.Random, step: int, settings: TrainSettings,
+                     logs: list[StepLog], order: list[int]) -> None:
+    trainable = {k: v for k, v in draft.state_dict().items() if not k.startswith("model.embed_tokens")}
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save({"model": trainable, "optimizer": opt.state_dict(), "rng": rng.getstate(), "step": step,
+                "settings": asdict(settings), "logs": [asdict(x) for x in logs], "order": order}, tmp)
+    tmp.replace(path)
