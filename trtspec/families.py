@@ -75,6 +75,7 @@ class NormalizedConfig:
     eos_token_ids: tuple[int, ...]
     pad_token_id: int | None
     torch_dtype: str | None
+    head_vocab_size: int | None = None  # a head over part of the vocabulary (trtspec's distilled drafts)
 
     @property
     def family(self) -> Family:
@@ -86,10 +87,12 @@ class NormalizedConfig:
         q = self.num_attention_heads * self.head_dim
         kv = self.num_kv_heads * self.head_dim
         attn = h * q + 2 * h * kv + q * h
-        mlp = (3 if get_family(self.model_type).gated_mlp else 2) * h * self.intermediate_size
+        # Unknown families (runnable on the torch runtime) are counted as gated-MLP decoders.
+        family = _FAMILIES.get(self.model_type)
+        mlp = (3 if family is None or family.gated_mlp else 2) * h * self.intermediate_size
         return {
             "embedding": self.vocab_size * h,
-            "lm_head": 0 if self.tie_word_embeddings else self.vocab_size * h,
+            "lm_head": 0 if self.tie_word_embeddings else (self.head_vocab_size or self.vocab_size) * h,
             "linear": L * (attn + mlp),
             "norm": L * 2 * h + h,
         }
@@ -144,6 +147,7 @@ def normalize_config(cfg: dict[str, Any]) -> NormalizedConfig:
         eos_token_ids=_as_ids(cfg.get("eos_token_id")),
         pad_token_id=cfg.get("pad_token_id"),
         torch_dtype=_first(cfg, "dtype", "torch_dtype"),
+        head_vocab_size=int(cfg["head_vocab_size"]) if cfg.get("head_vocab_size") else None,
     )
 
 

@@ -35,7 +35,7 @@ def _report_table(report: dict, k: int) -> Table:
 
 
 def _parse_layers(text: str | None) -> tuple[int, ...] | None:
-    from trtspec.engines.distill.data import DistillError
+    from trtspec.engines.distill import DistillError
 
     if text is None:
         return None
@@ -82,9 +82,9 @@ def distill(
     as_json: JsonOpt = False,
 ) -> None:
     """Distill a draft for TARGET: the target answers prompts, the draft learns its next-token distributions."""
-    from trtspec.engines.distill.data import DistillError
-    from trtspec.engines.distill.pipeline import DistillSettings
-    from trtspec.engines.distill.train import TrainSettings
+    from trtspec.engines.distill import DistillError
+    from trtspec.engines.distill.pipeline import check_dirs
+    from trtspec.engines.distill.settings import DistillSettings, TrainSettings
 
     if threads < 1:
         raise DistillError(f"--threads {threads} must be >= 1", hint="1 is fastest on a shared CPU")
@@ -94,7 +94,8 @@ def distill(
         gen_batch_size=gen_batch_size, top_k=top_k, held_out=held_out, eval_prompts=eval_prompts,
         eval_max_tokens=eval_max_tokens, k=k,
         train=TrainSettings(steps=steps, batch_size=batch_size, lr=lr, seed=seed, bf16=bool(bf16)))
-    settings.validate()  # what needs no model: fail before loading anything
+    settings.validate()  # what needs no model: fail before importing torch or loading anything
+    check_dirs(target, out)
 
     import torch
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

@@ -1,1 +1,10 @@
-"""Draft distillation (`trtspec distill`): data, model, training loop, report and pipeline; imported lazily."""
+"""Draft distillation (`trtspec distill`): settings, data, model, training loop, report, pipeline, packing.
+
+Only this module and ``settings`` are light to import (no torch): the CLI validates its input with them first.
+"""
+
+from trtspec.errors import TrtspecError
+
+
+class DistillError(TrtspecError):
+    """A distillation input or setting is invalid."""

@@ -18,11 +18,7 @@ from typing import Any
 
 import torch
 
-from trtspec.errors import TrtspecError
-
-
-class DistillError(TrtspecError):
-    """A distillation input or setting is invalid."""
+from trtspec.engines.distill import DistillError
 
 
 @dataclass

@@ -4,8 +4,8 @@ On a CPU the draft's cost is dominated by its vocabulary head (FACTS: "the draft
 ``DraftForCausalLM`` keeps the target's input embeddings (frozen: the lookup is free and any prompt token embeds
 exactly) and scores only ``head_token_ids``, the most frequent tokens of the target's outputs (FR-Spec, Zhao et al.
 2025), with head rows that start as the target's output rows for those tokens and are trained. It returns
-full-vocabulary logits (-inf outside the subset), so the draft proposes frequent tokens only while the target still verifies over its whole vocabulary: greedy
-output stays identical to target-only decoding.
+full-vocabulary logits (-inf outside the subset), so the draft proposes frequent tokens only while the target still
+verifies over its whole vocabulary: greedy output stays identical to target-only decoding.
 
 Registered with transformers' Auto classes as model type ``trtspec_draft`` (:func:`register`), so
 ``AutoModelForCausalLM.from_pretrained`` and ``loading.load_model`` load it like any HF model.
@@ -20,8 +20,8 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, LlamaConfig
 from transformers.modeling_outputs import CausalLMOutputWithPast
-from transformers.utils.deprecation import deprecate_kwarg
 from transformers.models.llama.modeling_llama import LlamaModel, LlamaPreTrainedModel
+from transformers.utils.deprecation import deprecate_kwarg
 
 MODEL_TYPE = "trtspec_draft"
 
@@ -47,7 +47,7 @@ class SubsetHead(nn.Module):
 
 
 class DraftForCausalLM(LlamaPreTrainedModel, GenerationMixin):
-    """Llama decoder over the target's embeddings; logits over ``head_token_ids`` only, scattered to the full vocabulary."""
+    """Llama decoder over the target's embeddings; logits over ``head_token_ids``, scattered to the full vocabulary."""
 
     config_class = DraftConfig
     config: DraftConfig
@@ -104,7 +104,8 @@ class DraftForCausalLM(LlamaPreTrainedModel, GenerationMixin):
         return CausalLMOutputWithPast(logits=logits, cache=outputs.cache)
 
 
-def draft_config(target_config: Any, layers: int, head_tokens: int, intermediate_size: int | None = None) -> DraftConfig:
+def draft_config(target_config: Any, layers: int, head_tokens: int,
+                 intermediate_size: int | None = None) -> DraftConfig:
     """A draft config with the target's width, attention shape, rope and tokens; ``layers`` deep."""
     d = target_config.to_dict()
     for key in ("architectures", "model_type", "transformers_version", "_model_name_or_path", "auto_map",
@@ -121,8 +122,8 @@ def draft_config(target_config: Any, layers: int, head_tokens: int, intermediate
 def draft_from_target(target: Any, layer_indices: Sequence[int], head_token_ids: torch.Tensor,
                       intermediate_size: int | None = None) -> DraftForCausalLM:
     """A draft initialized from the target: its embeddings (frozen), the decoder layers ``layer_indices``, its final
-    norm, and a head over ``head_token_ids`` starting from the target's output rows. A narrower MLP keeps the target's strongest
-    channels (largest gate x up x down norms)."""
+    norm, and a head over ``head_token_ids`` starting from the target's output rows. A narrower MLP keeps the target's
+    strongest channels (largest gate x up x down norms)."""
     cfg = draft_config(target.config, len(layer_indices), int(head_token_ids.numel()), intermediate_size)
     draft = DraftForCausalLM(cfg)
     draft.model.embed_tokens.weight.copy_(target.get_input_embeddings().weight)

@@ -96,9 +96,10 @@ def cost_ratios(target: Any, draft: Any, context: int, k: int, reps: int = 15) -
 
 
 def measure(target: Any, draft: Any, prompts: Sequence[Sequence[int]], *, k: int, max_tokens: int,
-            eos_ids: Sequence[int], pad_id: int = 0, head_tokens: torch.Tensor | None = None) -> DraftReport:
+            eos_ids: Sequence[int], pad_id: int = 0, head_tokens: torch.Tensor | None = None,
+            costs: bool = True) -> DraftReport:
     """Held-out greedy acceptance and speed with trtspec's SpeculativeDecoder (one prompt at a time, as a chat user
-    sees it) against target-only decoding of the same prompts, plus c, v and the bound."""
+    sees it) against target-only decoding of the same prompts, plus c, v and the bound (``costs=False``: NaN)."""
     from trtspec.engines.torch_runtime.decoder import SpeculativeDecoder
 
     dec = SpeculativeDecoder(target, draft, max_draft_len=k, eos_ids=eos_ids, pad_id=pad_id)
@@ -123,7 +124,7 @@ def measure(target: Any, draft: Any, prompts: Sequence[Sequence[int]], *, k: int
         toks = torch.tensor([t for o in base for t in o], dtype=torch.long)
         coverage = float(torch.isin(toks, head_tokens).float().mean()) if len(toks) else 1.0
     context = int(statistics.mean(len(p) for p in prompts)) + max_tokens // 2
-    c, v = cost_ratios(target, draft, context, k)
+    c, v = cost_ratios(target, draft, context, k) if costs else (float("nan"), float("nan"))
     tokens = float(k + 1) if a >= 1.0 else (1 - a ** (k + 1)) / (1 - a)
     return DraftReport(k, len(prompts), rate, a, tokens, c, v, speedup_bound(a, k, c, v), coverage,
                        outputs == base, base_s / spec_s if spec_s else 0.0)

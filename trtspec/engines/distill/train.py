@@ -21,21 +21,7 @@ from typing import Any
 import torch
 
 from trtspec.engines.distill.data import Sample
-
-
-@dataclass(frozen=True)
-class TrainSettings:
-    """Optimization settings (the checkpoint refuses to resume under different ones)."""
-
-    steps: int = 300
-    batch_size: int = 16
-    lr: float = 5e-4
-    warmup: int = 20
-    weight_decay: float = 0.0
-    teacher_temperature: float = 1.0
-    seed: int = 0
-    checkpoint_every: int = 25
-    bf16: bool = False  # bfloat16 autocast for the draft's matmuls (2-3x faster where the CPU has AVX512-BF16/AMX)
+from trtspec.engines.distill.settings import TrainSettings
 
 
 @dataclass

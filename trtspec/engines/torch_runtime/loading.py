@@ -31,6 +31,9 @@ def load_model(path: Path | str, dtype: str = "float32") -> Any:
     else:
         from transformers import AutoModelForCausalLM
 
+        from trtspec.engines.distill.model import register as register_draft
+
+        register_draft()  # drafts made by `trtspec distill` (model type trtspec_draft) load like any HF model
         try:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=_torch_dtype(dtype))
         except (OSError, ValueError) as exc:

@@ -1,0 +1,190 @@
+"""`trtspec distill` on a tiny random target: training raises acceptance, resume is exact, bad input is one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+WORDS = ("fox dog draft target model token quick brown lazy jumps over the Paris France capital code return add "
+         "speculative decoding verifies proposes pass small large").split()
+
+
+@pytest.fixture(scope="module")
+def prompt_file(tmp_path_factory) -> Path:
+    import random
+
+    rng = random.Random(0)
+    lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 6))) for _ in range(40)]
+    path = tmp_path_factory.mktemp("prompts") / "prompts.txt"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def tiny_settings(prompt_file: Path, **train):
+    from trtspec.engines.distill.settings import DistillSettings, TrainSettings
+
+    return DistillSettings(prompts=prompt_file, layers=1, head_tokens=256, tokens=2000, max_new_tokens=24,
+                           gen_batch_size=16, held_out=0.2, eval_prompts=8, eval_max_tokens=24, k=4,
+                           train=TrainSettings(**{"steps": 60, "batch_size": 8, "lr": 3e-3, "warmup": 5, **train}))
+
+
+@pytest.fixture(scope="module")
+def distilled(tiny_pair, prompt_file, tmp_path_factory):
+    from trtspec.engines.distill.pipeline import distill
+
+    out = tmp_path_factory.mktemp("distill") / "draft"
+    return distill(tiny_pair[0], out, tiny_settings(prompt_file)), prompt_file
+
+
+def test_distilled_draft_beats_untrained_draft_of_same_shape(tiny_pair, distilled):
+    import torch
+
+    from trtspec.engines.distill.data import encode_prompt, load_prompts, split_prompts
+    from trtspec.engines.distill.model import draft_from_target
+    from trtspec.engines.distill.report import measure
+    from trtspec.engines.torch_runtime.loading import load_model, load_tokenizer
+
+    result, prompt_file = distilled
+    settings = tiny_settings(prompt_file)
+    target, tok = load_model(tiny_pair[0]), load_tokenizer(tiny_pair[0])
+    trained = load_model(result.out)  # through the Auto classes, as the runtime loads it
+    assert type(trained).__name__ == "DraftForCausalLM" and trained.config.head_vocab_size == 256
+    untrained = draft_from_target(target, [0], trained.head_token_ids).eval()  # the training's starting point
+    train_prompts, held_out = split_prompts(load_prompts(prompt_file), settings.held_out)
+    kwargs = dict(k=4, max_tokens=24, eos_ids=[tok.eos_token_id], pad_id=tok.pad_token_id, costs=False)
+
+    def acceptance(draft, texts):
+        with torch.no_grad():
+            return measure(target, draft, [encode_prompt(tok, p) for p in texts], **kwargs)
+
+    # On prompts it learned from, the draft follows the random target closely; on held-out prompts a random
+    # target's behaviour barely generalizes, but the trained draft still does better than its starting point.
+    seen_before, seen_after = acceptance(untrained, train_prompts[:8]), acceptance(trained, train_prompts[:8])
+    assert seen_after.identical_greedy and seen_before.identical_greedy  # lossless either way
+    assert seen_after.acceptance_rate > seen_before.acceptance_rate + 0.3, (seen_before, seen_after)
+    before, after = (acceptance(d, held_out[: settings.eval_prompts]) for d in (untrained, trained))
+    assert after.acceptance_rate > before.acceptance_rate, (before, after)
+    assert result.report["acceptance_rate"] == pytest.approx(after.acceptance_rate, abs=1e-3)
+
+
+def test_output_directory_is_complete_and_rerun_is_skipped(tiny_pair, distilled):
+    from trtspec.build.artifacts import read_manifest
+    from trtspec.engines.distill.pipeline import distill
+
+    result, prompt_file = distilled
+    names = {p.name for p in result.out.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "distill_report.json", "manifest.json"} <= names
+    report = json.loads((result.out / "distill_report.json").read_text())
+    for key in ("acceptance_rate", "a", "c", "v", "bound_s", "head_coverage", "train_s", "total_s"):
+        assert key in report
+    assert 0 < report["c"] < 10 and report["bound_s"] > 0
+    assert read_manifest(result.out)["stage"] == "distill"
+    again = distill(tiny_pair[0], result.out, tiny_settings(prompt_file))
+    assert again.skipped and again.report == result.report
+
+
+def test_killed_training_resumes_to_the_same_weights(tiny_pair, tmp_path):
+    import torch
+
+    from trtspec.engines.distill.data import generate_teacher_data, select_head_tokens, token_counts
+    from trtspec.engines.distill.model import draft_from_target
+    from trtspec.engines.distill.settings import TrainSettings
+    from trtspec.engines.distill.train import train
+    from trtspec.engines.torch_runtime.loading import load_model, load_tokenizer
+
+    target, tok = load_model(tiny_pair[0]), load_tokenizer(tiny_pair[0])
+    samples = generate_teacher_data(target, tok, ["the quick fox", "a small draft", "Paris France"], tmp_path / "t",
+                                    max_new_tokens=12, tokens=100, batch_size=2, top_k=8, eos_ids=[])
+    head = select_head_tokens(token_counts(samples, 512), 128)
+    settings = TrainSettings(steps=6, batch_size=2, checkpoint_every=2, warmup=2)
+
+    def fresh():
+        return draft_from_target(target, [0], head)
+
+    straight = fresh()
+    train(straight, samples, settings, tmp_path / "a.pt")
+
+    class Killed(Exception):
+        pass
+
+    def kill_at_5(log):
+        if log.step == 5:
+            raise Killed
+
+    interrupted = fresh()
+    with pytest.raises(Killed):
+        train(interrupted, samples, settings, tmp_path / "b.pt", on_step=kill_at_5)
+    resumed = fresh()  # a new process: weights come from the checkpoint of step 4
+    logs = train(resumed, samples, settings, tmp_path / "b.pt")
+    assert [x.step for x in logs] == [1, 2, 3, 4, 5, 6]
+    for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
+        assert torch.allclose(a, b, atol=1e-6), name
+
+
+def test_pack_unpack_round_trip_and_wrong_target(tiny_pair, distilled, tmp_path):
+    import torch
+
+    from trtspec.engines.distill import DistillError
+    from trtspec.engines.distill.pack import pack_draft, unpack_draft
+    from trtspec.engines.torch_runtime.loading import load_model
+
+    result, _ = distilled
+    pack_draft(result.out, tiny_pair[0], tmp_path / "packed")
+    assert "model.embed_tokens.weight" not in (tmp_path / "packed" / "model.safetensors").read_bytes()[:4096].decode(
+        "latin-1")
+    unpack_draft(tmp_path / "packed", tiny_pair[0], tmp_path / "unpacked")
+    original, restored = load_model(result.out), load_model(tmp_path / "unpacked")
+    ids = torch.tensor([[5, 9, 30, 41, 7]])
+    with torch.no_grad():
+        a, b = original(input_ids=ids).logits, restored(input_ids=ids).logits
+    assert torch.equal(a.isfinite(), b.isfinite())
+    assert torch.allclose(a[a.isfinite()], b[b.isfinite()], atol=2e-2)
+    with pytest.raises(DistillError, match="embeddings"):
+        unpack_draft(tmp_path / "packed", tiny_pair[1], tmp_path / "other")
+
+
+def run_cli(capsys, *args) -> tuple[int, str]:
+    """The real entry point in process (exit code, stderr): bad input must fail before torch is even imported."""
+    from trtspec.cli.main import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["distill", *args])
+    return int(exc.value.code or 0), capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra, message", [
+    ([], "target directory not found"),
+    (["--layers", "0"], "--layers 0"),
+    (["--head-tokens", "4"], "--head-tokens 4"),
+    (["--init-layers", "a,b"], "--init-layers"),
+    (["--steps", "0"], "--steps"),
+    (["--threads", "0"], "--threads 0"),
+])
+def test_cli_bad_input_is_one_line(capsys, tmp_path, tiny_pair, extra, message):
+    target = tmp_path / "missing" if not extra else tiny_pair[0]
+    code, err = run_cli(capsys, "--target", str(target), "--out", str(tmp_path / "out"), *extra)
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert code == 1 and lines[0].startswith("error:") and message in lines[0], err
+    assert len(lines) == 2 and lines[1].startswith("hint:") and not (tmp_path / "out").exists()
+
+
+def test_cli_rejects_out_inside_target_and_model_less_target(capsys, tmp_path, tiny_pair):
+    code, err = run_cli(capsys, "--target", str(tiny_pair[0]), "--out", str(tiny_pair[0] / "draft"))
+    assert code == 1 and "overlaps" in err
+    (tmp_path / "empty").mkdir()
+    code, err = run_cli(capsys, "--target", str(tmp_path / "empty"), "--out", str(tmp_path / "out"))
+    assert code == 1 and "no config.json" in err
+
+
+def test_cli_bad_input_does_not_import_torch(tmp_path):
+    code = ("import sys\nfrom trtspec.cli.main import main\ntry:\n    main(['distill', '--target', sys.argv[1], "
+            "'--out', sys.argv[2]])\nexcept SystemExit as e:\n    assert e.code == 1\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\n")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "missing"), str(tmp_path / "out")],
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr
