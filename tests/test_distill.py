@@ -98,7 +98,7 @@ def test_killed_training_resumes_to_the_same_weights(tiny_pair, tmp_path):
     from trtspec.engines.torch_runtime.loading import load_model, load_tokenizer
 
     target, tok = load_model(tiny_pair[0]), load_tokenizer(tiny_pair[0])
-    samples = generate_teacher_data(target, tok, ["the quick fox", "a small draft", "Paris France"], tmp_path / "t",
+    samples, _ = generate_teacher_data(target, tok, ["the quick fox", "a small draft", "Paris France"], tmp_path / "t",
                                     max_new_tokens=12, tokens=100, batch_size=2, top_k=8, eos_ids=[])
     head = select_head_tokens(token_counts(samples, 512), 128)
     settings = TrainSettings(steps=6, batch_size=2, checkpoint_every=2, warmup=2)
@@ -120,7 +120,7 @@ def test_killed_training_resumes_to_the_same_weights(tiny_pair, tmp_path):
     with pytest.raises(Killed):
         train(interrupted, samples, settings, tmp_path / "b.pt", on_step=kill_at_5)
     resumed = fresh()  # a new process: weights come from the checkpoint of step 4
-    logs = train(resumed, samples, settings, tmp_path / "b.pt")
+    logs, _ = train(resumed, samples, settings, tmp_path / "b.pt")
     assert [x.step for x in logs] == [1, 2, 3, 4, 5, 6]
     for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
         assert torch.allclose(a, b, atol=1e-6), name

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -132,34 +133,40 @@ def answer_batch(target: Any, prompts: Sequence[Sequence[int]], max_new_tokens: 
 
 def generate_teacher_data(target: Any, tokenizer: Any, prompts: Sequence[str], shard_dir: Path, *,
                           max_new_tokens: int, tokens: int, batch_size: int, top_k: int, eos_ids: Sequence[int],
-                          on_batch: Callable[[int], None] | None = None) -> list[Sample]:
+                          on_batch: Callable[[int], None] | None = None) -> tuple[list[Sample], float]:
     """Answer ``prompts`` in batches until ``tokens`` answer tokens exist; shards in ``shard_dir`` make it resumable.
 
-    ``on_batch(n_tokens)`` reports progress after each batch (answer tokens added).
+    Returns the samples and the seconds spent making them (summed over resumed runs). ``on_batch(n_tokens)`` reports
+    progress after each batch.
     """
     shard_dir.mkdir(parents=True, exist_ok=True)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     samples: list[Sample] = []
-    total = 0
+    total, seconds = 0, 0.0
     for b, start in enumerate(range(0, len(prompts), batch_size)):
         if total >= tokens:
             break
         shard = shard_dir / f"shard-{b:05d}.pt"
         if shard.is_file():
-            batch = [Sample(**d) for d in torch.load(shard)]
+            saved = torch.load(shard)
+            batch, dt = [Sample(**d) for d in saved["samples"]], float(saved["seconds"])
         else:
+            t0 = time.perf_counter()
             ids = [encode_prompt(tokenizer, p) for p in prompts[start:start + batch_size]]
             batch = answer_batch(target, ids, max_new_tokens, top_k, eos_ids, pad)
-            _save_atomic([{"ids": s.ids, "start": s.start, "topk_ids": s.topk_ids, "topk_logp": s.topk_logp.half()}
-                          for s in batch], shard)
+            dt = time.perf_counter() - t0
+            records = [{"ids": s.ids, "start": s.start, "topk_ids": s.topk_ids, "topk_logp": s.topk_logp.half()}
+                       for s in batch]
+            _save_atomic({"samples": records, "seconds": dt}, shard)
         for s in batch:
             s.topk_logp = s.topk_logp.float()
         n = sum(len(s.answer) for s in batch)
         samples += batch
         total += n
+        seconds += dt
         if on_batch is not None:
             on_batch(n)
-    return samples
+    return samples, seconds
 
 
 def _save_atomic(obj: Any, path: Path) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -61,8 +62,9 @@ def _collate(batch: Sequence[Sample], sub_index: torch.Tensor, pad_id: int, temp
 
 
 def train(draft: Any, samples: Sequence[Sample], settings: TrainSettings, checkpoint: Path, *, pad_id: int = 0,
-          on_step: Callable[[StepLog], None] | None = None) -> list[StepLog]:
-    """Train ``draft`` in place for ``settings.steps`` steps (resuming from ``checkpoint`` when it exists)."""
+          on_step: Callable[[StepLog], None] | None = None) -> tuple[list[StepLog], float]:
+    """Train ``draft`` in place for ``settings.steps`` steps (resuming from ``checkpoint`` when it exists); return the
+    step logs and the seconds spent training (summed over resumed runs)."""
     vocab = draft.config.vocab_size
     sub_index = torch.full((vocab,), -1, dtype=torch.long)
     sub_index[draft.head_token_ids] = torch.arange(draft.head_token_ids.numel())
@@ -70,7 +72,8 @@ def train(draft: Any, samples: Sequence[Sample], settings: TrainSettings, checkp
     opt = torch.optim.AdamW(params, lr=settings.lr, betas=(0.9, 0.95), weight_decay=settings.weight_decay)
     rng = random.Random(settings.seed)
     torch.manual_seed(settings.seed)
-    start, logs, order = 0, [], []  # order: sample indices left in the current epoch
+    start, logs, order, seconds = 0, [], [], 0.0  # order: sample indices left in the current epoch
+    t0 = time.perf_counter()
     if checkpoint.is_file():
         state = torch.load(checkpoint, weights_only=False)
         if state["settings"] == asdict(settings):
@@ -78,7 +81,7 @@ def train(draft: Any, samples: Sequence[Sample], settings: TrainSettings, checkp
             opt.load_state_dict(state["optimizer"])
             rng.setstate(state["rng"])
             start, logs = state["step"], [StepLog(**d) for d in state["logs"]]
-            order = list(state["order"])
+            order, seconds = list(state["order"]), float(state["seconds"])
     draft.train()
     for step in range(start, settings.steps):
         if len(order) < settings.batch_size:
@@ -105,15 +108,16 @@ def train(draft: Any, samples: Sequence[Sample], settings: TrainSettings, checkp
         if on_step is not None:
             on_step(log)
         if (step + 1) % settings.checkpoint_every == 0 or step + 1 == settings.steps:
-            _save_checkpoint(checkpoint, draft, opt, rng, step + 1, settings, logs, order)
+            elapsed = seconds + time.perf_counter() - t0
+            _save_checkpoint(checkpoint, draft, opt, rng, step + 1, settings, logs, order, elapsed)
     draft.eval()
-    return logs
+    return logs, seconds + time.perf_counter() - t0
 
 
 def _save_checkpoint(path: Path, draft: Any, opt: Any, rng: random.Random, step: int, settings: TrainSettings,
-                     logs: list[StepLog], order: list[int]) -> None:
+                     logs: list[StepLog], order: list[int], seconds: float) -> None:
     trainable = {k: v for k, v in draft.state_dict().items() if not k.startswith("model.embed_tokens")}
     tmp = path.with_name(path.name + ".tmp")
     torch.save({"model": trainable, "optimizer": opt.state_dict(), "rng": rng.getstate(), "step": step,
-                "settings": asdict(settings), "logs": [asdict(x) for x in logs], "order": order}, tmp)
+                "settings": asdict(settings), "logs": [asdict(x) for x in logs], "order": order, "seconds": seconds}, tmp)
     tmp.replace(path)
