@@ -9,6 +9,7 @@ import typer
 
 from trtspec import __version__
 from trtspec.cli import spec_cmds
+from trtspec.cli import quant_cmds
 from trtspec.errors import TrtspecError
 
 app = typer.Typer(
@@ -33,6 +34,7 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 
 
 spec_cmds.register(app)
+quant_cmds.register(app)
 
 
 def main(argv: list[str] | None = None) -> None:
