@@ -127,7 +127,7 @@ def set_submodule(root: nn.Module, name: str, module: nn.Module) -> None:
 
 
 # -- KV cache ----------------------------------------------------------------------------------------------------
-KV_ATTENTION = "trtspec_kv_fake_quant"
+KV_ATTENTION_PREFIX = "trtspec_kv_fake_quant_"
 
 
 def _kv_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -151,19 +151,26 @@ def _kv_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, val
 def enable_kv_fake_quant(model: nn.Module, scales: dict[str, tuple[str, torch.Tensor, torch.Tensor]]) -> None:
     """Fake-quantize the KV cache of the attention modules named in ``scales`` ({name: (kind, k_amax, v_amax)}).
 
-    Registers one attention function (name ``trtspec_kv_fake_quant``) in transformers' AttentionInterface that
-    delegates to the model's previous implementation (sdpa or eager) after quantizing keys and values.
+    Registers an attention function ``trtspec_kv_fake_quant_<base>`` in transformers' AttentionInterface that quantizes
+    keys and values, then calls the model's previous implementation ``<base>`` (sdpa or eager); the same name is
+    registered with ``<base>``'s mask builder, without which transformers would build no causal mask at all for a
+    custom implementation (and SDPA's ``is_causal`` is wrong for several new tokens over a cache).
     """
     from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
     if not scales:
         return
-    AttentionInterface.register(KV_ATTENTION, _kv_attention)  # idempotent: same name, same function
     base = getattr(model.config, "_attn_implementation", None) or "sdpa"
-    if base == KV_ATTENTION:
-        base = "sdpa"
-    for name, (kind, k_amax, v_amax) in scales.items():
-        attn = model.get_submodule(name)
+    if base.startswith(KV_ATTENTION_PREFIX):
+        base = base[len(KV_ATTENTION_PREFIX):]
+    if base not in ("sdpa", "eager"):
+        base = "sdpa"  # flash/flex kernels take no fake-quantized inputs we could check on a CPU; SDPA is exact
+    name = KV_ATTENTION_PREFIX + base
+    AttentionInterface.register(name, _kv_attention)  # idempotent: same name, same function
+    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[base])
+    for module_name, (kind, k_amax, v_amax) in scales.items():
+        attn = model.get_submodule(module_name)
         attn._trtspec_kv = (kind, k_amax.to(torch.float32).reshape(()), v_amax.to(torch.float32).reshape(()))
         attn._trtspec_base_attention = base
-    model.set_attn_implementation(KV_ATTENTION)
+    model.set_attn_implementation(name)
