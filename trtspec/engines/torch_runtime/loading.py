@@ -1,0 +1,51 @@
+"""Load a causal LM and its tokenizer for the torch runtime (quantized ModelOpt exports with their scales applied)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from trtspec.errors import ModelLoadError
+
+
+def _torch_dtype(dtype: str) -> Any:
+    import torch
+
+    try:
+        return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+    except KeyError:
+        raise ModelLoadError(f"unknown dtype {dtype!r}", hint="one of float32, float16, bfloat16") from None
+
+
+def load_model(path: Path | str, dtype: str = "float32") -> Any:
+    """An eval-mode causal LM from a local directory; ModelOpt exports go through the quantized loader."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"{path}: not a model directory (no config.json)", hint="point at a local HF model dir")
+    try:
+        from trtspec.build import quantized_loader
+    except ImportError:
+        quantized_loader = None  # type: ignore[assignment]
+    if quantized_loader is not None and quantized_loader.is_modelopt_checkpoint(path):
+        model = quantized_loader.load_modelopt_checkpoint(path, dtype)
+    else:
+        from transformers import AutoModelForCausalLM
+
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=_torch_dtype(dtype))
+        except (OSError, ValueError) as exc:
+            raise ModelLoadError(f"{path}: cannot load model ({str(exc).splitlines()[0]})",
+                                 hint="is it a complete HF causal-LM directory?") from None
+    model.eval()
+    return model
+
+
+def load_tokenizer(path: Path | str) -> Any:
+    """The tokenizer saved next to a model."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(Path(path))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{path}: cannot load tokenizer ({str(exc).splitlines()[0]})",
+                             hint="save the tokenizer next to the model") from None

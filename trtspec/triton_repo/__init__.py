@@ -1,0 +1,1 @@
+"""Triton model repository: model definitions and the repository writer."""
