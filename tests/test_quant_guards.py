@@ -125,3 +125,14 @@ def test_a_short_file_still_gets_heldout_text_and_one_shorter_chunk(tiny_tokeniz
     long = [Document("the quick brown fox " * 200)]
     data = tokenize_calibration(long, tok, samples=4, seq_len=64, source="t")
     assert data.heldout.shape[0] >= 1 and data.calib.shape == (4, 64)
+
+
+def test_torch_runtime_refuses_formats_it_cannot_run_even_on_a_gpu(tiny_pair, tmp_path):
+    from trtspec.build.ptq import preflight
+    from trtspec.spec import spec_from_dict
+
+    spec = spec_from_dict({"runtime": "torch", "target": {"model": str(tiny_pair[0]), "quantization": "nvfp4"},
+                           "draft": {"model": str(tiny_pair[1])}}, base_dir=tmp_path, environ={})
+    with pytest.raises(QuantizationError, match="torch runtime cannot run nvfp4") as err:
+        preflight(spec, "target", cuda=True)
+    assert "trtllm-llmapi" in err.value.hint

@@ -131,7 +131,7 @@ def test_naive_from_pretrained_of_an_fp8_export_is_wrong_and_the_loader_fixes_it
     top1 = lambda a: float((a.argmax(-1) == source.argmax(-1)).float().mean())  # noqa: E731
     assert top1(naive) < 0.2 < 0.8 < top1(_logits(ours, probe))
     kv_attn = ours.model.layers[0].self_attn
-    assert kv_attn._trtspec_kv[0] == "FP8" and 0 < float(kv_attn._trtspec_kv[1]) < 448
+    assert kv_attn._trtspec_kv_kind == "FP8" and 0 < float(kv_attn.trtspec_k_amax) < 448
 
 
 def test_fp8_kv_cache_model_decodes_over_a_cache_exactly_like_a_full_pass(fp8_kv_export, probe):

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from trtspec.build.artifacts import hash_dir, tool_versions
 from trtspec.build.formats import get_format
 from trtspec.build.quiet import quiet_libraries
-from trtspec.errors import ModelLoadError
+from trtspec.errors import ModelLoadError, QuantizationError
 from trtspec.spec import BuildSpec, DType, KVCacheFormat, Quantization, Runtime
 
 if TYPE_CHECKING:
@@ -71,11 +71,16 @@ def preflight(spec: BuildSpec, role: str, cuda: bool) -> tuple[dict[str, Any], l
     """Guards that need no weights (format vs. machine and export, model files, family); the raw source config and
     warnings (FP8 below compute capability 8.9)."""
     from trtspec.build.formats import check_machine, fp8_capability_warning
+    from trtspec.build.qlinear import SUPPORTED_ALGOS
     from trtspec.families import get_family, read_config
 
     model = getattr(spec, role)
     q, kv = model.quantization, model.kv_cache
     check_machine(q, kv, cuda_available=cuda, hf_export=spec.runtime is not Runtime.TRTLLM_ENGINE)
+    algo = get_format(q).trtllm_algo
+    if spec.runtime is Runtime.TORCH and algo is not None and algo not in SUPPORTED_ALGOS:
+        raise QuantizationError(f"the torch runtime cannot run {q.value} checkpoints (no PyTorch kernels for {algo})",
+                                hint=f"use runtime trtllm-llmapi for {q.value}, or another format for the torch runtime")
     src = spec.model_path(role)
     cfg = read_config(src)
     if spec.runtime is Runtime.TRTLLM_ENGINE:

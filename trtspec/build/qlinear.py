@@ -134,13 +134,12 @@ def _kv_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, val
                   attention_mask: Any, **kwargs: Any) -> Any:
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    kv = getattr(module, "_trtspec_kv", None)
+    kind = getattr(module, "_trtspec_kv_kind", None)
     base = getattr(module, "_trtspec_base_attention", "sdpa")
-    if kv is not None:
-        kind, k_amax, v_amax = kv
+    if kind is not None:
         fq = fake_quant_fp8 if kind == "FP8" else fake_quant_int
         # As ModelOpt's k/v_bmm_quantizer: applied to the full key/value states after RoPE and the cache update.
-        key, value = fq(key, k_amax), fq(value, v_amax)
+        key, value = fq(key, module.trtspec_k_amax), fq(value, module.trtspec_v_amax)
     if base == "eager":
         fn = getattr(sys.modules[type(module).__module__], "eager_attention_forward")
     else:
@@ -171,6 +170,9 @@ def enable_kv_fake_quant(model: nn.Module, scales: dict[str, tuple[str, torch.Te
     AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[base])
     for module_name, (kind, k_amax, v_amax) in scales.items():
         attn = model.get_submodule(module_name)
-        attn._trtspec_kv = (kind, k_amax.to(torch.float32).reshape(()), v_amax.to(torch.float32).reshape(()))
+        attn._trtspec_kv_kind = kind
         attn._trtspec_base_attention = base
+        # Buffers, so that model.to(device) moves them; not persistent, so state_dict() is the checkpoint's.
+        attn.register_buffer("trtspec_k_amax", k_amax.to(torch.float32).reshape(()), persistent=False)
+        attn.register_buffer("trtspec_v_amax", v_amax.to(torch.float32).reshape(()), persistent=False)
     model.set_attn_implementation(name)
