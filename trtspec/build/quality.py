@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 EVAL_FILE = Path("quality") / "eval.npz"
 REPORT = "quality.json"
+SOURCE_EVAL_CACHE = ".quality"  # under build/: evaluations of unquantized sources
 
 
 @dataclass
@@ -99,22 +100,38 @@ def _load_eval(directory: Path) -> dict[str, Any] | None:
 
 
 def _source_eval(spec: BuildSpec, role: str, progress: Progress | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Evaluate an unquantized role from its source directory (it is served as is)."""
+    """Evaluate an unquantized role from its source directory (it is served as is); cached in build/.quality/."""
+    import numpy as np
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trtspec.build.calibration import load_calibration
-
+    from trtspec.build.artifacts import hash_inputs
+    from trtspec.build.calibration import calibration_source, load_calibration
     from trtspec.build.quiet import quiet_libraries
 
     src = spec.model_path(role)
+    c = spec.calibration
+    key = hash_inputs({"model": src, "calibration": calibration_source(spec)},
+                      {"what": "source evaluation", "version": 1, "samples": c.samples, "seq_len": c.seq_len,
+                       "batch_size": c.batch_size, "field": c.field if c.file else None})
+    cache = spec.build_dir / SOURCE_EVAL_CACHE / f"{role}.npz"
+    if cache.is_file():
+        with np.load(cache) as data:
+            if str(data["key"]) == key:
+                metrics = json.loads(str(data["metrics"]))
+                return metrics, {"before": data["top1"], "after": data["top1"]}
     with quiet_libraries([]):
         data = load_calibration(spec, AutoTokenizer.from_pretrained(src))
         model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
-    result = evaluate(model, data.heldout, spec.calibration.batch_size, progress, f"evaluating {role} (source)")
+    result = evaluate(model, data.heldout, c.batch_size, progress, f"evaluating {role} (source)")
     metrics = {"format": "none", "top1_agreement": 1.0, "perplexity_before": result.perplexity,
-               "perplexity_after": result.perplexity, "perplexity_change_pct": 0.0, "heldout_tokens": result.tokens}
-    return metrics | {"heldout_sha256": data.summary["heldout_sha256"]}, {"before": result.top1, "after": result.top1}
+               "perplexity_after": result.perplexity, "perplexity_change_pct": 0.0, "heldout_tokens": result.tokens,
+               "heldout_sha256": data.summary["heldout_sha256"]}
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_name(f".{role}.{os.getpid()}.npz")
+    np.savez_compressed(tmp, key=np.array(key), metrics=np.array(json.dumps(metrics)), top1=result.top1)
+    tmp.replace(cache)
+    return metrics, {"before": result.top1, "after": result.top1}
 
 
 def build_quality_report(spec: BuildSpec, progress: Progress | None = None) -> dict[str, Any]:
