@@ -112,7 +112,8 @@ def main() -> None:
                    "--seq-len", str(args.seq_len)]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
-                rows[fmt] = {"status": f"crashed: {proc.stderr.strip().splitlines()[-1][:60]}", "timings": {},
+                last = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
+                rows[fmt] = {"status": f"crashed: {last[:60]}", "timings": {},
                              "wall_s": float("nan"), "peak_rss_mib": float("nan")}
             else:
                 rows[fmt] = json.loads(proc.stdout.strip().splitlines()[-1])
