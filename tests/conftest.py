@@ -13,6 +13,16 @@ def _has_cuda() -> bool:
     return shutil.which("nvidia-smi") is not None
 
 
+def pytest_configure(config):
+    # One intra-op thread: the models under test are small, and on a loaded 2-core machine OpenMP oversubscription
+    # makes tiny-model tests 10x slower. Correctness tests do not need more; benchmarks set their own.
+    try:
+        import torch
+    except ImportError:
+        return
+    torch.set_num_threads(1)
+
+
 def pytest_collection_modifyitems(config, items):
     if _has_cuda():
         return

@@ -27,3 +27,11 @@ def resolve_spec(path: Path | None) -> BuildSpec:
 
 def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def quiet_transformers() -> None:
+    """Hide transformers' per-file loading bars and advisory warnings in CLI output (the CLI owns the terminal)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()

@@ -239,11 +239,11 @@ class SpeculativeDecoder:
             if sampling.greedy:
                 toks = logits.argmax(-1).tolist()
             else:
+                q = logits_to_probs(logits, sampling)
                 toks = []
                 for i, r in enumerate(active):
-                    q = logits_to_probs(logits[i], sampling)
-                    probs[i].append(q)
-                    toks.append(sample(q, r.generator))
+                    probs[i].append(q[i])
+                    toks.append(sample(q[i], r.generator))
             for i, t in enumerate(toks):
                 drafts[i].append(t)
             if step < k - 1:
@@ -258,10 +258,10 @@ class SpeculativeDecoder:
             argmax = logits.argmax(-1).tolist()
             return [accept_greedy(drafts[i], argmax[i]) for i in range(len(active))]
         out = []
+        probs = logits_to_probs(logits, sampling)
         for i, r in enumerate(active):
-            p = logits_to_probs(logits[i], sampling)
             if drafts[i]:
-                out.append(accept_sampled(drafts[i], draft_probs[i], p, r.generator))
+                out.append(accept_sampled(drafts[i], draft_probs[i], probs[i], r.generator))
             else:
-                out.append((0, sample(p[0], r.generator)))
+                out.append((0, sample(probs[i][0], r.generator)))
         return out

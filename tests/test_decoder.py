@@ -1,0 +1,158 @@
+"""The speculative decoder on tiny random models: lossless greedy output, rollback, stops, statistics, bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trtspec.engines.torch_runtime.decoder import SpeculativeDecoder
+from trtspec.engines.torch_runtime.loading import load_model, load_tokenizer
+from trtspec.errors import GenerationError, IncompatibleModelsError
+
+PROMPTS = ["The quick brown", "def add(a, b):\n    return a", "Q: What is the capital of France? A:", "Z"]
+
+
+@pytest.fixture(scope="module")
+def models(tiny_pair):
+    target = load_model(tiny_pair[0])
+    draft = load_model(tiny_pair[1])
+    # A draft that agrees with the target part of the time: the target with noise on its weights.
+    noisy = load_model(tiny_pair[0])
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in noisy.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.0015)
+    tok = load_tokenizer(tiny_pair[0])
+    return target, draft, noisy, tok
+
+
+@pytest.fixture(scope="module")
+def prompts(models):
+    tok = models[3]
+    return [tok.encode(p) for p in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def reference(models, prompts):
+    """Target-only greedy from transformers' own generate (no trtspec code)."""
+    target = models[0]
+    out = []
+    for p in prompts:
+        ids = target.generate(torch.tensor([p]), max_new_tokens=48, do_sample=False, eos_token_id=None,
+                              pad_token_id=0, min_new_tokens=48)
+        out.append(ids[0, len(p):].tolist())
+    return out
+
+
+def test_no_draft_path_equals_transformers_greedy(models, prompts, reference):
+    dec = SpeculativeDecoder(models[0], None)
+    assert [r.token_ids for r in dec.generate(prompts, 48)] == reference
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+@pytest.mark.parametrize("which", ["noisy", "random"])
+def test_greedy_speculative_equals_target_greedy_batch1_and_batch4(models, prompts, reference, k, which):
+    target, draft, noisy, _ = models
+    dec = SpeculativeDecoder(target, noisy if which == "noisy" else draft, max_draft_len=k)
+    for p, ref in zip(prompts, reference):
+        assert dec.generate([p], 48)[0].token_ids == ref
+    batch = dec.generate(prompts, 48)
+    assert [r.token_ids for r in batch] == reference
+    if which == "noisy":
+        rates = [r.stats.acceptance_rate for r in batch]
+        # Rows accept different counts per step: the case batching with holes exists for.
+        assert 0.2 < sum(rates) / len(rates) < 1.0, rates
+
+
+def test_batch_with_different_max_tokens_and_lengths(models, prompts, reference):
+    target, _, noisy, _ = models
+    dec = SpeculativeDecoder(target, noisy, max_draft_len=4)
+    for n in (1, 2, 5, 13):
+        assert [r.token_ids for r in dec.generate(prompts, n)] == [ref[:n] for ref in reference]
+
+
+def test_eos_inside_a_draft_window_stops_exactly_where_target_would(models, prompts, reference):
+    target = models[0]
+    ref = reference[0]
+    stop = ref[10]
+    first = ref.index(stop)
+    # draft == target accepts every proposal, so the stop token arrives in the middle of a K = 8 window.
+    dec = SpeculativeDecoder(target, target, max_draft_len=8, eos_ids=[stop])
+    r = dec.generate([prompts[0]], 48)[0]
+    assert r.token_ids == ref[: first + 1]
+    assert r.finish_reason == "stop"
+    alone = SpeculativeDecoder(target, None, eos_ids=[stop]).generate([prompts[0]], 48)[0]
+    assert alone.token_ids == r.token_ids
+    batch = dec.generate(prompts, 48)
+    assert batch[0].token_ids == r.token_ids
+
+
+def test_stats_are_consistent(models, prompts):
+    target, _, noisy, _ = models
+    dec = SpeculativeDecoder(target, noisy, max_draft_len=4)
+    r = dec.generate([prompts[1]], 40)[0]
+    s = r.stats
+    assert s.output_tokens == 40 == len(r.token_ids)
+    assert 0 < s.accepted_tokens <= s.draft_tokens <= 4 * s.target_steps
+    # every target step emits the accepted drafts plus one token (the last step may be cut by max_tokens)
+    assert s.output_tokens <= s.accepted_tokens + s.target_steps
+    assert s.acceptance_rate == pytest.approx(s.accepted_tokens / s.draft_tokens)
+    self_dec = SpeculativeDecoder(target, target, max_draft_len=4)
+    full = self_dec.generate([prompts[1]], 41)[0].stats
+    assert full.acceptance_rate == 1.0 and full.target_steps == 9  # 41 tokens = 8 steps of 5 + 1
+
+
+def test_streaming_chunks_concatenate_to_the_result(models, prompts, reference):
+    target, _, noisy, _ = models
+    dec = SpeculativeDecoder(target, noisy, max_draft_len=4)
+    chunks, final = [], None
+    for event in dec.stream(prompts[2], 48):
+        if isinstance(event, list):
+            chunks.append(event)
+        else:
+            final = event
+    assert len(chunks) > 1 and sum(chunks, []) == final.token_ids == reference[2]
+
+
+def test_kv_cache_is_reused_not_recomputed(models, prompts):
+    """Target forward passes see only new tokens: total target input tokens = prompt + (K + 1) per step."""
+    target, _, noisy, _ = models
+    seen = []
+    hook = target.model.embed_tokens.register_forward_hook(lambda m, i, o: seen.append(i[0].shape[1]))
+    try:
+        r = SpeculativeDecoder(target, noisy, max_draft_len=4).generate([prompts[1]], 30)[0]
+    finally:
+        hook.remove()
+    assert seen[0] == len(prompts[1]) - 1
+    assert all(n <= 5 for n in seen[1:])
+    assert len(seen) == r.stats.target_steps + 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_tokens": 0}, "max_tokens must be > 0"),
+        ({"max_tokens": 5, "draft_len": 17}, "out of range"),
+        ({"max_tokens": 5, "prompts": [[]]}, "prompt 0 is empty"),
+        ({"max_tokens": 5, "prompts": [[1] * 4095]}, "exceeds the model's context of 4096"),
+        ({"max_tokens": 5, "prompts": [[10 ** 6]]}, "outside the vocabulary"),
+    ],
+)
+def test_bad_input_is_a_clear_error(models, prompts, kwargs, message):
+    dec = SpeculativeDecoder(models[0], models[1])
+    kwargs = {"prompts": prompts[:1], **kwargs}
+    with pytest.raises(GenerationError, match=message):
+        dec.generate(kwargs.pop("prompts"), **kwargs)
+
+
+def test_draft_with_other_vocabulary_is_refused(models, tmp_path, tiny_tokenizer):
+    from tiny import make_llama
+
+    other = tmp_path / "other"
+    make_llama(other, tiny_tokenizer, layers=1)
+    model = load_model(other)
+    model.resize_token_embeddings(model.config.vocab_size + 8)
+    with pytest.raises(IncompatibleModelsError, match="vocabulary"):
+        SpeculativeDecoder(models[0], model)
+    with pytest.raises(GenerationError, match="out of range"):
+        SpeculativeDecoder(models[0], models[1], max_draft_len=0)
