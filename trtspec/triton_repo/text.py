@@ -6,8 +6,8 @@ Preprocessing does what TRT-LLM's does (tokenize ``text_input``, word lists for 
 
 Postprocessing is stateless, yet streams multi-byte characters correctly: each response carries the sequence's
 recent tokens and how many of them earlier responses already covered (``decoded_length``); the text of a response is
-what decoding all of them adds to decoding the covered ones, and an incomplete character at the end (U+FFFD from a
-partial UTF-8 sequence) is held back until a later response completes it, or the final one flushes it.
+what decoding all of them adds to decoding the covered ones, and an incomplete character at the end (one U+FFFD from
+a partial UTF-8 sequence) is held back until a later response completes it, or the final one flushes it.
 """
 
 from __future__ import annotations
@@ -132,8 +132,13 @@ class Preprocessor:
 
 
 def _stable(text: str) -> str:
-    """Text without a trailing incomplete character."""
-    return text.rstrip(REPLACEMENT)
+    """Text without a trailing incomplete character.
+
+    Lossy UTF-8 decoding (Rust's and Python's) turns an incomplete sequence at the end into exactly one U+FFFD, so
+    only the last one can still change; earlier ones are invalid bytes for good and are delivered. An incomplete
+    character is at most 3 bytes, so 3 tokens of context in a streamed response suffice (the orchestrator sends 32).
+    """
+    return text[:-1] if text.endswith(REPLACEMENT) else text
 
 
 class Postprocessor:
