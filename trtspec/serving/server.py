@@ -276,6 +276,16 @@ class TritonServer:
             return ""
         return "\n".join(text.splitlines()[-lines:])
 
+    def load_errors(self) -> str:
+        """The log's model-load failures (``failed to load`` lines), else its tail; harmless CUDA noise skipped."""
+        try:
+            lines = Path(self.log_file).read_text(encoding="utf-8", errors="replace").splitlines()  # type: ignore[arg-type]
+        except OSError:
+            return ""
+        failed = [line.split("] ", 1)[-1].replace("\\n", " ").strip() for line in lines
+                  if line.startswith("E") and ("failed to load" in line or "Failed to create" in line)]
+        return "\n".join(failed[:6]) if failed else self.log_tail()
+
     def wait_ready(self) -> None:
         """Poll /v2/health/ready until the deadline; a server that exits or never gets ready raises ServerError."""
         assert self._proc is not None
@@ -283,13 +293,13 @@ class TritonServer:
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 raise ServerError(f"tritonserver exited with code {self._proc.returncode} before it was ready; "
-                                  f"log {self.log_file}:\n{self.log_tail()}",
+                                  f"log {self.log_file}:\n{self.load_errors()}",
                                   hint="the log names the model that failed to load and why")
             if self.is_ready():
                 return
             time.sleep(0.25)
         raise ServerError(f"tritonserver was not ready within {self.ready_timeout_s:.0f} s; log {self.log_file}:\n"
-                          f"{self.log_tail()}", hint="a model may still be loading: raise the timeout, or read the log")
+                          f"{self.load_errors()}", hint="a model may still be loading: raise the timeout, or read the log")
 
     def stop(self) -> int | None:
         """SIGINT (Triton drains in-flight requests), then SIGTERM, then SIGKILL to the whole process group."""

@@ -1,0 +1,124 @@
+"""The tritonserver lifecycle on a trivial repository: readiness with a deadline, the log, clean stop, no orphans,
+clear failures."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from trtspec.errors import ServerError
+from trtspec.serving.server import Ports, TritonServer, free_port
+
+pytestmark = pytest.mark.triton
+
+ECHO = textwrap.dedent('''
+    import triton_python_backend_utils as pb_utils
+    class TritonPythonModel:
+        def initialize(self, args):
+            import trtspec  # the stub finds trtspec (PYTHONPATH) and this environment's numpy
+            import numpy
+            assert int(numpy.__version__.split(".")[0]) < 2
+        def execute(self, requests):
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X")
+                    .as_numpy())]) for r in requests]
+''')
+CONFIG = textwrap.dedent('''
+    name: "echo"
+    backend: "python"
+    max_batch_size: 0
+    input [ { name: "X" data_type: TYPE_INT32 dims: [ -1 ] } ]
+    output [ { name: "Y" data_type: TYPE_INT32 dims: [ -1 ] } ]
+    instance_group [ { count: 1 kind: KIND_CPU } ]
+''')
+
+
+def echo_repo(root: Path, broken: bool = False) -> Path:
+    model = root / "repo" / "echo"
+    (model / "1").mkdir(parents=True)
+    (model / "config.pbtxt").write_text(CONFIG)
+    (model / "1" / "model.py").write_text(ECHO.replace("import trtspec", "raise RuntimeError('broken model')")
+                                          if broken else ECHO)
+    return root / "repo"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purposes
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def test_server_starts_answers_and_stops_with_its_stubs(tmp_path):
+    import numpy as np
+    import tritonclient.http as httpclient
+
+    with TritonServer(echo_repo(tmp_path), log_file=tmp_path / "server.log") as server:
+        assert server.is_ready()
+        client = httpclient.InferenceServerClient(server.http_url)
+        x = httpclient.InferInput("X", [3], "INT32")
+        x.set_data_from_numpy(np.array([1, 2, 3], dtype=np.int32))
+        assert client.infer("echo", [x]).as_numpy("Y").tolist() == [1, 2, 3]
+        client.close()
+        pid = server.pid
+        group = [int(p) for p in subprocess.run(["pgrep", "-g", str(pid)], capture_output=True,
+                                                text=True).stdout.split()]
+        assert len(group) >= 2  # tritonserver and the Python stub
+    assert not any(_alive(p) for p in group)
+    assert "Started GRPCInferenceService" in (tmp_path / "server.log").read_text()
+
+
+def test_server_dies_with_its_parent(tmp_path):
+    """PR_SET_PDEATHSIG: a parent killed with SIGKILL (no clean-up code runs) still takes the server with it."""
+    repo = echo_repo(tmp_path)
+    code = textwrap.dedent(f'''
+        import sys, time
+        from pathlib import Path
+        from trtspec.serving.server import TritonServer
+        s = TritonServer(Path({str(repo)!r}), log_file=Path({str(tmp_path / "child.log")!r})).start()
+        print(s.pid, flush=True)
+        time.sleep(600)
+    ''')
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": os.getcwd()})
+    try:
+        pid = int(child.stdout.readline())
+        assert _alive(pid)
+        child.send_signal(signal.SIGKILL)
+        child.wait(30)
+        deadline = time.monotonic() + 30
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _alive(pid)
+    finally:
+        child.kill()
+
+
+def test_a_model_that_fails_to_load_is_a_server_error_with_the_log(tmp_path):
+    with pytest.raises(ServerError, match="broken model"):
+        TritonServer(echo_repo(tmp_path, broken=True), ready_timeout_s=120).start()
+
+
+def test_busy_port_and_missing_repository_are_refused(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        busy = s.getsockname()[1]
+        with pytest.raises(ServerError, match=f"port {busy} is already in use"):
+            Ports.pick(http=busy)
+    with pytest.raises(ServerError, match="no such model repository"):
+        TritonServer(tmp_path / "nothing")
+    ports = Ports.pick(grpc=free_port())
+    assert len({ports.http, ports.grpc, ports.metrics}) == 3
