@@ -19,11 +19,14 @@ from trtspec.serving.server import Ports, TritonServer, free_port
 pytestmark = pytest.mark.triton
 
 ECHO = textwrap.dedent('''
+    import os, sys
+    sys.path.insert(0, os.environ["TRTSPEC_PYTHONPATH"])  # what the repository's model.py files do
     import triton_python_backend_utils as pb_utils
     class TritonPythonModel:
         def initialize(self, args):
-            import trtspec  # the stub finds trtspec (PYTHONPATH) and this environment's numpy
+            import trtspec  # this very checkout of trtspec, and this environment's numpy < 2
             import numpy
+            assert trtspec.__file__.startswith(os.environ["TRTSPEC_PYTHONPATH"] + "/"), trtspec.__file__
             assert int(numpy.__version__.split(".")[0]) < 2
         def execute(self, requests):
             return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X")

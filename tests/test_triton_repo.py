@@ -173,7 +173,7 @@ def test_cli_repo_writes_and_serve_docker_shows_the_container_command(tiny_pair,
     assert cmd.startswith("docker run --rm --init --gpus all")
     assert f"-v {tmp_path / 'triton_repo'}:/models:ro" in cmd and "-p 9000:8000" in cmd
     assert f"-v {tiny_pair[0]}:{tiny_pair[0]}:ro" in cmd  # configs hold absolute paths: mounted as they are
-    assert "PYTHONPATH=/opt/trtspec" in cmd and "tritonserver --model-repository=/models" in cmd
+    assert "TRTSPEC_PYTHONPATH=/opt/trtspec" in cmd and "tritonserver --model-repository=/models" in cmd
     r = _cli("serve", "nowhere", cwd=tmp_path)
     assert r.returncode == 1 and "no such model repository" in r.stderr and "Traceback" not in r.stderr
 

@@ -3,7 +3,8 @@
 The binary is one on PATH or the one bundled in ``nvidia-pytriton`` (Triton 2.51 with the standard Python backend).
 The bundled Python backend ships its stub per Python version; we assemble a private backend directory (stub for this
 interpreter + the backend library) under trtspec's cache instead of writing into site-packages, and point the stub at
-this interpreter's libpython, its environment (PATH) and trtspec (PYTHONPATH).
+this interpreter's libpython, its environment (PATH) and trtspec (TRTSPEC_PYTHONPATH, read by the repository's
+model.py files: the stub's embedded interpreter ignores PYTHONPATH).
 """
 
 from __future__ import annotations
@@ -145,7 +146,7 @@ def python_backend_dir(cache: Path | None = None) -> Path:
 
 
 def trtspec_import_root() -> Path:
-    """The directory to put on PYTHONPATH so that ``import trtspec`` works in the backend stubs."""
+    """The directory that holds this ``trtspec`` package (what the backend stubs must import)."""
     import trtspec
 
     return Path(trtspec.__file__).resolve().parent.parent
@@ -163,8 +164,8 @@ def server_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
     env["LD_LIBRARY_PATH"] = ":".join(p for p in libdirs if p)
     # The stub's embedded interpreter finds its prefix (and so the venv's site-packages) from `python3` on PATH.
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    paths = [str(trtspec_import_root())] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
-    env["PYTHONPATH"] = os.pathsep.join(paths)
+    # The stub's embedded interpreter ignores PYTHONPATH; the repository's model.py files read this one.
+    env["TRTSPEC_PYTHONPATH"] = str(trtspec_import_root())
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     # Draft and target run in separate stubs that take turns on the same cores: OpenMP threads that spin after a
     # parallel region steal the other model's CPU (measured: a 10-token speculative request 4.5x slower).
@@ -253,7 +254,7 @@ class TritonServer:
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_file, "wb")
         self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                      env=server_environment(), preexec_fn=_set_pdeathsig,
+                                      env=server_environment(), preexec_fn=_set_pdeathsig, cwd=self.repo,
                                       start_new_session=True)  # own process group: we stop it and its stubs
         try:
             self.wait_ready()
@@ -279,7 +280,8 @@ class TritonServer:
     def load_errors(self) -> str:
         """The log's model-load failures (``failed to load`` lines), else its tail; harmless CUDA noise skipped."""
         try:
-            lines = Path(self.log_file).read_text(encoding="utf-8", errors="replace").splitlines()  # type: ignore[arg-type]
+            assert self.log_file is not None
+            lines = Path(self.log_file).read_text(encoding="utf-8", errors="replace").splitlines()
         except OSError:
             return ""
         failed = [line.split("] ", 1)[-1].replace("\\n", " ").strip() for line in lines
@@ -299,7 +301,8 @@ class TritonServer:
                 return
             time.sleep(0.25)
         raise ServerError(f"tritonserver was not ready within {self.ready_timeout_s:.0f} s; log {self.log_file}:\n"
-                          f"{self.load_errors()}", hint="a model may still be loading: raise the timeout, or read the log")
+                          f"{self.load_errors()}",
+                          hint="a model may still be loading: raise the timeout, or read the log")
 
     def stop(self) -> int | None:
         """SIGINT (Triton drains in-flight requests), then SIGTERM, then SIGKILL to the whole process group."""
@@ -344,7 +347,7 @@ def docker_command(repo: Path, image: str, *, http_port: int = 8000, grpc_port: 
                    with_trtspec: bool = False) -> list[str]:
     """``docker run`` for serving ``repo`` in a tritonserver image: the repository at /models, every directory its
     configs reference mounted read-only at the same path (configs hold absolute paths), the Python models' trtspec
-    package on PYTHONPATH when ``with_trtspec``."""
+    package mounted and announced in TRTSPEC_PYTHONPATH when ``with_trtspec``."""
     repo = Path(repo).resolve()
     cmd = ["docker", "run", "--rm", "--init"]
     if gpus:
@@ -355,7 +358,7 @@ def docker_command(repo: Path, image: str, *, http_port: int = 8000, grpc_port: 
         cmd += ["-v", f"{m}:{m}:ro"]
     if with_trtspec:
         root = trtspec_import_root()
-        cmd += ["-v", f"{root / 'trtspec'}:/opt/trtspec/trtspec:ro", "-e", "PYTHONPATH=/opt/trtspec",
+        cmd += ["-v", f"{root / 'trtspec'}:/opt/trtspec/trtspec:ro", "-e", "TRTSPEC_PYTHONPATH=/opt/trtspec",
                 "-e", "OMP_WAIT_POLICY=PASSIVE"]
     cmd += [image, "tritonserver", "--model-repository=/models", "--http-port=8000", "--grpc-port=8001",
             "--metrics-port=8002"]

@@ -53,7 +53,8 @@ class FastTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def decode(self, ids: list[int], skip_special_tokens: bool = True, clean_up_tokenization_spaces: bool = False) -> str:
+    def decode(self, ids: list[int], skip_special_tokens: bool = True,
+               clean_up_tokenization_spaces: bool = False) -> str:
         text = self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
         return _clean_up(text) if clean_up_tokenization_spaces else text
 

@@ -1,6 +1,14 @@
 """trtspec postprocessing: output tokens -> text_output (TRT-LLM postprocessing contract, plus DECODED_LENGTH and
 IS_FINAL so that streamed text is exact for multi-byte characters; see trtspec.triton_repo.text)."""
 
+import os
+import sys
+
+# The Python backend stub ignores PYTHONPATH: the server passes trtspec's location in TRTSPEC_PYTHONPATH.
+for _path in reversed(os.environ.get("TRTSPEC_PYTHONPATH", "").split(os.pathsep)):
+    if _path and _path not in sys.path:
+        sys.path.insert(0, _path)
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
 

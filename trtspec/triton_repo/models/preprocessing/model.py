@@ -4,6 +4,14 @@ Validates each request (max_tokens > 0, prompt within max_input_len, prompt + ma
 and answers a bad one with an error response; the rest of the batch is unaffected.
 """
 
+import os
+import sys
+
+# The Python backend stub ignores PYTHONPATH: the server passes trtspec's location in TRTSPEC_PYTHONPATH.
+for _path in reversed(os.environ.get("TRTSPEC_PYTHONPATH", "").split(os.pathsep)):
+    if _path and _path not in sys.path:
+        sys.path.insert(0, _path)
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
 

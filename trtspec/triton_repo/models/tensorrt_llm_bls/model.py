@@ -6,6 +6,14 @@ engine calls awaited), batch > 1 (rows run concurrently), routing of short reque
 per-request statistics in the output tensors.
 """
 
+import os
+import sys
+
+# The Python backend stub ignores PYTHONPATH: the server passes trtspec's location in TRTSPEC_PYTHONPATH.
+for _path in reversed(os.environ.get("TRTSPEC_PYTHONPATH", "").split(os.pathsep)):
+    if _path and _path not in sys.path:
+        sys.path.insert(0, _path)
+
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
 

@@ -5,8 +5,15 @@ Decoupled: execute() only parses and queues; the engine thread answers each requ
 (one response per new token when `streaming`, else one response with all tokens).
 """
 
-import logging
 import os
+import sys
+
+# The Python backend stub ignores PYTHONPATH: the server passes trtspec's location in TRTSPEC_PYTHONPATH.
+for _path in reversed(os.environ.get("TRTSPEC_PYTHONPATH", "").split(os.pathsep)):
+    if _path and _path not in sys.path:
+        sys.path.insert(0, _path)
+
+import logging
 import threading
 
 import numpy as np
