@@ -125,3 +125,45 @@ def test_busy_port_and_missing_repository_are_refused(tmp_path):
         TritonServer(tmp_path / "nothing")
     ports = Ports.pick(grpc=free_port())
     assert len({ports.http, ports.grpc, ports.metrics}) == 3
+
+
+def test_a_non_decoupled_repository_answers_and_refuses_streaming(tiny_pair, tmp_path):
+    from serving_helpers import torch_spec_dict
+    from trtspec.errors import GenerationError
+    from trtspec.serving.client import TritonLLMClient
+    from trtspec.spec import spec_from_dict
+    from trtspec.triton_repo.writer import write_repo
+
+    spec = spec_from_dict(torch_spec_dict(tiny_pair[0], tiny_pair[0], triton={"decoupled": False}),
+                          base_dir=tmp_path, environ={})
+    write_repo(spec)
+    with TritonServer(spec.repo_dir) as server:
+        for url, protocol in ((server.grpc_url, "grpc"), (server.http_url, "http")):
+            with TritonLLMClient(url, protocol=protocol) as client:
+                r = client.generate("The quick brown fox", 16)
+                # The target is its own draft here: every draft token is accepted.
+                assert r.stats["num_output_tokens"] == 16 and r.stats["acceptance_rate"] == 1.0
+                with pytest.raises(GenerationError, match="decoupled"):
+                    client.generate("The quick brown fox", 16, stream=True)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_cli_serve_runs_until_ctrl_c_or_sigterm_and_takes_the_server_down(tmp_path, sig):
+    repo = echo_repo(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "trtspec", "serve", str(repo), "--http-port", "0", "--grpc-port",
+                             "0", "--metrics-port", "0", "--log-file", str(tmp_path / "s.log")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": os.getcwd(), "COLUMNS": "200"})
+    try:
+        line = ""
+        while "ready:" not in line:
+            line = proc.stdout.readline()
+            assert line or proc.poll() is None, proc.stderr.read()
+        children = [int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                                                   text=True).stdout.split()]
+        assert children and all(_alive(p) for p in children)
+        proc.send_signal(sig)
+        assert proc.wait(60) == 0
+        assert not any(_alive(p) for p in children)
+    finally:
+        proc.kill()

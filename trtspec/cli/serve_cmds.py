@@ -79,8 +79,9 @@ def serve(repo_path: RepoArg = None,
         console.print(f"try: trtspec generate 'What is speculative decoding?' --url {server.grpc_url}")
         console.print("Ctrl-C stops the server")
         while not stop.wait(1.0):
-            if server._proc is not None and server._proc.poll() is not None:
-                raise ServerError(f"tritonserver exited with code {server._proc.returncode}; log "
+            code = server.exit_code()
+            if code is not None:
+                raise ServerError(f"tritonserver exited with code {code}; log "
                                   f"{server.log_file}:\n{server.log_tail()}", hint="the log says why")
     finally:
         err_console.print("stopping tritonserver")

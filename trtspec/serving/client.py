@@ -69,7 +69,8 @@ def _split_url(url: str) -> str:
 
 
 class TritonLLMClient:
-    """Send prompts to ``model`` (default ``ensemble``) at ``url`` (host:port)."""
+    """Send prompts to ``model`` (default ``ensemble``) at ``url`` (host:port), one request at a time per client
+    (use one client per thread for concurrent requests)."""
 
     def __init__(self, url: str, protocol: str = "grpc", model: str = "ensemble", timeout_s: float = 600.0) -> None:
         if protocol not in PROTOCOLS:
@@ -216,8 +217,12 @@ class TritonLLMClient:
 
 
 def _http_error(exc: urllib.error.HTTPError) -> str:
+    """The server's message: a JSON body, or a server-sent event (``data: {...}``) from generate_stream."""
     try:
-        return str(json.loads(exc.read().decode("utf-8")).get("error", exc.reason))
+        body = exc.read().decode("utf-8").strip()
+        if body.startswith("data:"):
+            body = body[5:].strip()
+        return str(json.loads(body).get("error", exc.reason))
     except Exception:  # noqa: BLE001
         return str(exc.reason)
 

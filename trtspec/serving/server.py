@@ -229,6 +229,10 @@ class TritonServer:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
+    def exit_code(self) -> int | None:
+        """The server's exit code if it has exited on its own, else None."""
+        return self._proc.poll() if self._proc is not None else None
+
     def command(self, backend_dir: Path | None = None) -> list[str]:
         """The tritonserver command line."""
         binary = self.binary or find_server_binary()
