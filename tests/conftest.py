@@ -69,3 +69,43 @@ def example_paths():
     from trtspec.example import example_models
 
     return example_models()
+
+
+STANDIN_DIR = Path(__file__).parent / "standin"
+
+
+@pytest.fixture(scope="session")
+def standin_bin(tmp_path_factory) -> Path:
+    """A directory holding the trtllm-build STAND-IN, to put first on PATH (runs with this interpreter)."""
+    import os
+    import sys
+
+    bin_dir = tmp_path_factory.mktemp("standin-bin")
+    script = bin_dir / "trtllm-build"
+    script.write_text(f"#!{sys.executable}\n"
+                      "import runpy, sys\nsys.argv[0] = 'trtllm-build'\n"
+                      f"runpy.run_path({str(STANDIN_DIR / 'trtllm_build_standin.py')!r}, run_name='__main__')\n")
+    script.chmod(0o755)
+    assert os.access(script, os.X_OK)
+    return bin_dir
+
+
+@pytest.fixture
+def with_standin(monkeypatch, standin_bin):
+    """PATH with the trtllm-build stand-in first."""
+    import os
+
+    monkeypatch.setenv("PATH", f"{standin_bin}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("TRTLLM_STANDIN_FAIL", raising=False)
+    monkeypatch.delenv("TRTLLM_STANDIN_SLEEP", raising=False)
+    monkeypatch.setenv("TRTLLM_STANDIN_VERSION", "1.0.0")
+    return standin_bin
+
+
+@pytest.fixture(scope="session")
+def trtllm_checkpoints(tmp_path_factory, tiny_pair) -> dict[str, Path]:
+    """TensorRT-LLM checkpoints of the tiny pair, exported by ModelOpt (float16, unquantized, TP 1)."""
+    from engine_helpers import export_trtllm_checkpoint
+
+    root = tmp_path_factory.mktemp("trtllm-ckpt")
+    return {role: export_trtllm_checkpoint(src, root / role) for role, src in zip(("target", "draft"), tiny_pair)}

@@ -1,0 +1,103 @@
+"""docker/: the Dockerfile, compose and Kubernetes files parse, name the version table's image and the same ports."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+
+from trtspec.engines.container import PORTS
+from trtspec.engines.trtllm_versions import ngc_image
+from trtspec.spec import EngineSpec
+
+DOCKER = Path(__file__).resolve().parents[1] / "docker"
+BASE = ngc_image(EngineSpec().trtllm_version)  # the image for the default TensorRT-LLM release
+TAG = BASE.rsplit(":", 1)[1]
+OUR_IMAGE = f"trtspec:{TAG}"
+WANT_PORTS = set(PORTS.values())
+
+
+def _dockerfile() -> dict[str, list[str]]:
+    """Instructions -> arguments, continuation lines joined, comments dropped."""
+    text = re.sub(r"\\\n", " ", (DOCKER / "Dockerfile").read_text())
+    out: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        op, _, rest = line.partition(" ")
+        out.setdefault(op.upper(), []).append(rest.strip())
+    return out
+
+
+def test_dockerfile_builds_on_the_version_tables_image_and_exposes_triton_ports():
+    df = _dockerfile()
+    args = dict(a.split("=", 1) for a in df["ARG"] if "=" in a)
+    assert args["BASE_IMAGE"] == BASE
+    assert df["FROM"] == ["${BASE_IMAGE}"]
+    assert {int(p) for e in df["EXPOSE"] for p in e.split()} == WANT_PORTS
+    assert "/v2/health/ready" in df["HEALTHCHECK"][0]
+    assert any("pip install" in r and "." in r for r in df["RUN"])
+    assert "TRTSPEC_SPEC__OUTPUT__ENGINES_DIR=/engines" in " ".join(df["ENV"])
+    assert (DOCKER / "entrypoint.sh").stat().st_mode & 0o111
+
+
+def test_compose_reserves_gpus_publishes_ports_and_checks_readiness():
+    svc = yaml.safe_load((DOCKER / "compose.yaml").read_text())["services"]["triton"]
+    assert svc["build"]["args"]["BASE_IMAGE"] == BASE and svc["image"] == OUR_IMAGE
+    published = {int(p.split(":")[0]) for p in svc["ports"]}
+    assert published == WANT_PORTS and {int(p.split(":")[1]) for p in svc["ports"]} == WANT_PORTS
+    devices = svc["deploy"]["resources"]["reservations"]["devices"]
+    assert devices[0]["driver"] == "nvidia" and "gpu" in devices[0]["capabilities"]
+    assert any(v.split(":")[1] == "/engines" for v in svc["volumes"])
+    assert any("/v2/health/ready" in part for part in svc["healthcheck"]["test"])
+
+
+def _k8s() -> dict[str, dict]:
+    docs = {}
+    for path in sorted((DOCKER / "k8s").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc:
+                docs[f"{doc['kind']}/{doc['metadata']['name']}"] = doc
+    return docs
+
+
+def test_kubernetes_manifests_serve_on_gpus_with_probes_pdb_and_queue_autoscaling():
+    docs = _k8s()
+    dep = docs["Deployment/trtspec-triton"]
+    pod = dep["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == OUR_IMAGE
+    assert container["resources"]["limits"]["nvidia.com/gpu"] >= 1
+    assert {p["containerPort"] for p in container["ports"]} == WANT_PORTS
+    assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert dep["spec"]["selector"]["matchLabels"] == labels
+
+    svc = docs["Service/trtspec-triton"]
+    assert {p["port"] for p in svc["spec"]["ports"]} == WANT_PORTS and svc["spec"]["selector"] == labels
+
+    pdb = docs["PodDisruptionBudget/trtspec-triton"]
+    assert pdb["spec"]["selector"]["matchLabels"] == labels and pdb["spec"]["minAvailable"] >= 1
+
+    hpa = docs["HorizontalPodAutoscaler/trtspec-triton"]
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "trtspec-triton"}
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["type"] == "Pods" and metric["pods"]["metric"]["name"].startswith("nv_inference_")
+    assert "queue" in metric["pods"]["metric"]["name"] or "pending" in metric["pods"]["metric"]["name"]
+
+    job = docs["Job/trtspec-build"]
+    (builder,) = job["spec"]["template"]["spec"]["containers"]
+    assert builder["image"] == OUR_IMAGE and builder["args"] == ["build"]
+    spec_yaml = yaml.safe_load(docs["ConfigMap/trtspec-spec"]["data"]["trtspec.yaml"])
+    assert spec_yaml["engine"]["trtllm_version"] == EngineSpec().trtllm_version
+
+
+def test_kubernetes_spec_is_a_valid_buildspec():
+    from trtspec.spec import spec_from_dict
+
+    data = yaml.safe_load(_k8s()["ConfigMap/trtspec-spec"]["data"]["trtspec.yaml"])
+    spec = spec_from_dict(data, source="k8s configmap", environ={})
+    assert ngc_image(spec.engine.trtllm_version) == BASE

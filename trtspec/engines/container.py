@@ -1,0 +1,51 @@
+"""Where things live inside the serving container, and the docker flags that put them there.
+
+The Triton configs name paths as the server sees them: the engines, checkpoints and repository are mounted at fixed
+places, so one repository works unchanged under `docker run`, compose and Kubernetes (docker/).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from trtspec.spec import BuildSpec, Runtime
+
+REPO_MOUNT = "/models"  # the Triton model repository (--model-repository)
+ENGINES_MOUNT = "/engines"  # engines/<role>
+CHECKPOINTS_MOUNT = "/checkpoints"  # checkpoints/<role> for runtime trtllm-llmapi
+ROLES = ("target", "draft")
+
+# GPU access and the shared-memory / locked-memory limits NVIDIA documents for TensorRT-LLM containers.
+DOCKER_GPU_FLAGS = ["--gpus", "all", "--ipc=host", "--ulimit", "memlock=-1", "--ulimit", "stack=67108864"]
+PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
+
+
+def engine_path_in_container(role: str) -> str:
+    return f"{ENGINES_MOUNT}/{role}"
+
+
+def checkpoint_path_in_container(role: str) -> str:
+    return f"{CHECKPOINTS_MOUNT}/{role}"
+
+
+@dataclass(frozen=True)
+class Mount:
+    host: Path
+    container: str
+    read_only: bool = True
+
+    def docker_args(self) -> list[str]:
+        return ["-v", f"{self.host}:{self.container}" + (":ro" if self.read_only else "")]
+
+
+def serving_mounts(spec: BuildSpec) -> list[Mount]:
+    """The volumes `serve --docker` needs so that the repository's paths resolve inside the container."""
+    from trtspec.build.plan import engine_dir, serving_model_dir
+
+    mounts = [Mount(spec.repo_dir, REPO_MOUNT)]
+    if spec.runtime is Runtime.TRTLLM_ENGINE:
+        mounts += [Mount(engine_dir(spec, r), engine_path_in_container(r)) for r in ROLES]
+    elif spec.runtime is Runtime.TRTLLM_LLMAPI:
+        mounts += [Mount(serving_model_dir(spec, r), checkpoint_path_in_container(r)) for r in ROLES]
+    return mounts
