@@ -137,6 +137,34 @@ def test_a_failed_write_leaves_no_repository(tiny_pair, tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
 
 
+def test_engine_runtime_swaps_only_the_two_engine_models(tiny_pair, tmp_path):
+    """runtime trtllm-engine: backend tensorrtllm definitions (engines branch) for tensorrt_llm / tensorrt_llm_draft,
+    everything else identical. Empty directories stand in for the engines and the checkpoint: the writer only
+    references them."""
+    from trtspec.build.plan import checkpoint_dir, engine_dir
+
+    data = torch_spec_dict(*tiny_pair, runtime="trtllm-engine")
+    data["target"]["dtype"] = data["draft"]["dtype"] = "bfloat16"
+    spec = spec_from_dict(data, base_dir=tmp_path, environ={})
+    for role in ("target", "draft"):
+        engine_dir(spec, role).mkdir(parents=True)
+    checkpoint_dir(spec, "target").mkdir(parents=True)
+    torch_configs = load_configs(write_repo(spec_from_dict(torch_spec_dict(*tiny_pair), base_dir=tmp_path / "t",
+                                                           environ={}))["path"])
+    result = write_repo(spec)
+    configs = validate_repo(result["path"])
+    assert set(configs) == MODELS
+    for name in ("tensorrt_llm", "tensorrt_llm_draft"):
+        cfg = configs[name]
+        assert cfg.backend == "tensorrtllm" and cfg.model_transaction_policy.decoupled
+        assert cfg.parameters["gpt_model_path"].string_value.startswith("/engines/")
+        assert not (result["path"] / name / "1" / "model.py").exists()
+    assert configs["ensemble"] == torch_configs["ensemble"]
+    manifest = result["manifest"]
+    assert [str(engine_dir(spec, "target")), "/engines/target"] in [list(m) for m in manifest["container_mounts"]]
+    assert manifest["server_env"] == {"TRTLLM_ORCHESTRATOR": "1"}
+
+
 def test_engine_runtimes_without_engine_models_are_refused(tiny_pair, tmp_path):
     spec = spec_from_dict(torch_spec_dict(*tiny_pair, runtime="trtllm-llmapi"), base_dir=tmp_path, environ={})
     with pytest.raises(SpecError, match="trtllm-llmapi"):

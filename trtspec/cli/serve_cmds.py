@@ -96,11 +96,9 @@ def _serve_docker(path: Path, image: str, http: int, grpc: int, metrics: int, dr
     import shutil
 
     from trtspec.serving.server import docker_command, repo_mounts
-    from trtspec.triton_repo.validate import load_configs
 
-    torch_models = any(c.backend == "python" and "model_dir" in c.parameters for c in load_configs(path).values())
-    cmd = docker_command(path, image, http_port=http, grpc_port=grpc, metrics_port=metrics,
-                         mounts=repo_mounts(path), with_trtspec=torch_models)
+    mounts, env = repo_mounts(path)
+    cmd = docker_command(path, image, http_port=http, grpc_port=grpc, metrics_port=metrics, mounts=mounts, env=env)
     console.print(shlex.join(cmd), highlight=False, soft_wrap=True)
     if dry_run:
         return

@@ -33,6 +33,9 @@ class ModelDefinition:
     config: Any
     files: dict[str, Path] = field(default_factory=dict)
     external_paths: list[Path] = field(default_factory=list)  # directories the model reads at load time
+    # Where an external path appears inside the serving container, when not at the same path (engines: /engines/..).
+    container_paths: dict[Path, str] = field(default_factory=dict)
+    server_env: dict[str, str] = field(default_factory=dict)  # environment the server needs for this model
 
     def __post_init__(self) -> None:
         if self.config.name != self.name:
@@ -44,7 +47,12 @@ def _python_files(source_model: str) -> dict[str, Path]:
 
 
 def tokenizer_dir(spec: BuildSpec) -> Path:
-    """The target's directory: its tokenizer is the pair's (check verifies the draft shares it)."""
+    """The target's tokenizer is the pair's (check verifies the draft shares it): its serving directory, or for
+    engines (which hold no tokenizer) the quantize stage's checkpoint, written with the tokenizer files."""
+    if spec.runtime is Runtime.TRTLLM_ENGINE:
+        from trtspec.build.plan import checkpoint_dir
+
+        return checkpoint_dir(spec, "target")
     return serving_model_dir(spec, "target")
 
 
@@ -144,6 +152,22 @@ def torch_engine_models(spec: BuildSpec) -> list[ModelDefinition]:
     return [_torch_engine(spec, "target"), _torch_engine(spec, "draft")]
 
 
+def trtllm_engine_models(spec: BuildSpec) -> list[ModelDefinition]:
+    """Backend ``tensorrtllm`` on the engines (trtspec.triton_repo.engine_definitions), decoupled so that the
+    orchestrator can stream routed requests. The engines are read at their container paths (/engines/<role>)."""
+    from trtspec.build.plan import engine_dir
+    from trtspec.engines.container import engine_path_in_container
+    from trtspec.triton_repo.engine_definitions import SERVER_ENV, engine_model_configs
+
+    configs = engine_model_configs(spec, decoupled=True)
+    out = []
+    for role, name in (("target", TARGET), ("draft", DRAFT)):
+        path = engine_dir(spec, role)
+        out.append(ModelDefinition(name, configs[name], external_paths=[path],
+                                   container_paths={path: engine_path_in_container(role)}, server_env=SERVER_ENV))
+    return out
+
+
 def _unsupported(spec: BuildSpec) -> list[ModelDefinition]:
     raise SpecError(f"runtime {spec.runtime.value}: the engine models of this runtime are not available in this "
                     "version of trtspec", hint="use runtime: torch")
@@ -151,7 +175,7 @@ def _unsupported(spec: BuildSpec) -> list[ModelDefinition]:
 
 ENGINE_MODELS: dict[Runtime, Callable[[BuildSpec], list[ModelDefinition]]] = {
     Runtime.TORCH: torch_engine_models,
-    Runtime.TRTLLM_ENGINE: _unsupported,
+    Runtime.TRTLLM_ENGINE: trtllm_engine_models,
     Runtime.TRTLLM_LLMAPI: _unsupported,
 }
 

@@ -69,7 +69,11 @@ def write_repo_into(spec: BuildSpec, out_dir: Path) -> dict:
         _write_model(Path(out_dir), m)
     validate_repo(Path(out_dir))
     external = sorted({str(p) for m in models for p in m.external_paths})
-    return {"models": [m.name for m in models], "external_paths": external, "entry_model": "ensemble"}
+    # Host directory -> its path inside a serving container (the same path unless a definition says otherwise).
+    mounts = {str(p): m.container_paths.get(p, str(p)) for m in models for p in m.external_paths}
+    server_env = {k: v for m in models for k, v in m.server_env.items()}
+    return {"models": [m.name for m in models], "external_paths": external, "entry_model": "ensemble",
+            "container_mounts": sorted(mounts.items()), "server_env": server_env}
 
 
 def write_repo(spec: BuildSpec, force: bool = False) -> dict[str, Any]:
