@@ -19,12 +19,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+# The same OpenMP setting as the server's model processes (trtspec.serving.server.server_environment), so that the
+# in-process baselines are not penalized by spinning threads on a shared machine; must precede importing torch.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 QUESTIONS = [
