@@ -125,9 +125,10 @@ def test_lru_keeps_memory_bounded_and_copies_a_shared_prefix_instead_of_stealing
     assert len(pool.slots) == 3 and pool.keys[0].shape[0] == 3  # bounded: never more slots than configured
 
 
-def test_sampled_verification_without_draft_logits_follows_the_target_distribution(engine, target):
-    """One verify step with a fixed (point-mass) draft token: the first emitted token must be distributed as the
-    target's p (accept with p(x), else resample from p without x): lossless for any draft."""
+@pytest.mark.parametrize("with_logits", [False, True])
+def test_sampled_verification_follows_the_target_distribution(engine, target, with_logits):
+    """One verify step: a fixed draft token as a point mass, or a draft token sampled from draft logits q (rejection
+    sampling against q): the first emitted token must be distributed as the target's p, whatever the draft."""
     p = PROMPTS[1]
     params = SamplingParams(temperature=1.0, top_k=4)
     with torch.inference_mode():
@@ -138,7 +139,14 @@ def test_sampled_verification_without_draft_logits_follows_the_target_distributi
     support = torch.nonzero(probs).flatten().tolist()
     draft_token = support[-1]  # the least likely token of the top 4
     n = 1200
-    jobs = [submit(engine, tokens=p, max_new=2, draft=[draft_token], sampling=params,
+    # Draft logits on the same support but favouring the least likely token: q differs from p.
+    q_logits = torch.full((1, logits.shape[-1]), float("-inf"))
+    q_logits[0, support] = torch.tensor([0.0, 1.0, 2.0, 3.0])
+    q = logits_to_probs(q_logits[0], params)
+    gen = torch.Generator().manual_seed(1234)
+    drafts = torch.multinomial(q, n, replacement=True, generator=gen).tolist() if with_logits else [draft_token] * n
+    jobs = [submit(engine, tokens=p, max_new=2, draft=[drafts[i]], sampling=params,
+                   draft_logits=q_logits if with_logits else None,
                    generator=torch.Generator().manual_seed(i)) for i in range(n)]
     counts = {t: 0 for t in support}
     for done, chunks, errors in jobs:

@@ -168,6 +168,18 @@ def test_routing_below_threshold_skips_the_draft_and_above_reports_acceptance(se
         assert no_draft.stats["total_draft_tokens"] == 0 and no_draft.text == long.text
 
 
+def test_sampled_requests_with_draft_logits_are_reproducible_with_a_seed(served):
+    """use_draft_logits: the draft returns generation_logits, the target accepts by rejection sampling on them."""
+    with TritonLLMClient(served.grpc_url) as client:
+        options = dict(temperature=0.9, top_k=20, seed=7, use_draft_logits=True)
+        a = client.generate(PROMPTS[0], 24, **options)
+        b = client.generate(PROMPTS[0], 24, **options)
+        assert a.text == b.text and a.stats == b.stats
+        assert a.stats["num_output_tokens"] == 24 and a.stats["total_draft_tokens"] > 0
+        c = client.generate(PROMPTS[0], 24, **{**options, "seed": 8})
+        assert c.stats["num_output_tokens"] == 24
+
+
 def test_bad_requests_get_errors_and_the_server_keeps_serving(served, reference):
     import tritonclient.grpc as grpcclient
 

@@ -15,6 +15,7 @@ for _path in reversed(os.environ.get("TRTSPEC_PYTHONPATH", "").split(os.pathsep)
         sys.path.insert(0, _path)
 
 import asyncio
+import json
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -141,8 +142,7 @@ class TritonPythonModel:
         self.max_seq_len = int(p["max_seq_len"])
         self.exclude_default = as_bool(p.get("exclude_input_in_output"))
         self.context = int(p.get("stream_context_tokens") or 32)
-        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(__import__("json").loads(
-            args["model_config"]))
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"]))
         # Each in-flight engine call parks one thread while it waits: size the pool for many concurrent requests.
         self.executor = ThreadPoolExecutor(max_workers=256, thread_name_prefix="trtspec-bls")
         self.engines = BlsEngines(self.executor)
