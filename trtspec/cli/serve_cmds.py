@@ -56,6 +56,8 @@ def serve(repo_path: RepoArg = None,
           docker: Annotated[Optional[str], typer.Option("--docker", metavar="IMAGE",
                                                         help="serve in this tritonserver image (docker run)")] = None,
           dry_run: Annotated[bool, typer.Option("--dry-run", help="with --docker: print the command only")] = False,
+          host: Annotated[str, typer.Option("--host", help="address to listen on; 0.0.0.0 for remote clients")
+                          ] = "127.0.0.1",
           log_file: Annotated[Optional[Path], typer.Option("--log-file", help="server log")] = None,
           ready_timeout: Annotated[float, typer.Option("--ready-timeout", help="seconds to wait for ready")] = 300.0,
           ) -> None:
@@ -69,7 +71,8 @@ def serve(repo_path: RepoArg = None,
     from trtspec.serving.server import TritonServer
 
     server = TritonServer(path, http_port=http_port or None, grpc_port=grpc_port or None,
-                          metrics_port=metrics_port or None, log_file=log_file, ready_timeout_s=ready_timeout)
+                          metrics_port=metrics_port or None, log_file=log_file, ready_timeout_s=ready_timeout,
+                          host=host)
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     try:

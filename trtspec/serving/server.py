@@ -188,7 +188,8 @@ def _set_pdeathsig() -> None:
 class TritonServer:
     """A local tritonserver serving ``repo``: a context manager that starts it and always stops it.
 
-    ``with TritonServer(repo) as server: server.grpc_url`` -- ports are picked free unless given.
+    ``with TritonServer(repo) as server: server.grpc_url`` -- ports are picked free unless given. The server gets
+    SIGKILL when the thread that started it exits (PR_SET_PDEATHSIG), so start it from a thread that outlives it.
     """
 
     repo: Path
@@ -214,16 +215,21 @@ class TritonServer:
             self.log_file = self.repo.parent / f"tritonserver-{self.ports.http}.log"
 
     @property
+    def _local(self) -> str:
+        """The address a client on this machine connects to (a wildcard listen address is reached via loopback)."""
+        return "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+
+    @property
     def http_url(self) -> str:
-        return f"{self.host}:{self.ports.http}"
+        return f"{self._local}:{self.ports.http}"
 
     @property
     def grpc_url(self) -> str:
-        return f"{self.host}:{self.ports.grpc}"
+        return f"{self._local}:{self.ports.grpc}"
 
     @property
     def metrics_url(self) -> str:
-        return f"http://{self.host}:{self.ports.metrics}/metrics"
+        return f"http://{self._local}:{self.ports.metrics}/metrics"
 
     @property
     def pid(self) -> int | None:
