@@ -98,7 +98,7 @@ def _serve_docker(path: Path, image: str, http: int, grpc: int, metrics: int, dr
     import shlex
     import shutil
 
-    from trtspec.serving.server import docker_command, repo_mounts
+    from trtspec.serving.docker import docker_command, repo_mounts
 
     mounts, env = repo_mounts(path)
     cmd = docker_command(path, image, http_port=http, grpc_port=grpc, metrics_port=metrics, mounts=mounts, env=env)
