@@ -8,7 +8,7 @@ import sys
 import typer
 
 from trtspec import __version__
-from trtspec.cli import build_cmds, generate_cmds, quant_cmds, spec_cmds
+from trtspec.cli import build_cmds, generate_cmds, quant_cmds, serve_cmds, spec_cmds
 from trtspec.errors import TrtspecError
 
 app = typer.Typer(
@@ -36,6 +36,7 @@ spec_cmds.register(app)
 build_cmds.register(app)
 generate_cmds.register(app)
 quant_cmds.register(app)
+serve_cmds.register(app)
 
 
 def main(argv: list[str] | None = None) -> None:
