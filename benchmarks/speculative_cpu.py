@@ -53,59 +53,75 @@ class Row:
     identical_greedy: bool
 
 
-def _median_time(fn, reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 @torch.inference_mode()
-def step_cost(model, context: int, n_new: int, reps: int = 15) -> float:
-    """Median seconds of one forward pass of ``n_new`` tokens after ``context`` cached tokens."""
-    vocab = model.config.vocab_size
-    cache = GrowableCache()
-    ids = torch.randint(0, vocab, (1, context))
-    model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
-    new = torch.randint(0, vocab, (1, n_new))
+def step_costs(target, draft, context: int, k: int, reps: int = 21) -> tuple[float, float]:
+    """(c, v): median draft step / target step, and median K+1-token verify / target step, after ``context`` cached
+    tokens; the three forward passes alternate so that background load hits them alike."""
 
-    def once():
-        model(input_ids=new, cache=cache, use_cache=True, logits_to_keep=n_new)
-        cache.crop(-n_new)
+    def prepared(model, n_new):
+        vocab = model.config.vocab_size
+        cache = GrowableCache()
+        model(input_ids=torch.randint(0, vocab, (1, context)), cache=cache, use_cache=True, logits_to_keep=1)
+        new = torch.randint(0, vocab, (1, n_new))
 
-    return _median_time(once, reps)
+        def once() -> float:
+            t0 = time.perf_counter()
+            model(input_ids=new, cache=cache, use_cache=True, logits_to_keep=n_new)
+            cache.crop(-n_new)
+            return time.perf_counter() - t0
+
+        return once
+
+    fns = [prepared(target, 1), prepared(draft, 1), prepared(target, k + 1)]
+    times: list[list[float]] = [[], [], []]
+    for rep in range(reps + 1):
+        for i, fn in enumerate(fns):
+            t = fn()
+            if rep:  # the first round warms up
+                times[i].append(t)
+    t1, d1, tv = (statistics.median(t) for t in times)
+    return d1 / t1, tv / t1
 
 
-@torch.inference_mode()
-def hf_generate(target, prompts, max_tokens, eos, assistant=None, k=4) -> tuple[float, list[list[int]]]:
+def _hf_kwargs(max_tokens, eos, assistant=None, k=4) -> dict:
     kwargs = dict(max_new_tokens=max_tokens, do_sample=False, eos_token_id=eos, pad_token_id=0)
     if assistant is not None:
         assistant.generation_config.num_assistant_tokens = k
         assistant.generation_config.num_assistant_tokens_schedule = "constant"
         assistant.generation_config.assistant_confidence_threshold = 0.0
         kwargs["assistant_model"] = assistant
-    tokens, outs = 0, []
-    t0 = time.perf_counter()
-    for p in prompts:
-        out = target.generate(torch.tensor([p]), **kwargs)[0, len(p):].tolist()
-        tokens += len(out)
-        outs.append(out)
-    return tokens / (time.perf_counter() - t0), outs
+    return kwargs
 
 
-def trtspec_generate(dec: SpeculativeDecoder, prompts, max_tokens, use_draft, k):
-    tokens, outs, proposed, accepted = 0, [], 0, 0
-    t0 = time.perf_counter()
+@torch.inference_mode()
+def run_methods(target, draft, dec: SpeculativeDecoder, prompts, max_tokens, eos, k) -> dict:
+    """Each prompt through every method in turn (interleaved, so background load hits all methods alike)."""
+    methods = {
+        "hf_target": lambda p: target.generate(torch.tensor([p]), **_hf_kwargs(max_tokens, eos))[0, len(p):].tolist(),
+        "hf_assisted": lambda p: target.generate(torch.tensor([p]), **_hf_kwargs(max_tokens, eos, draft, k))[
+            0, len(p):].tolist(),
+        "target_only": lambda p: dec.generate([p], max_tokens, draft_len=k, use_draft=False)[0],
+        "trtspec": lambda p: dec.generate([p], max_tokens, draft_len=k)[0],
+    }
+    seconds = dict.fromkeys(methods, 0.0)
+    tokens = dict.fromkeys(methods, 0)
+    outputs: dict[str, list] = {m: [] for m in methods}
+    proposed = accepted = 0
     for p in prompts:
-        r = dec.generate([p], max_tokens, draft_len=k, use_draft=use_draft)[0]
-        tokens += len(r.token_ids)
-        outs.append(r.token_ids)
-        proposed += r.stats.draft_tokens
-        accepted += r.stats.accepted_tokens
-    return tokens / (time.perf_counter() - t0), outs, (accepted / proposed if proposed else 0.0)
+        for name, fn in methods.items():
+            t0 = time.perf_counter()
+            out = fn(p)
+            seconds[name] += time.perf_counter() - t0
+            if not isinstance(out, list):
+                if name == "trtspec":
+                    proposed += out.stats.draft_tokens
+                    accepted += out.stats.accepted_tokens
+                out = out.token_ids
+            tokens[name] += len(out)
+            outputs[name].append(out)
+    tps = {m: tokens[m] / seconds[m] for m in methods}
+    identical = outputs["trtspec"] == outputs["target_only"] == outputs["hf_target"]
+    return {"tps": tps, "acceptance": accepted / proposed if proposed else 0.0, "identical": identical}
 
 
 def bound(a: float, k: int, c: float, v: float) -> float:
@@ -115,22 +131,15 @@ def bound(a: float, k: int, c: float, v: float) -> float:
 
 def measure_pair(name, target, draft, prompts, eos, k, max_tokens) -> Row:
     dec = SpeculativeDecoder(target, draft, max_draft_len=k, eos_ids=eos)
-    # Warm up every path once (first calls allocate).
-    trtspec_generate(dec, prompts[:1], 8, True, k)
-    trtspec_generate(dec, prompts[:1], 8, False, k)
-    hf_generate(target, prompts[:1], 8, eos)
-    hf_tps, hf_out = hf_generate(target, prompts, max_tokens, eos)
-    base_tps, base_out, _ = trtspec_generate(dec, prompts, max_tokens, False, k)
-    spec_tps, spec_out, a = trtspec_generate(dec, prompts, max_tokens, True, k)
-    assisted_tps, assisted_out = hf_generate(target, prompts, max_tokens, eos, assistant=draft, k=k)
+    run_methods(target, draft, dec, prompts[:1], 8, eos, k)  # warm-up: first calls allocate
+    m = run_methods(target, draft, dec, prompts, max_tokens, eos, k)
+    tps, a = m["tps"], m["acceptance"]
     context = int(statistics.mean(len(p) for p in prompts)) + max_tokens // 2
-    t1 = step_cost(target, context, 1)
-    c = step_cost(draft, context, 1) / t1
-    v = step_cost(target, context, k + 1) / t1
+    c, v = step_costs(target, draft, context, k)
     s = bound(a, k, c, v)
-    speedup = spec_tps / base_tps
-    return Row(name, k, hf_tps, assisted_tps, base_tps, spec_tps, a, c, v, s, speedup, speedup / s,
-               spec_tps / assisted_tps, spec_out == base_out == hf_out)
+    speedup = tps["trtspec"] / tps["target_only"]
+    return Row(name, k, tps["hf_target"], tps["hf_assisted"], tps["target_only"], tps["trtspec"], a, c, v, s,
+               speedup, speedup / s, tps["trtspec"] / tps["hf_assisted"], m["identical"])
 
 
 def tiny_random_pair():
@@ -161,7 +170,7 @@ def render(rows: list[Row]) -> None:
                       f"{r.target_only_tok_s:.1f}", f"{r.trtspec_tok_s:.1f}", f"{r.acceptance:.3f}", f"{r.c:.3f}",
                       f"{r.v:.2f}", f"{r.bound_s:.2f}", f"{r.speedup:.2f}x", f"{r.efficiency:.2f}",
                       f"{r.vs_assisted:.2f}x", "yes" if r.identical_greedy else "NO")
-    Console().print(table)
+    Console(width=200).print(table)
 
 
 def plot(rows: list[Row], path: Path) -> None:

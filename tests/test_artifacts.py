@@ -40,3 +40,22 @@ def test_inputs_hash_changes_with_content_and_settings(tmp_path):
     with atomic_dir(out) as tmp:
         write_manifest(tmp, {"inputs_hash": h2})
     assert is_up_to_date(out, h2) and not is_up_to_date(out, h1)
+
+
+def test_large_file_digest_is_cached_by_size_and_mtime(tmp_path, monkeypatch):
+    import os
+
+    from trtspec.build import artifacts
+
+    monkeypatch.setenv("TRTSPEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(artifacts, "_DIGESTS", artifacts._DigestCache())
+    monkeypatch.setattr(artifacts._DigestCache, "MIN_SIZE", 4)
+    f = tmp_path / "weights.bin"
+    f.write_bytes(b"abcdefgh")
+    first = artifacts.hash_file(f)
+    reads = []
+    monkeypatch.setattr(artifacts, "_sha256_file", lambda p: reads.append(p) or "recomputed")
+    assert artifacts.hash_file(f) == first and reads == []  # unchanged: served from the cache
+    f.write_bytes(b"abcdefgX")
+    os.utime(f, ns=(1, 1))
+    assert artifacts.hash_file(f) == "recomputed" and reads == [f]

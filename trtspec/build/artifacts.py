@@ -21,12 +21,64 @@ MANIFEST = "manifest.json"
 _HASH_CHUNK = 1 << 20
 
 
-def hash_file(path: Path, h: Any | None = None) -> str:
-    """SHA-256 of a file's bytes."""
-    h = h or hashlib.sha256()
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(_HASH_CHUNK):
             h.update(chunk)
+    return h.hexdigest()
+
+
+class _DigestCache:
+    """SHA-256 digests of large files keyed by (path, size, mtime_ns), kept in the user cache directory, so that a
+    resumed build does not re-read hundreds of GB of unchanged weights to decide that a stage is up to date."""
+
+    MIN_SIZE = 16 << 20  # small files are cheaper to hash than to look up
+
+    def __init__(self) -> None:
+        self._entries: dict[str, str] | None = None
+
+    @property
+    def path(self) -> Path:
+        from trtspec.example import cache_dir
+
+        return cache_dir() / "digests.json"
+
+    def _load(self) -> dict[str, str]:
+        if self._entries is None:
+            try:
+                self._entries = json.loads(self.path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                self._entries = {}
+        return self._entries
+
+    def digest(self, path: Path) -> str:
+        st = path.stat()
+        if st.st_size < self.MIN_SIZE:
+            return _sha256_file(path)
+        key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+        entries = self._load()
+        if key not in entries:
+            entries[key] = _sha256_file(path)
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = self.path.with_name(f".digests-{os.getpid()}.json")
+                tmp.write_text(json.dumps(entries), encoding="utf-8")
+                tmp.replace(self.path)
+            except OSError:
+                pass  # a cache that cannot be written only costs time
+        return entries[key]
+
+
+_DIGESTS = _DigestCache()
+
+
+def hash_file(path: Path, h: Any | None = None) -> str:
+    """SHA-256 of a file's bytes (large files: cached by path, size and mtime); fed into ``h`` when given."""
+    digest = _DIGESTS.digest(Path(path))
+    if h is None:
+        return digest
+    h.update(digest.encode())
     return h.hexdigest()
 
 

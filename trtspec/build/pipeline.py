@@ -19,7 +19,7 @@ from typing import Any
 from trtspec.build.artifacts import atomic_dir, hash_inputs, is_up_to_date, tool_versions, write_manifest
 from trtspec.build.plan import ROLES, checkpoint_dir, engine_dir
 from trtspec.errors import MissingDependencyError, SpecError
-from trtspec.spec import BuildSpec, Quantization, Runtime
+from trtspec.spec import BuildSpec, Runtime
 
 InputsFn = Callable[[], tuple[dict[str, Path | None], dict]]
 BodyFn = Callable[[Path, Any], dict]
@@ -94,7 +94,9 @@ class BuildReport:
 
 
 def _needs_quantize(spec: BuildSpec, role: str) -> bool:
-    return spec.runtime is Runtime.TRTLLM_ENGINE or getattr(spec, role).quantization is not Quantization.NONE
+    from trtspec.build.quantize import stage_needed  # one rule: an fp8 KV cache alone is a quantized checkpoint too
+
+    return stage_needed(spec, role)
 
 
 def pipeline_stages(spec: BuildSpec, bodies: StageBodies | None = None) -> list[PipelineStage]:

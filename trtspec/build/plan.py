@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from trtspec.engines.trtllm_build import ngc_image, trtllm_build_command
-from trtspec.spec import BuildSpec, Quantization, Runtime
+from trtspec.spec import BuildSpec, KVCacheFormat, Quantization, Runtime
 
 ROLES = ("target", "draft")
 
@@ -40,7 +40,8 @@ def serving_model_dir(spec: BuildSpec, role: str) -> Path:
     if spec.runtime is Runtime.TRTLLM_ENGINE:
         return engine_dir(spec, role)
     model = getattr(spec, role)
-    return checkpoint_dir(spec, role) if model.quantization is not Quantization.NONE else spec.model_path(role)
+    quantized = model.quantization is not Quantization.NONE or model.kv_cache is not KVCacheFormat.AUTO
+    return checkpoint_dir(spec, role) if quantized else spec.model_path(role)
 
 
 def _quantize_stage(spec: BuildSpec, role: str) -> Stage:
@@ -50,12 +51,12 @@ def _quantize_stage(spec: BuildSpec, role: str) -> Stage:
     src = str(spec.model_path(role))
     out = str(checkpoint_dir(spec, role))
     fmt = "TRT-LLM checkpoint" if spec.runtime is Runtime.TRTLLM_ENGINE else "unified HF checkpoint"
-    if q is Quantization.NONE and spec.runtime is not Runtime.TRTLLM_ENGINE:
+    calibrated = q is not Quantization.NONE or model.kv_cache is not KVCacheFormat.AUTO
+    if not calibrated and spec.runtime is not Runtime.TRTLLM_ENGINE:
         return Stage(f"quantize:{role}", f"none: {role} served from its source directory", [src], [src])
-    action = f"ModelOpt PTQ {q.value} (KV cache {model.kv_cache.value}) -> {fmt}" if q is not Quantization.NONE \
+    action = f"ModelOpt PTQ {q.value} (KV cache {model.kv_cache.value}) -> {fmt}" if calibrated \
         else f"convert to {fmt} ({model.dtype.value})"
-    return Stage(f"quantize:{role}", action, [src, "calibration data" if q is not Quantization.NONE else src],
-                 [out])
+    return Stage(f"quantize:{role}", action, [src, "calibration data" if calibrated else src], [out])
 
 
 def _compile_stage(spec: BuildSpec, role: str) -> Stage:

@@ -33,9 +33,11 @@ def generate(
     no_draft: Annotated[bool, typer.Option("--no-draft", help="target-only decoding, same code path")] = False,
     raw: Annotated[bool, typer.Option("--raw", help="do not apply the chat template")] = False,
     stream: Annotated[bool, typer.Option("--stream", help="print text as it is generated")] = False,
+    url: Annotated[str | None, typer.Option("--url", help="a served ensemble, HOST:PORT (instead of --spec)")] = None,
+    protocol: Annotated[str, typer.Option("--protocol", help="with --url: grpc | http")] = "grpc",
     as_json: JsonOpt = False,
 ) -> None:
-    """Generate text for PROMPT with draft-target speculative decoding."""
+    """Generate text for PROMPT with draft-target speculative decoding (in process, or from a server with --url)."""
     from trtspec.errors import GenerationError
 
     if draft_len is not None and not 1 <= draft_len <= 16:
@@ -44,6 +46,14 @@ def generate(
         raise GenerationError(f"--max-tokens must be > 0, got {max_tokens}", hint="ask for at least one token")
     if not prompt.strip():
         raise GenerationError("the prompt is empty", hint="give some text to continue")
+    if url is not None:
+        if spec_path is not None:
+            raise GenerationError("--url and --spec exclude each other", hint="the server was built from its spec")
+        from trtspec.cli.serve_cmds import generate_remote
+
+        generate_remote(prompt, url, protocol, max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                        seed=seed, draft_len=draft_len, no_draft=no_draft, raw=raw, stream=stream, as_json=as_json)
+        return
     from trtspec.engines.torch_runtime.sampling import SamplingParams
     from trtspec.engines.torch_runtime.session import TextResult, TorchSession
 

@@ -8,7 +8,7 @@ import sys
 import typer
 
 from trtspec import __version__
-from trtspec.cli import build_cmds, distill_cmds, generate_cmds, spec_cmds
+from trtspec.cli import build_cmds, distill_cmds, generate_cmds, quant_cmds, serve_cmds, spec_cmds
 from trtspec.errors import TrtspecError
 
 app = typer.Typer(
@@ -35,6 +35,8 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 spec_cmds.register(app)
 build_cmds.register(app)
 generate_cmds.register(app)
+quant_cmds.register(app)
+serve_cmds.register(app)
 distill_cmds.register(app)
 
 

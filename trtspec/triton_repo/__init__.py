@@ -1,1 +1,3 @@
-"""Triton model repository: model definitions and the repository writer."""
+"""The Triton model repository: model definitions (protobuf configs + files), the writer, validation, and the Python
+models' sources (``models/*/model.py``, package data). Importing this package imports neither torch nor tritonclient.
+"""

@@ -1,0 +1,183 @@
+"""`trtspec repo`, `serve` and `bench`, and the remote branch of `generate` (``--url``)."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from trtspec.cli._common import console, err_console, print_json, resolve_spec
+from trtspec.cli._options import JsonOpt, SpecArg
+from trtspec.errors import ServerError
+
+RepoArg = Annotated[Optional[Path], typer.Argument(help="model repository; omitted: ./triton_repo",
+                                                   show_default=False)]
+ProtocolOpt = Annotated[str, typer.Option("--protocol", help="grpc | http")]
+
+
+def repo(spec_path: SpecArg = None,
+         force: Annotated[bool, typer.Option("--force", help="rewrite even when up to date")] = False,
+         as_json: JsonOpt = False) -> None:
+    """Write the Triton model repository (ensemble, pre/postprocessing, orchestrator, target and draft models)."""
+    from trtspec.triton_repo.writer import write_repo
+
+    spec = resolve_spec(spec_path)
+    result = write_repo(spec, force=force)
+    manifest = result["manifest"] or {}
+    if as_json:
+        print_json({"path": str(result["path"]), "skipped": result["skipped"], "models": manifest.get("models"),
+                    "external_paths": manifest.get("external_paths")})
+        return
+    state = "up to date, kept" if result["skipped"] else "written"
+    console.print(f"{result['path']}: {state}")
+    table = Table(show_header=True)
+    table.add_column("model")
+    table.add_column("reads")
+    from trtspec.triton_repo.validate import load_configs
+
+    for name, cfg in load_configs(Path(result["path"])).items():
+        reads = cfg.parameters["model_dir"].string_value if "model_dir" in cfg.parameters else (
+            cfg.parameters["tokenizer_dir"].string_value if "tokenizer_dir" in cfg.parameters else "")
+        kind = cfg.platform or cfg.backend
+        table.add_row(f"{name} ({kind})", reads)
+    console.print(table)
+    console.print(f"next: [bold]trtspec serve {result['path']}[/]")
+
+
+def serve(repo_path: RepoArg = None,
+          http_port: Annotated[int, typer.Option("--http-port", help="0 picks a free port")] = 8000,
+          grpc_port: Annotated[int, typer.Option("--grpc-port", help="0 picks a free port")] = 8001,
+          metrics_port: Annotated[int, typer.Option("--metrics-port", help="0 picks a free port")] = 8002,
+          docker: Annotated[Optional[str], typer.Option("--docker", metavar="IMAGE",
+                                                        help="serve in this tritonserver image (docker run)")] = None,
+          dry_run: Annotated[bool, typer.Option("--dry-run", help="with --docker: print the command only")] = False,
+          host: Annotated[str, typer.Option("--host", help="address to listen on; 0.0.0.0 for remote clients")
+                          ] = "127.0.0.1",
+          log_file: Annotated[Optional[Path], typer.Option("--log-file", help="server log")] = None,
+          ready_timeout: Annotated[float, typer.Option("--ready-timeout", help="seconds to wait for ready")] = 300.0,
+          ) -> None:
+    """Serve a model repository with tritonserver until Ctrl-C (or SIGTERM); the server never outlives this."""
+    path = (repo_path or Path("triton_repo")).resolve()
+    if not path.is_dir():
+        raise ServerError(f"{path}: no such model repository", hint="`trtspec repo` writes one")
+    if docker is not None:
+        _serve_docker(path, docker, http_port or 8000, grpc_port or 8001, metrics_port or 8002, dry_run)
+        return
+    from trtspec.serving.server import TritonServer
+
+    server = TritonServer(path, http_port=http_port or None, grpc_port=grpc_port or None,
+                          metrics_port=metrics_port or None, log_file=log_file, ready_timeout_s=ready_timeout,
+                          host=host)
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with err_console.status(f"starting tritonserver (log: {server.log_file})"):
+            server.start()
+        console.print(f"ready: gRPC {server.grpc_url}, HTTP {server.http_url}, metrics {server.metrics_url}")
+        console.print(f"try: trtspec generate 'What is speculative decoding?' --url {server.grpc_url}")
+        console.print("Ctrl-C stops the server")
+        while not stop.wait(1.0):
+            code = server.exit_code()
+            if code is not None:
+                raise ServerError(f"tritonserver exited with code {code}; log "
+                                  f"{server.log_file}:\n{server.log_tail()}", hint="the log says why")
+    finally:
+        err_console.print("stopping tritonserver")
+        server.stop()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _serve_docker(path: Path, image: str, http: int, grpc: int, metrics: int, dry_run: bool) -> None:
+    import os
+    import shlex
+    import shutil
+
+    from trtspec.serving.docker import docker_command, repo_mounts
+
+    mounts, env = repo_mounts(path)
+    cmd = docker_command(path, image, http_port=http, grpc_port=grpc, metrics_port=metrics, mounts=mounts, env=env)
+    console.print(shlex.join(cmd), highlight=False, soft_wrap=True)
+    if dry_run:
+        return
+    if shutil.which("docker") is None:
+        raise ServerError("no docker client on this machine", hint="run the command above where Docker and the "
+                          "NVIDIA container toolkit are installed, or use --dry-run")
+    sys.stdout.flush()
+    os.execvp(cmd[0], cmd)
+
+
+def generate_remote(prompt: str, url: str, protocol: str, max_tokens: int, *, temperature: float, top_k: int,
+                    top_p: float, seed: int | None, draft_len: int | None, no_draft: bool, raw: bool, stream: bool,
+                    as_json: bool) -> None:
+    """`trtspec generate --url`: one prompt through a served ensemble."""
+    from trtspec.serving.client import TritonLLMClient
+
+    options = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed,
+               "num_draft_tokens": 0 if no_draft else draft_len, "apply_chat_template": not raw}
+    with TritonLLMClient(url, protocol=protocol) as client:
+        client.check_ready()
+        show = stream and not as_json
+
+        def on_text(t: str) -> None:
+            sys.stdout.write(t)
+            sys.stdout.flush()
+
+        result = client.generate(prompt, max_tokens, stream=stream, on_text=on_text if show else None, **options)
+    if as_json:
+        print_json(result.to_dict())
+        return
+    if show:
+        sys.stdout.write("\n")
+    else:
+        console.print(result.text, highlight=False, markup=False)
+    table = Table(title=f"served by {protocol}://{client.url}", show_header=False)
+    for key, value in result.stats.items():
+        table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
+    table.add_row("latency_s", f"{result.latency_s:.3f}")
+    err_console.print(table)
+
+
+def bench(url: Annotated[str, typer.Option("--url", help="served ensemble, HOST:PORT (gRPC)")],
+          prompts: Annotated[Optional[Path], typer.Option("--prompts", help="text (one prompt a line) or JSONL "
+                                                          "(field text or prompt); omitted: built-in set")] = None,
+          concurrency: Annotated[str, typer.Option("--concurrency", "-c", help="levels, e.g. 1,4,8")] = "1,2,4,8",
+          max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="tokens per request")] = 64,
+          requests: Annotated[int, typer.Option("--requests", help="requests per level (default 2x level)")] = 0,
+          no_baseline: Annotated[bool, typer.Option("--no-baseline", help="skip the target-only run")] = False,
+          raw: Annotated[bool, typer.Option("--raw", help="do not apply the chat template")] = False,
+          plot: Annotated[Optional[Path], typer.Option("--plot", help="write a PNG of the results")] = None,
+          as_json: JsonOpt = False) -> None:
+    """Load-test a served ensemble: TTFT, inter-token latency, tok/s, req/s, acceptance; speedup vs target-only."""
+    from trtspec.errors import GenerationError
+    from trtspec.serving.bench import load_prompts, plot_results, render_table, run_bench
+
+    try:
+        levels = sorted({int(c) for c in concurrency.split(",") if c.strip()})
+    except ValueError:
+        raise GenerationError(f"--concurrency {concurrency!r}: expected integers like 1,4,8",
+                              hint="comma-separated levels") from None
+    if not levels or min(levels) < 1:
+        raise GenerationError("--concurrency levels must be >= 1", hint="e.g. 1,4,8")
+    results = run_bench(url, load_prompts(prompts), levels, max_tokens, requests_per_level=requests or None,
+                        baseline=not no_baseline, chat=not raw,
+                        progress=None if as_json else err_console)
+    if plot is not None:
+        plot_results(results, plot)
+    if as_json:
+        print_json(results)
+        return
+    console.print(render_table(results))
+    if plot is not None:
+        console.print(f"plot: {plot}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(repo)
+    app.command()(serve)
+    app.command()(bench)

@@ -1,0 +1,189 @@
+"""The TensorRT-LLM backend's tensor contract, on numpy arrays: request inputs -> job settings, tokens -> outputs.
+
+Names, dtypes and shapes follow ``triton_backend/all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt`` of
+TensorRT-LLM: ``input_ids`` INT32 [B, L] with ``input_lengths``, ``request_output_len``, optional ``draft_input_ids``
+INT32 [B, K] / ``draft_logits`` [B, K, V], ``end_id``, ``pad_id``, ``streaming``, ``runtime_top_k``,
+``runtime_top_p``, ``temperature``, ``seed``, ``stop_words_list`` / ``bad_words_list`` INT32 [B, 2, L] (flat ids and
+end offsets, -1 padded), ``return_generation_logits``, ``exclude_input_in_output``; outputs ``output_ids`` INT32
+[B, beam=1, L], ``sequence_length`` INT32 [B, 1], ``generation_logits`` FP32 [B, 1, L, V].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from trtspec.errors import GenerationError
+
+
+def _rows(x: np.ndarray | None, batch: int) -> list[Any] | None:
+    """Per-row scalar values of an optional [B], [B, 1] (or [1]) tensor."""
+    if x is None:
+        return None
+    flat = np.asarray(x).reshape(np.asarray(x).shape[0] if np.asarray(x).ndim else 1, -1)[:, 0]
+    if len(flat) == 1 and batch > 1:
+        flat = np.repeat(flat, batch)
+    if len(flat) != batch:
+        raise GenerationError(f"a per-request input has {len(flat)} rows for a batch of {batch}",
+                              hint="send one value per row")
+    return flat.tolist()
+
+
+def decode_word_list(x: np.ndarray | None) -> list[list[int]]:
+    """[2, L] (ids, end offsets padded with -1) -> list of token sequences."""
+    if x is None:
+        return []
+    x = np.asarray(x)
+    if x.ndim != 2 or x.shape[0] != 2:
+        raise GenerationError(f"word lists have shape [2, L], got {list(x.shape)}",
+                              hint="row 0: concatenated token ids, row 1: end offsets padded with -1")
+    ids, ends = x[0].tolist(), [int(e) for e in x[1].tolist() if e >= 0]
+    words, start = [], 0
+    for end in ends:
+        if end <= start:
+            continue
+        words.append(ids[start:end])
+        start = end
+    return words
+
+
+def encode_word_list(words: list[list[int]]) -> np.ndarray:
+    """list of token sequences -> [2, L] INT32 (the preprocessing side of ``decode_word_list``)."""
+    flat: list[int] = []
+    ends: list[int] = []
+    for w in words:
+        flat.extend(w)
+        ends.append(len(flat))
+    n = max(len(flat), 1)
+    out = np.zeros((2, n), dtype=np.int32)
+    out[1, :] = -1
+    out[0, : len(flat)] = flat
+    out[1, : len(ends)] = ends
+    return out
+
+
+@dataclass
+class RowRequest:
+    """One row of a request, in engine terms."""
+
+    tokens: list[int]
+    max_new: int
+    end_id: int | None = None
+    pad_id: int = 0
+    draft: list[int] | None = None
+    draft_logits: np.ndarray | None = None
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stream: bool = False
+    return_logits: bool = False
+    exclude_input: bool = False
+    stop_words: list[list[int]] = field(default_factory=list)
+    bad_words: list[list[int]] = field(default_factory=list)
+
+
+def parse_request(inputs: Mapping[str, np.ndarray], *, exclude_input_default: bool = False) -> list[RowRequest]:
+    """Validate one Triton request's inputs and split it into rows."""
+    if "input_ids" not in inputs:
+        raise GenerationError("input_ids is required", hint="send input_ids INT32 [batch, tokens]")
+    ids = np.asarray(inputs["input_ids"])
+    if ids.ndim == 1:
+        ids = ids[None]
+    batch = ids.shape[0]
+    lengths = _rows(inputs.get("input_lengths"), batch) or [ids.shape[1]] * batch
+    out_len = _rows(inputs.get("request_output_len"), batch)
+    if out_len is None:
+        raise GenerationError("request_output_len is required", hint="send request_output_len INT32 [batch, 1]")
+    beam = _rows(inputs.get("beam_width"), batch)
+    if beam is not None and any(int(b) != 1 for b in beam):
+        raise GenerationError("beam_width > 1 is not supported", hint="draft-target decoding uses beam width 1")
+
+    def per_row(name: str, default: Any) -> list[Any]:
+        v = _rows(inputs.get(name), batch)
+        return v if v is not None else [default] * batch
+
+    end_id = per_row("end_id", None)
+    pad_id = per_row("pad_id", 0)
+    stream = per_row("streaming", False)
+    temperature = per_row("temperature", 0.0)
+    top_k = per_row("runtime_top_k", 0)
+    top_p = per_row("runtime_top_p", 1.0)
+    seed = per_row("seed", None)
+    want_logits = per_row("return_generation_logits", False)
+    exclude = per_row("exclude_input_in_output", exclude_input_default)
+    draft_ids = inputs.get("draft_input_ids")
+    draft_logits = inputs.get("draft_logits")
+    stop = inputs.get("stop_words_list")
+    bad = inputs.get("bad_words_list")
+    rows = []
+    for b in range(batch):
+        n = int(lengths[b])
+        if not 0 < n <= ids.shape[1]:
+            raise GenerationError(f"input_lengths[{b}] = {n} does not fit input_ids of width {ids.shape[1]}",
+                                  hint="input_lengths counts the real tokens of each row")
+        draft = None
+        if draft_ids is not None:
+            d = np.asarray(draft_ids)
+            draft = [int(t) for t in (d[b] if d.ndim == 2 else d).tolist()]
+        dl = None
+        if draft_logits is not None and draft is not None:
+            arr = np.asarray(draft_logits)
+            dl = arr[b] if arr.ndim == 3 else arr
+        temp = float(temperature[b])
+        top_k_b = int(top_k[b])
+        # TRT-LLM samples with top_k = 1 / temperature unset by default: treat both "greedy" spellings alike.
+        greedy = temp <= 0.0 or top_k_b == 1
+        rows.append(RowRequest(
+            tokens=[int(t) for t in ids[b, :n].tolist()],
+            max_new=int(out_len[b]),
+            end_id=None if end_id[b] is None or int(end_id[b]) < 0 else int(end_id[b]),
+            pad_id=int(pad_id[b]),
+            draft=draft,
+            draft_logits=dl,
+            temperature=0.0 if greedy else temp,
+            top_k=0 if greedy else top_k_b,
+            # TRT-LLM reads top_p = 0 as "no nucleus filtering".
+            top_p=float(top_p[b]) if not greedy and 0.0 < float(top_p[b]) <= 1.0 else 1.0,
+            seed=None if seed[b] is None else int(seed[b]),
+            stream=bool(stream[b]),
+            return_logits=bool(want_logits[b]),
+            exclude_input=bool(exclude[b]),
+            stop_words=decode_word_list(np.asarray(stop)[b]) if stop is not None else [],
+            bad_words=decode_word_list(np.asarray(bad)[b]) if bad is not None else [],
+        ))
+    return rows
+
+
+def format_output(tokens: list[int], *, prompt: list[int] | None = None, logits: np.ndarray | None = None,
+                  batch_index: int | None = None) -> dict[str, np.ndarray]:
+    """Output tensors for one row (batch dimension 1): ``prompt`` is prepended when the input is not excluded."""
+    seq = (list(prompt) if prompt else []) + list(tokens)
+    out = {
+        "output_ids": np.asarray(seq, dtype=np.int32).reshape(1, 1, len(seq)),
+        "sequence_length": np.asarray([[len(seq)]], dtype=np.int32),
+    }
+    if logits is not None:
+        out["generation_logits"] = np.asarray(logits, dtype=np.float32)[None, None]
+    if batch_index is not None:
+        out["batch_index"] = np.asarray([[batch_index]], dtype=np.int32)
+    return out
+
+
+def job_from_row(row: RowRequest, on_tokens: Any, on_error: Any) -> Any:
+    """An engine Job for one parsed row, delivering through the given sinks."""
+    import torch
+
+    from trtspec.engines.inflight.jobs import Job
+    from trtspec.engines.torch_runtime.sampling import SamplingParams
+
+    return Job(
+        tokens=row.tokens, max_new=row.max_new, on_tokens=on_tokens, on_error=on_error,
+        sampling=SamplingParams(temperature=row.temperature, top_k=row.top_k, top_p=row.top_p, seed=row.seed),
+        end_id=row.end_id, draft=row.draft,
+        draft_logits=None if row.draft_logits is None else torch.from_numpy(np.asarray(row.draft_logits)),
+        stop_words=row.stop_words, bad_words=row.bad_words, stream=row.stream, return_logits=row.return_logits,
+    )

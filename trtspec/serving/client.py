@@ -1,0 +1,241 @@
+"""A client for the repository's ``ensemble`` (the TRT-LLM ensemble contract) over gRPC (streaming) or HTTP.
+
+gRPC uses the bidirectional stream, which serves decoupled (streaming) and plain models alike. HTTP uses Triton's
+generate extension (``/generate``, and ``/generate_stream`` with server-sent events), which decoupled models need.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from trtspec.errors import GenerationError, ServerError
+
+STAT_NAMES = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "num_input_tokens",
+              "num_output_tokens")
+PROTOCOLS = ("grpc", "http")
+
+
+@dataclass
+class GenerateResult:
+    """The answer to one prompt: text, per-response chunks, statistics, timings (seconds since the request)."""
+
+    text: str
+    chunks: list[str] = field(default_factory=list)
+    stats: dict[str, float] = field(default_factory=dict)
+    chunk_times: list[float] = field(default_factory=list)
+    latency_s: float = 0.0
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Time to the first non-empty chunk."""
+        return next((t for t, c in zip(self.chunk_times, self.chunks) if c), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"text": self.text, "stats": self.stats, "chunks": len(self.chunks),
+                "ttft_s": self.ttft_s, "latency_s": round(self.latency_s, 4)}
+
+
+def _input_types() -> dict[str, str]:
+    from trtspec.triton_repo.tensors import ENSEMBLE_INPUTS
+
+    return {t.name: t.dtype for t in ENSEMBLE_INPUTS}
+
+
+def request_inputs(prompt: str | bytes, max_tokens: int, stream: bool, options: dict[str, Any]) -> dict[str, Any]:
+    """The ensemble inputs for one request (None-valued options are left out)."""
+    values: dict[str, Any] = {"text_input": prompt, "max_tokens": int(max_tokens), "stream": bool(stream),
+                              "exclude_input_in_output": True}
+    values.update({k: v for k, v in options.items() if v is not None})
+    known = _input_types()
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise GenerationError(f"unknown request field {unknown[0]!r}", hint=f"known: {', '.join(sorted(known))}")
+    return values
+
+
+def _split_url(url: str) -> str:
+    for prefix in ("grpc://", "http://", "https://"):
+        if url.startswith(prefix):
+            return url[len(prefix):].rstrip("/")
+    return url.rstrip("/")
+
+
+class TritonLLMClient:
+    """Send prompts to ``model`` (default ``ensemble``) at ``url`` (host:port), one request at a time per client
+    (use one client per thread for concurrent requests)."""
+
+    def __init__(self, url: str, protocol: str = "grpc", model: str = "ensemble", timeout_s: float = 600.0) -> None:
+        if protocol not in PROTOCOLS:
+            raise GenerationError(f"unknown protocol {protocol!r}", hint="grpc or http")
+        self.url = _split_url(url)
+        self.protocol = protocol
+        self.model = model
+        self.timeout_s = timeout_s
+        self._grpc: Any = None
+        self._responses: queue.Queue = queue.Queue()
+
+    # -- connection ---------------------------------------------------------------------------------------------
+    def _grpc_client(self) -> Any:
+        if self._grpc is None:
+            from trtspec.errors import require
+
+            require("tritonclient", "serve")
+            import tritonclient.grpc as grpcclient
+
+            self._grpc = grpcclient.InferenceServerClient(self.url)
+            self._grpc.start_stream(callback=lambda result, error: self._responses.put((result, error)))
+        return self._grpc
+
+    def check_ready(self) -> None:
+        """Raise ServerError unless the server and the model answer ready."""
+        ok = False
+        try:
+            if self.protocol == "http":
+                with urllib.request.urlopen(f"http://{self.url}/v2/models/{self.model}/ready", timeout=10) as r:
+                    ok = r.status == 200
+            else:
+                ok = bool(self._grpc_client().is_model_ready(self.model))
+        except Exception:  # noqa: BLE001 - any failure to connect is the same message
+            ok = False
+        if not ok:
+            raise ServerError(f"no ready model {self.model!r} at {self.protocol}://{self.url}",
+                              hint="start the server with `trtspec serve`, and check host, port and --protocol")
+
+    def close(self) -> None:
+        if self._grpc is not None:
+            try:
+                self._grpc.stop_stream()
+            finally:
+                self._grpc.close()
+                self._grpc = None
+
+    def __enter__(self) -> TritonLLMClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- generation ---------------------------------------------------------------------------------------------
+    def generate(self, prompt: str | bytes, max_tokens: int, *, stream: bool = False,
+                 on_text: Callable[[str], None] | None = None, **options: Any) -> GenerateResult:
+        """One prompt; with ``stream`` the text arrives in several responses (``on_text`` sees each chunk)."""
+        values = request_inputs(prompt, max_tokens, stream, options)
+        t0 = time.perf_counter()
+        result = GenerateResult(text="")
+        chunks = self._grpc_chunks(values) if self.protocol == "grpc" else self._http_chunks(values, stream)
+        for text, stats in chunks:
+            result.chunks.append(text)
+            result.chunk_times.append(time.perf_counter() - t0)
+            if stats:
+                result.stats = stats
+            if on_text is not None and text:
+                on_text(text)
+        result.text = "".join(result.chunks)
+        result.latency_s = time.perf_counter() - t0
+        return result
+
+    def _grpc_chunks(self, values: dict[str, Any]) -> Iterator[tuple[str, dict]]:
+        import numpy as np
+        import tritonclient.grpc as grpcclient
+
+        client = self._grpc_client()
+        types = _input_types()
+        inputs = []
+        for name, value in values.items():
+            dtype = types[name]
+            if dtype == "STRING":
+                items = value if isinstance(value, (list, tuple)) else [value]
+                arr = np.array([[v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in items]],
+                               dtype=np.object_)
+                dtype = "BYTES"
+            else:
+                np_type = {"INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32, "BOOL": np.bool_}[dtype]
+                arr = np.array([[value]], dtype=np_type)
+            x = grpcclient.InferInput(name, list(arr.shape), dtype)
+            x.set_data_from_numpy(arr)
+            inputs.append(x)
+        request_id = uuid.uuid4().hex
+        outputs = [grpcclient.InferRequestedOutput(n) for n in ("text_output", *STAT_NAMES)]
+        client.async_stream_infer(self.model, inputs, outputs=outputs, request_id=request_id,
+                                  enable_empty_final_response=True)
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                result, error = self._responses.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                raise GenerationError(f"no response within {self.timeout_s:.0f} s", hint="raise the timeout") from None
+            if error is not None:
+                raise GenerationError(f"server: {getattr(error, 'message', lambda: str(error))()}",
+                                      hint="check the request fields; the server log has details")
+            response = result.get_response()
+            if response.id and response.id != request_id:
+                continue  # a late response of an earlier request on this stream
+            text_out = result.as_numpy("text_output")
+            if text_out is not None:
+                text = b"".join(bytes(t) for t in text_out.reshape(-1)).decode("utf-8", errors="replace")
+                stats = {}
+                for n in STAT_NAMES:
+                    v = result.as_numpy(n)
+                    if v is not None:
+                        stats[n] = float(v.reshape(-1)[0]) if n == "acceptance_rate" else int(v.reshape(-1)[0])
+                yield text, stats
+            final = response.parameters.get("triton_final_response")
+            if final is None or final.bool_param:
+                return
+
+    def _http_chunks(self, values: dict[str, Any], stream: bool) -> Iterator[tuple[str, dict]]:
+        body = dict(values)
+        if isinstance(body["text_input"], bytes):
+            body["text_input"] = body["text_input"].decode("utf-8")  # JSON carries text only
+        endpoint = "generate_stream" if stream else "generate"
+        req = urllib.request.Request(f"http://{self.url}/v2/models/{self.model}/{endpoint}",
+                                     data=json.dumps(body).encode("utf-8"),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            resp = urllib.request.urlopen(req, timeout=self.timeout_s)
+        except urllib.error.HTTPError as exc:
+            raise GenerationError(f"server: {_http_error(exc)}", hint="check the request fields") from None
+        except urllib.error.URLError as exc:
+            raise ServerError(f"cannot reach http://{self.url} ({exc.reason})",
+                              hint="start the server with `trtspec serve`") from None
+        with resp:
+            if not stream:
+                yield _http_payload(json.loads(resp.read().decode("utf-8")))
+                return
+            for raw in resp:
+                line = raw.decode("utf-8").strip()
+                if line.startswith("data:"):
+                    yield _http_payload(json.loads(line[5:].strip()))
+
+
+def _http_error(exc: urllib.error.HTTPError) -> str:
+    """The server's message: a JSON body, or a server-sent event (``data: {...}``) from generate_stream."""
+    try:
+        body = exc.read().decode("utf-8").strip()
+        if body.startswith("data:"):
+            body = body[5:].strip()
+        return str(json.loads(body).get("error", exc.reason))
+    except Exception:  # noqa: BLE001
+        return str(exc.reason)
+
+
+def _http_payload(data: dict[str, Any]) -> tuple[str, dict]:
+    if "error" in data:
+        raise GenerationError(f"server: {data['error']}", hint="check the request fields")
+    text = data.get("text_output", "")
+    if isinstance(text, list):
+        text = "".join(text)
+    stats = {}
+    for n in STAT_NAMES:
+        if n in data:
+            v = data[n][0] if isinstance(data[n], list) else data[n]
+            stats[n] = float(v) if n == "acceptance_rate" else int(v)
+    return text, stats

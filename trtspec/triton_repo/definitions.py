@@ -1,0 +1,190 @@
+"""The models of a draft-target repository, each as a ModelDefinition: its config protobuf and the files to copy.
+
+``ensemble`` -> ``preprocessing`` -> ``tensorrt_llm_bls`` (draft-target orchestrator) -> ``postprocessing`` are the
+same for every runtime. The two engine-backed models (``tensorrt_llm``, ``tensorrt_llm_draft``) come from
+``engine_models(spec)``, one function per runtime: the torch runtime's are Python models implementing the TRT-LLM
+backend's tensor contract; an engine runtime returns backend ``tensorrtllm`` definitions of the same two names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trtspec.build.plan import serving_model_dir
+from trtspec.errors import SpecError
+from trtspec.spec import BuildSpec, Runtime
+from trtspec.triton_repo import tensors as t
+from trtspec.triton_repo.pbtxt import add_inputs, add_outputs, new_config, set_dynamic_batching
+
+MODELS_DIR = Path(__file__).parent / "models"
+TARGET, DRAFT = "tensorrt_llm", "tensorrt_llm_draft"
+BLS, PRE, POST, ENSEMBLE = "tensorrt_llm_bls", "preprocessing", "postprocessing", "ensemble"
+STREAM_CONTEXT_TOKENS = 32  # tokens of context the orchestrator sends with each streamed response (detokenization)
+
+
+@dataclass
+class ModelDefinition:
+    """One model directory: ``config`` (a ModelConfig protobuf) and ``files`` (path in the model dir -> source)."""
+
+    name: str
+    config: Any
+    files: dict[str, Path] = field(default_factory=dict)
+    external_paths: list[Path] = field(default_factory=list)  # directories the model reads at load time
+    # Where an external path appears inside the serving container, when not at the same path (engines: /engines/..).
+    container_paths: dict[Path, str] = field(default_factory=dict)
+    server_env: dict[str, str] = field(default_factory=dict)  # environment the server needs for this model
+
+    def __post_init__(self) -> None:
+        if self.config.name != self.name:
+            raise ValueError(f"definition {self.name!r} holds the config of {self.config.name!r}")
+
+
+def _python_files(source_model: str) -> dict[str, Path]:
+    return {"1/model.py": MODELS_DIR / source_model / "model.py"}
+
+
+def tokenizer_dir(spec: BuildSpec) -> Path:
+    """The target's tokenizer is the pair's (check verifies the draft shares it): its serving directory, or for
+    engines (which hold no tokenizer) the quantize stage's checkpoint, written with the tokenizer files."""
+    if spec.runtime is Runtime.TRTLLM_ENGINE:
+        from trtspec.build.plan import checkpoint_dir
+
+        return checkpoint_dir(spec, "target")
+    return serving_model_dir(spec, "target")
+
+
+# -- runtime-independent models ------------------------------------------------------------------------------------
+def preprocessing(spec: BuildSpec) -> ModelDefinition:
+    mbs = spec.engine.max_batch_size
+    c = new_config(PRE, backend="python", max_batch_size=mbs, instances=1, parameters={
+        "tokenizer_dir": tokenizer_dir(spec), "add_special_tokens": True,
+        "max_input_len": spec.engine.max_input_len, "max_seq_len": spec.engine.max_seq_len,
+    })
+    set_dynamic_batching(c, spec.triton.max_queue_delay_us)
+    add_inputs(c, t.PRE_INPUTS)
+    add_outputs(c, t.PRE_OUTPUTS)
+    return ModelDefinition(PRE, c, _python_files(PRE), [tokenizer_dir(spec)])
+
+
+def postprocessing(spec: BuildSpec) -> ModelDefinition:
+    c = new_config(POST, backend="python", max_batch_size=spec.engine.max_batch_size, instances=1, parameters={
+        "tokenizer_dir": tokenizer_dir(spec), "skip_special_tokens": True,
+    })
+    set_dynamic_batching(c, spec.triton.max_queue_delay_us)
+    add_inputs(c, t.POST_INPUTS)
+    add_outputs(c, t.POST_OUTPUTS)
+    return ModelDefinition(POST, c, _python_files(POST), [tokenizer_dir(spec)])
+
+
+def orchestrator(spec: BuildSpec) -> ModelDefinition:
+    sp = spec.speculative
+    c = new_config(BLS, backend="python", max_batch_size=spec.engine.max_batch_size,
+                   decoupled=spec.triton.decoupled, instances=spec.triton.orchestrator_instances, parameters={
+                       "tensorrt_llm_model_name": TARGET, "tensorrt_llm_draft_model_name": DRAFT,
+                       "max_draft_len": sp.max_draft_len, "use_draft_logits": sp.use_draft_logits,
+                       "route_threshold": sp.route_threshold, "max_seq_len": spec.engine.max_seq_len,
+                       "exclude_input_in_output": False, "stream_context_tokens": STREAM_CONTEXT_TOKENS,
+                   })
+    add_inputs(c, t.BLS_INPUTS)
+    add_outputs(c, t.BLS_OUTPUTS)
+    return ModelDefinition(BLS, c, _python_files(BLS))
+
+
+def _step(c: Any, model: str, inputs: dict[str, str], outputs: dict[str, str]) -> None:
+    s = c.ensemble_scheduling.step.add(model_name=model, model_version=-1)
+    for k, v in inputs.items():
+        s.input_map[k] = v
+    for k, v in outputs.items():
+        s.output_map[k] = v
+
+
+def ensemble(spec: BuildSpec) -> ModelDefinition:
+    c = new_config(ENSEMBLE, platform="ensemble", max_batch_size=spec.engine.max_batch_size)
+    add_inputs(c, t.ENSEMBLE_INPUTS)
+    add_outputs(c, t.ENSEMBLE_OUTPUTS)
+    c.ensemble_scheduling.SetInParent()
+    _step(c, PRE, {"QUERY": "text_input", "REQUEST_OUTPUT_LEN": "max_tokens", "BAD_WORDS_DICT": "bad_words",
+                   "STOP_WORDS_DICT": "stop_words", "END_ID": "end_id", "PAD_ID": "pad_id",
+                   "APPLY_CHAT_TEMPLATE": "apply_chat_template"},
+          {"INPUT_ID": "_INPUT_ID", "REQUEST_INPUT_LEN": "_REQUEST_INPUT_LEN", "BAD_WORDS_IDS": "_BAD_WORDS_IDS",
+           "STOP_WORDS_IDS": "_STOP_WORDS_IDS", "REQUEST_OUTPUT_LEN": "_REQUEST_OUTPUT_LEN",
+           "OUT_END_ID": "_PREPROCESSOR_END_ID", "OUT_PAD_ID": "_PREPROCESSOR_PAD_ID"})
+    _step(c, BLS, {"input_ids": "_INPUT_ID", "input_lengths": "_REQUEST_INPUT_LEN",
+                   "request_output_len": "_REQUEST_OUTPUT_LEN", "end_id": "_PREPROCESSOR_END_ID",
+                   "pad_id": "_PREPROCESSOR_PAD_ID", "stop_words_list": "_STOP_WORDS_IDS",
+                   "bad_words_list": "_BAD_WORDS_IDS", "temperature": "temperature", "runtime_top_k": "top_k",
+                   "runtime_top_p": "top_p", "seed": "seed", "exclude_input_in_output": "exclude_input_in_output",
+                   "return_perf_metrics": "return_perf_metrics", "streaming": "stream",
+                   "num_draft_tokens": "num_draft_tokens", "use_draft_logits": "use_draft_logits"},
+          {"output_ids": "_TOKENS_BATCH", "sequence_length": "_SEQUENCE_LENGTH",
+           "decoded_length": "_DECODED_LENGTH", "is_final": "_IS_FINAL",
+           **{o.name: o.name for o in t.STAT_OUTPUTS}})
+    _step(c, POST, {"TOKENS_BATCH": "_TOKENS_BATCH", "SEQUENCE_LENGTH": "_SEQUENCE_LENGTH",
+                    "DECODED_LENGTH": "_DECODED_LENGTH", "IS_FINAL": "_IS_FINAL"},
+          {"OUTPUT": "text_output"})
+    return ModelDefinition(ENSEMBLE, c)  # the writer creates the empty version directory 1/
+
+
+# -- the engine-backed pair, per runtime ----------------------------------------------------------------------------
+def _torch_engine(spec: BuildSpec, role: str) -> ModelDefinition:
+    name = TARGET if role == "target" else DRAFT
+    model = getattr(spec, role)
+    model_dir = serving_model_dir(spec, role)
+    instances = spec.triton.target_instances if role == "target" else spec.triton.draft_instances
+    mbs = spec.engine.max_batch_size
+    # Decoupled always: the engine batches in flight on its own thread and answers through response senders.
+    c = new_config(name, backend="python", max_batch_size=mbs, decoupled=True, instances=instances, parameters={
+        "model_dir": model_dir, "dtype": model.dtype.value, "max_batch_size": mbs,
+        "max_seq_len": spec.engine.max_seq_len,
+        "kv_cache_slots": 2 * mbs, "max_queue_delay_microseconds": spec.triton.max_queue_delay_us,
+        "exclude_input_in_output": False, "role": role,
+    })
+    set_dynamic_batching(c, spec.triton.max_queue_delay_us)
+    add_inputs(c, t.ENGINE_INPUTS)
+    add_outputs(c, t.ENGINE_OUTPUTS)
+    return ModelDefinition(name, c, _python_files("tensorrt_llm_torch"), [model_dir])
+
+
+def torch_engine_models(spec: BuildSpec) -> list[ModelDefinition]:
+    return [_torch_engine(spec, "target"), _torch_engine(spec, "draft")]
+
+
+def trtllm_engine_models(spec: BuildSpec) -> list[ModelDefinition]:
+    """Backend ``tensorrtllm`` on the engines (trtspec.triton_repo.engine_definitions), decoupled so that the
+    orchestrator can stream routed requests. The engines are read at their container paths (/engines/<role>)."""
+    from trtspec.build.plan import engine_dir
+    from trtspec.engines.container import engine_path_in_container
+    from trtspec.triton_repo.engine_definitions import SERVER_ENV, engine_model_configs
+
+    configs = engine_model_configs(spec, decoupled=True)
+    out = []
+    for role, name in (("target", TARGET), ("draft", DRAFT)):
+        path = engine_dir(spec, role)
+        out.append(ModelDefinition(name, configs[name], external_paths=[path],
+                                   container_paths={path: engine_path_in_container(role)}, server_env=SERVER_ENV))
+    return out
+
+
+def _unsupported(spec: BuildSpec) -> list[ModelDefinition]:
+    raise SpecError(f"runtime {spec.runtime.value}: the engine models of this runtime are not available in this "
+                    "version of trtspec", hint="use runtime: torch")
+
+
+ENGINE_MODELS: dict[Runtime, Callable[[BuildSpec], list[ModelDefinition]]] = {
+    Runtime.TORCH: torch_engine_models,
+    Runtime.TRTLLM_ENGINE: trtllm_engine_models,
+    Runtime.TRTLLM_LLMAPI: _unsupported,
+}
+
+
+def engine_models(spec: BuildSpec) -> list[ModelDefinition]:
+    """``tensorrt_llm`` and ``tensorrt_llm_draft`` for the spec's runtime."""
+    return ENGINE_MODELS[spec.runtime](spec)
+
+
+def repository_models(spec: BuildSpec) -> list[ModelDefinition]:
+    """Every model of the repository, in dependency order."""
+    return [preprocessing(spec), *engine_models(spec), orchestrator(spec), postprocessing(spec), ensemble(spec)]

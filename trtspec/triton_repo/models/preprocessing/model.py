@@ -1,0 +1,82 @@
+"""trtspec preprocessing: text_input -> input_ids with the target's tokenizer (TRT-LLM preprocessing contract).
+
+Validates each request (max_tokens > 0, prompt within max_input_len, prompt + max_tokens within max_seq_len, UTF-8)
+and answers a bad one with an error response; the rest of the batch is unaffected.
+"""
+
+import os
+import sys
+
+# The Python backend stub ignores PYTHONPATH: the server passes trtspec's location in TRTSPEC_PYTHONPATH.
+for _path in reversed(os.environ.get("TRTSPEC_PYTHONPATH", "").split(os.pathsep)):
+    if _path and _path not in sys.path:
+        sys.path.insert(0, _path)
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from trtspec.engines.inflight.contract import encode_word_list
+from trtspec.errors import GenerationError
+from trtspec.triton_repo.runtime_utils import as_bool, error_message, model_params, request_inputs, scalar_rows
+from trtspec.triton_repo.text import Preprocessor, decode_text, load_tokenizer
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        p = model_params(args)
+        self.pre = Preprocessor(load_tokenizer(p["tokenizer_dir"]), as_bool(p.get("add_special_tokens"), True))
+        self.max_input_len = int(p["max_input_len"])
+        self.max_seq_len = int(p["max_seq_len"])
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            try:
+                responses.append(pb_utils.InferenceResponse(output_tensors=self._one(request_inputs(request))))
+            except Exception as exc:  # noqa: BLE001 - an error response, never a dead model
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(error_message(exc))))
+        return responses
+
+    def _one(self, x):
+        query = x["QUERY"].reshape(x["QUERY"].shape[0], -1)
+        batch = query.shape[0]
+        out_len = scalar_rows(x.get("REQUEST_OUTPUT_LEN"), batch, None)
+        chat = scalar_rows(x.get("APPLY_CHAT_TEMPLATE"), batch, False)
+        end_id = scalar_rows(x.get("END_ID"), batch, self.pre.end_id)
+        pad_id = scalar_rows(x.get("PAD_ID"), batch, self.pre.pad_id)
+        ids, bad, stop = [], [], []
+        for b in range(batch):
+            if out_len[b] is None or int(out_len[b]) <= 0:
+                raise GenerationError(f"max_tokens must be > 0, got {out_len[b]}", hint="ask for at least one token")
+            tokens = self.pre.encode(decode_text(query[b, 0]), chat=bool(chat[b]))
+            if len(tokens) > self.max_input_len:
+                raise GenerationError(f"the prompt has {len(tokens)} tokens, more than max_input_len "
+                                      f"({self.max_input_len})", hint="shorten the prompt")
+            if len(tokens) + int(out_len[b]) > self.max_seq_len:
+                raise GenerationError(f"prompt ({len(tokens)} tokens) + max_tokens ({int(out_len[b])}) exceeds "
+                                      f"max_seq_len ({self.max_seq_len})", hint="lower max_tokens")
+            ids.append(tokens)
+            bad.append(self.pre.words(x["BAD_WORDS_DICT"][b] if "BAD_WORDS_DICT" in x else [], "bad_words"))
+            stop.append(self.pre.words(x["STOP_WORDS_DICT"][b] if "STOP_WORDS_DICT" in x else [], "stop_words"))
+        width = max(len(t) for t in ids)
+        input_ids = np.full((batch, width), int(pad_id[0]), dtype=np.int32)
+        for b, t in enumerate(ids):
+            input_ids[b, : len(t)] = t
+        return [
+            pb_utils.Tensor("INPUT_ID", input_ids),
+            pb_utils.Tensor("REQUEST_INPUT_LEN", np.array([[len(t)] for t in ids], dtype=np.int32)),
+            pb_utils.Tensor("BAD_WORDS_IDS", _stack([encode_word_list(w) for w in bad])),
+            pb_utils.Tensor("STOP_WORDS_IDS", _stack([encode_word_list(w) for w in stop])),
+            pb_utils.Tensor("REQUEST_OUTPUT_LEN", np.array([[int(n)] for n in out_len], dtype=np.int32)),
+            pb_utils.Tensor("OUT_END_ID", np.array([[int(e)] for e in end_id], dtype=np.int32)),
+            pb_utils.Tensor("OUT_PAD_ID", np.array([[int(e)] for e in pad_id], dtype=np.int32)),
+        ]
+
+
+def _stack(lists):
+    width = max(w.shape[1] for w in lists)
+    out = np.zeros((len(lists), 2, width), dtype=np.int32)
+    out[:, 1, :] = -1
+    for i, w in enumerate(lists):
+        out[i, :, : w.shape[1]] = w
+    return out

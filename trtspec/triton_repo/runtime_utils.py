@@ -1,0 +1,45 @@
+"""Small helpers the repository's Python models share (no Triton import: requests are duck-typed)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+TRUE = ("1", "true", "yes", "y", "t", "on")
+
+
+def model_params(args: dict[str, str]) -> dict[str, str]:
+    """The ``parameters`` of a model's config as plain strings."""
+    cfg = json.loads(args["model_config"])
+    return {k: v.get("string_value", "") for k, v in (cfg.get("parameters") or {}).items()}
+
+
+def as_bool(value: Any, default: bool = False) -> bool:
+    if value is None or value == "":
+        return default
+    if isinstance(value, str):
+        return value.strip().lower() in TRUE
+    return bool(np.asarray(value).reshape(-1)[0])
+
+
+def request_inputs(request: Any) -> dict[str, np.ndarray]:
+    """Every input tensor of a Triton request as numpy, by name."""
+    return {t.name(): t.as_numpy() for t in request.inputs()}
+
+
+def scalar_rows(x: np.ndarray | None, batch: int, default: Any) -> list[Any]:
+    """Per-row values of an optional [B, 1] (or [B]) input."""
+    if x is None:
+        return [default] * batch
+    flat = np.asarray(x).reshape(np.asarray(x).shape[0], -1)[:, 0].tolist()
+    if len(flat) == 1 and batch > 1:
+        flat = flat * batch
+    return flat
+
+
+def error_message(exc: BaseException) -> str:
+    """One line for a client: the message, and the hint of a TrtspecError."""
+    hint = getattr(exc, "hint", None)
+    return f"{exc} (hint: {hint})" if hint else str(exc)

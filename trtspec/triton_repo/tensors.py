@@ -1,0 +1,128 @@
+"""Tensor names, types and dims of every model in the repository.
+
+Mirrors TensorRT-LLM's ``triton_backend/all_models/inflight_batcher_llm/{ensemble,preprocessing,postprocessing,
+tensorrt_llm,tensorrt_llm_bls}/config.pbtxt`` (same names, types and dims) for the fields trtspec implements; inputs it
+does not implement (LoRA, multimodal, beam search, penalties) are left out so that Triton rejects them by name instead
+of them being silently ignored. Additions are marked "trtspec".
+"""
+
+from __future__ import annotations
+
+from trtspec.triton_repo.pbtxt import TensorSpec as T
+
+SCALAR = (1,)
+NO_SHAPE = ()  # TRT-LLM's `reshape: { shape: [ ] }`
+
+# -- ensemble (what clients see) -----------------------------------------------------------------------------------
+ENSEMBLE_INPUTS = [
+    T("text_input", "STRING", SCALAR),
+    T("max_tokens", "INT32", SCALAR),
+    T("bad_words", "STRING", (-1,), optional=True),
+    T("stop_words", "STRING", (-1,), optional=True),
+    T("exclude_input_in_output", "BOOL", SCALAR, optional=True),
+    T("end_id", "INT32", SCALAR, optional=True),
+    T("pad_id", "INT32", SCALAR, optional=True),
+    T("top_k", "INT32", SCALAR, optional=True),
+    T("top_p", "FP32", SCALAR, optional=True),
+    T("temperature", "FP32", SCALAR, optional=True),
+    T("seed", "UINT64", SCALAR, optional=True),
+    T("return_perf_metrics", "BOOL", SCALAR, optional=True),
+    T("stream", "BOOL", SCALAR, optional=True),
+    T("num_draft_tokens", "INT32", SCALAR, optional=True),  # upstream: tensorrt_llm_bls input
+    T("use_draft_logits", "BOOL", SCALAR, optional=True),  # upstream: tensorrt_llm_bls input
+    T("apply_chat_template", "BOOL", SCALAR, optional=True),  # trtspec: wrap text_input in the chat template
+]
+STAT_OUTPUTS = [
+    T("acceptance_rate", "FP32", SCALAR),
+    T("total_accepted_draft_tokens", "INT32", SCALAR),
+    T("total_draft_tokens", "INT32", SCALAR),
+    T("num_input_tokens", "INT32", SCALAR),
+    T("num_output_tokens", "INT32", SCALAR),
+    T("arrival_time_ns", "INT64", SCALAR),
+    T("first_token_time_ns", "INT64", SCALAR),
+    T("last_token_time_ns", "INT64", SCALAR),
+]
+ENSEMBLE_OUTPUTS = [T("text_output", "STRING", (-1,)), *STAT_OUTPUTS]
+
+# -- preprocessing -------------------------------------------------------------------------------------------------
+PRE_INPUTS = [
+    T("QUERY", "STRING", SCALAR),
+    T("REQUEST_OUTPUT_LEN", "INT32", SCALAR),
+    T("BAD_WORDS_DICT", "STRING", (-1,), optional=True),
+    T("STOP_WORDS_DICT", "STRING", (-1,), optional=True),
+    T("END_ID", "INT32", SCALAR, optional=True),
+    T("PAD_ID", "INT32", SCALAR, optional=True),
+    T("APPLY_CHAT_TEMPLATE", "BOOL", SCALAR, optional=True),  # trtspec
+]
+PRE_OUTPUTS = [
+    T("INPUT_ID", "INT32", (-1,)),
+    T("REQUEST_INPUT_LEN", "INT32", SCALAR),
+    T("BAD_WORDS_IDS", "INT32", (2, -1)),
+    T("STOP_WORDS_IDS", "INT32", (2, -1)),
+    T("REQUEST_OUTPUT_LEN", "INT32", (-1,)),
+    T("OUT_END_ID", "INT32", SCALAR),
+    T("OUT_PAD_ID", "INT32", SCALAR),
+]
+
+# -- postprocessing ------------------------------------------------------------------------------------------------
+POST_INPUTS = [
+    T("TOKENS_BATCH", "INT32", (-1, -1)),
+    T("SEQUENCE_LENGTH", "INT32", (-1,)),
+    T("DECODED_LENGTH", "INT32", (-1,), optional=True),  # trtspec: tokens whose text earlier responses carried
+    T("IS_FINAL", "BOOL", (-1,), optional=True),  # trtspec: last response: flush an incomplete character
+]
+POST_OUTPUTS = [T("OUTPUT", "STRING", (-1,))]
+
+# -- tensorrt_llm / tensorrt_llm_draft (TRT-LLM backend contract) ----------------------------------------------------
+ENGINE_INPUTS = [
+    T("input_ids", "INT32", (-1,), optional=True, ragged=True),
+    T("input_lengths", "INT32", SCALAR, reshape=NO_SHAPE),
+    T("request_output_len", "INT32", SCALAR, reshape=NO_SHAPE),
+    T("draft_input_ids", "INT32", (-1,), optional=True, ragged=True),
+    T("draft_logits", "FP32", (-1, -1), optional=True, ragged=True),
+    T("end_id", "INT32", SCALAR, optional=True, reshape=NO_SHAPE),
+    T("pad_id", "INT32", SCALAR, optional=True, reshape=NO_SHAPE),
+    T("stop_words_list", "INT32", (2, -1), optional=True, ragged=True),
+    T("bad_words_list", "INT32", (2, -1), optional=True, ragged=True),
+    T("beam_width", "INT32", SCALAR, optional=True, reshape=NO_SHAPE),
+    T("temperature", "FP32", SCALAR, optional=True, reshape=NO_SHAPE),
+    T("runtime_top_k", "INT32", SCALAR, optional=True, reshape=NO_SHAPE),
+    T("runtime_top_p", "FP32", SCALAR, optional=True, reshape=NO_SHAPE),
+    T("seed", "UINT64", SCALAR, optional=True, reshape=NO_SHAPE),
+    T("return_generation_logits", "BOOL", SCALAR, optional=True, reshape=NO_SHAPE),
+    T("exclude_input_in_output", "BOOL", SCALAR, optional=True, reshape=NO_SHAPE),
+    T("streaming", "BOOL", SCALAR, optional=True, reshape=NO_SHAPE),
+]
+ENGINE_OUTPUTS = [
+    T("output_ids", "INT32", (-1, -1)),
+    T("sequence_length", "INT32", (-1,)),
+    T("generation_logits", "FP32", (-1, -1, -1)),
+    T("batch_index", "INT32", SCALAR),
+]
+
+# -- tensorrt_llm_bls (the draft-target orchestrator; token level, between pre- and postprocessing) ------------------
+BLS_INPUTS = [
+    T("input_ids", "INT32", (-1,)),
+    T("input_lengths", "INT32", SCALAR),
+    T("request_output_len", "INT32", (-1,)),
+    T("end_id", "INT32", SCALAR, optional=True),
+    T("pad_id", "INT32", SCALAR, optional=True),
+    T("stop_words_list", "INT32", (2, -1), optional=True),
+    T("bad_words_list", "INT32", (2, -1), optional=True),
+    T("temperature", "FP32", SCALAR, optional=True),
+    T("runtime_top_k", "INT32", SCALAR, optional=True),
+    T("runtime_top_p", "FP32", SCALAR, optional=True),
+    T("seed", "UINT64", SCALAR, optional=True),
+    T("exclude_input_in_output", "BOOL", SCALAR, optional=True),
+    T("return_perf_metrics", "BOOL", SCALAR, optional=True),
+    T("streaming", "BOOL", SCALAR, optional=True),
+    T("num_draft_tokens", "INT32", SCALAR, optional=True),
+    T("use_draft_logits", "BOOL", SCALAR, optional=True),
+]
+BLS_OUTPUTS = [
+    T("output_ids", "INT32", (-1, -1)),
+    T("sequence_length", "INT32", (-1,)),
+    T("decoded_length", "INT32", (-1,)),  # trtspec: see postprocessing DECODED_LENGTH
+    T("is_final", "BOOL", (-1,)),  # trtspec
+    *STAT_OUTPUTS,
+]

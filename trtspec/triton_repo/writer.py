@@ -1,0 +1,95 @@
+"""``trtspec repo``: write the Triton model repository for a spec, atomically, with a manifest.
+
+The pipeline's repo stage calls ``repo_inputs`` (what to hash) and ``write_repo_into`` (write into a temporary
+directory it renames); ``write_repo`` does both for the standalone command and skips an up-to-date repository.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from trtspec.build.artifacts import atomic_dir, hash_inputs, is_up_to_date, tool_versions, write_manifest
+from trtspec.errors import SpecError
+from trtspec.spec import BuildSpec
+from trtspec.triton_repo.definitions import MODELS_DIR, ModelDefinition, repository_models
+from trtspec.triton_repo.pbtxt import parse, serialize
+from trtspec.triton_repo.validate import validate_repo
+
+
+def repo_inputs(spec: BuildSpec) -> tuple[dict[str, Path | None], dict]:
+    """What the repository depends on: the model sources shipped with trtspec, and the spec's serving settings.
+
+    Model weights are referenced by path, not copied, so their content does not enter the hash; their paths do.
+    """
+    from trtspec import __version__
+    from trtspec.build.plan import serving_model_dir
+
+    settings = {
+        "trtspec": __version__,
+        "runtime": spec.runtime.value,
+        "model_dirs": {r: str(serving_model_dir(spec, r)) for r in ("target", "draft")},
+        "dtypes": {r: getattr(spec, r).dtype.value for r in ("target", "draft")},
+        "speculative": spec.speculative.model_dump(mode="json"),
+        "engine": spec.engine.model_dump(mode="json"),
+        "triton": spec.triton.model_dump(mode="json"),
+    }
+    return {"model_sources": MODELS_DIR}, settings
+
+
+def _check_sources(spec: BuildSpec, models: list[ModelDefinition]) -> None:
+    for m in models:
+        for path in m.external_paths:
+            if not Path(path).is_dir():
+                raise SpecError(f"{m.name} reads {path}, which does not exist yet",
+                                hint="run the earlier stages first (`trtspec build`), or fix the model path")
+
+
+def _write_model(out_dir: Path, m: ModelDefinition) -> None:
+    model_dir = out_dir / m.name
+    (model_dir / "1").mkdir(parents=True)
+    text = serialize(m.config)
+    if parse(text, f"{m.name}/config.pbtxt") != m.config:  # round trip: what Triton reads is what we built
+        raise SpecError(f"{m.name}: config.pbtxt does not round-trip through the ModelConfig schema",
+                        hint="report this as a trtspec bug")
+    (model_dir / "config.pbtxt").write_text(text, encoding="utf-8")
+    for rel, src in m.files.items():
+        dst = model_dir / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, dst)
+
+
+def write_repo_into(spec: BuildSpec, out_dir: Path) -> dict:
+    """Write every model into ``out_dir`` (an empty directory) and validate; return extra manifest fields."""
+    models = repository_models(spec)
+    _check_sources(spec, models)
+    for m in models:
+        _write_model(Path(out_dir), m)
+    validate_repo(Path(out_dir))
+    external = sorted({str(p) for m in models for p in m.external_paths})
+    # Host directory -> its path inside a serving container (the same path unless a definition says otherwise).
+    mounts = {str(p): m.container_paths.get(p, str(p)) for m in models for p in m.external_paths}
+    server_env = {k: v for m in models for k, v in m.server_env.items()}
+    return {"models": [m.name for m in models], "external_paths": external, "entry_model": "ensemble",
+            "container_mounts": sorted(mounts.items()), "server_env": server_env}
+
+
+def write_repo(spec: BuildSpec, force: bool = False) -> dict[str, Any]:
+    """Write ``spec.repo_dir`` unless an up-to-date one is there; return {"path", "skipped", "manifest"}."""
+    paths, settings = repo_inputs(spec)
+    inputs_hash = hash_inputs(paths, settings)
+    final = spec.repo_dir
+    if not force and is_up_to_date(final, inputs_hash):
+        from trtspec.build.artifacts import read_manifest
+
+        return {"path": final, "skipped": True, "manifest": read_manifest(final)}
+    t0 = time.perf_counter()
+    with atomic_dir(final) as tmp:
+        extra = write_repo_into(spec, tmp)
+        manifest = {"stage": "repo", "inputs_hash": inputs_hash, "settings": settings,
+                    "tools": tool_versions("trtspec", "tritonclient", "nvidia-pytriton"),
+                    "seconds": round(time.perf_counter() - t0, 3), **extra}
+        write_manifest(tmp, manifest)
+    return {"path": final, "skipped": False, "manifest": manifest}
