@@ -185,3 +185,36 @@ def test_unknown_stage_and_missing_stage_module_are_one_line_errors(tmp_path, ti
         if importlib.util.find_spec("trtspec.build.quantize") is not None:
             pytest.skip("the quantize stage is merged; nothing is missing")
         run_pipeline(spec, only=["quantize:target"], bodies=broken)
+
+
+def test_standalone_repo_and_serve_docker_run_the_version_guard(tmp_path, tiny_pair, trtllm_checkpoints,
+                                                                  with_standin):
+    """`trtspec repo` (the real writer) and `serve --docker IMAGE` refuse engines of another TensorRT-LLM release."""
+    from trtspec.engines.engine_dir import check_repo_engines
+    from trtspec.triton_repo.writer import write_repo
+
+    bodies = TinyStageBodies(trtllm_checkpoints)
+    spec = engine_spec(tmp_path, tiny_pair)  # engines by TRT-LLM 1.0.0
+    run_pipeline(spec, only=["check", "quantize:target", "quantize:draft", "compile:target", "compile:draft"],
+                 bodies=bodies.bodies())
+    other = engine_spec(tmp_path, tiny_pair, triton={"image": "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"})
+    with pytest.raises(EngineBuildError, match="built by TensorRT-LLM 1.0.0"):
+        write_repo(other)
+    assert not spec.repo_dir.exists()
+    result = write_repo(spec)  # the table's image for 1.0.0
+    repo = result["path"]
+    assert result["manifest"]["settings"]["engine_trtllm_versions"] == {"target": "1.0.0", "draft": "1.0.0"}
+    assert set(check_repo_engines(repo, "nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3").values()) == {"1.0.0"}
+    with pytest.raises(EngineBuildError, match="ships 1.1.0"):
+        check_repo_engines(repo, "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3")
+    with pytest.raises(EngineBuildError, match="not an NGC tritonserver trtllm image"):
+        check_repo_engines(repo, "my-registry/custom:latest")
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    cli = [sys.executable, "-m", "trtspec", "serve", str(repo), "--dry-run", "--docker"]
+    r = subprocess.run(cli + ["nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"], capture_output=True,
+                       text=True, env=env, timeout=120)
+    assert r.returncode == 1 and "ships 1.1.0" in r.stderr and "hint:" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run(cli + ["nvcr.io/nvidia/tritonserver:25.09-trtllm-python-py3"], capture_output=True,
+                       text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert f"-v {engine_dir(spec, 'target')}:/engines/target:ro" in r.stdout.replace("\n", "")

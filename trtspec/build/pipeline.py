@@ -123,15 +123,12 @@ def pipeline_stages(spec: BuildSpec, bodies: StageBodies | None = None) -> list[
                                         not_needed=f"{spec.runtime.value} loads the checkpoint at serve time"))
 
     def repo_inputs() -> tuple[dict[str, Path | None], dict]:
-        paths, settings = b.get("repo_inputs")(spec)
-        if spec.runtime is Runtime.TRTLLM_ENGINE:
-            # The version guard runs before the up-to-date test, so that switching the serving image to another
-            # TensorRT-LLM release is refused even when nothing else changed; the image is an input of the repo.
-            from trtspec.engines.engine_dir import check_engine_versions, serving_image
+        # The version guard runs before the up-to-date test, so that switching the serving image to another
+        # TensorRT-LLM release is refused even when nothing else changed (the writer's repo_inputs runs it too).
+        from trtspec.engines.engine_dir import version_guard_settings
 
-            settings = {**settings, "serving_image": serving_image(spec),
-                        "engine_trtllm_versions": check_engine_versions(spec)}
-        return paths, settings
+        paths, settings = b.get("repo_inputs")(spec)
+        return paths, {**settings, **version_guard_settings(spec)}
 
     def repo_body(out: Path, progress: Any) -> dict:
         return b.get("write_repo_into")(spec, out) or {}

@@ -61,11 +61,15 @@ def distill(
     intermediate_size: Annotated[Optional[int], typer.Option("--intermediate-size", help="MLP width (default: "
                                                              "the target's)")] = None,
     tokens: Annotated[int, typer.Option(help="answer tokens of training data the target generates (at most)")]
-    = 60_000,
+    = 110_000,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="answer length per prompt")] = 128,
-    gen_batch_size: Annotated[int, typer.Option("--gen-batch-size", help="prompts answered per batch")] = 32,
+    gen_batch_size: Annotated[int, typer.Option("--gen-batch-size", help="prompts answered per batch")] = 64,
+    answers_per_prompt: Annotated[int, typer.Option("--answers-per-prompt", help="answers per prompt: the first "
+                                                    "greedy, the others sampled")] = 2,
+    sample_temperature: Annotated[float, typer.Option("--sample-temperature", help="temperature of the sampled "
+                                                      "answers")] = 0.8,
     top_k: Annotated[int, typer.Option("--top-k", help="teacher distribution: the target's top-k")] = 20,
-    steps: Annotated[int, typer.Option(help="training steps")] = 300,
+    steps: Annotated[int, typer.Option(help="training steps")] = 600,
     batch_size: Annotated[int, typer.Option("--batch-size", help="answers per training step")] = 16,
     lr: Annotated[float, typer.Option(help="peak learning rate (AdamW, cosine decay)")] = 1e-3,
     seed: Annotated[int, typer.Option(help="seed of the training order")] = 0,
@@ -91,7 +95,8 @@ def distill(
     settings = DistillSettings(
         prompts=prompts, layers=layers, init_layers=_parse_layers(init_layers), head_tokens=head_tokens,
         intermediate_size=intermediate_size, tokens=tokens, max_new_tokens=max_new_tokens,
-        gen_batch_size=gen_batch_size, top_k=top_k, held_out=held_out, eval_prompts=eval_prompts,
+        gen_batch_size=gen_batch_size, answers_per_prompt=answers_per_prompt, sample_temperature=sample_temperature,
+        top_k=top_k, held_out=held_out, eval_prompts=eval_prompts,
         eval_max_tokens=eval_max_tokens, k=k,
         train=TrainSettings(steps=steps, batch_size=batch_size, lr=lr, seed=seed, bf16=bool(bf16)))
     settings.validate()  # what needs no model: fail before importing torch or loading anything

@@ -98,8 +98,10 @@ def _serve_docker(path: Path, image: str, http: int, grpc: int, metrics: int, dr
     import shlex
     import shutil
 
+    from trtspec.engines.engine_dir import check_repo_engines
     from trtspec.serving.docker import docker_command, repo_mounts
 
+    check_repo_engines(path, image)  # engines only load in the TensorRT-LLM release that built them
     mounts, env = repo_mounts(path)
     cmd = docker_command(path, image, http_port=http, grpc_port=grpc, metrics_port=metrics, mounts=mounts, env=env)
     console.print(shlex.join(cmd), highlight=False, soft_wrap=True)

@@ -165,3 +165,47 @@ def check_engine_versions(spec: BuildSpec, image: str | None = None,
             )
         found[role] = got
     return found
+
+
+def version_guard_settings(spec: BuildSpec) -> dict[str, object]:
+    """For runtime trtllm-engine: run the version guard and return what the repository depends on because of it
+    (the serving image and each engine's release); {} for the other runtimes. Raises EngineBuildError on a mismatch."""
+    from trtspec.spec import Runtime
+
+    if spec.runtime is not Runtime.TRTLLM_ENGINE:
+        return {}
+    return {"serving_image": serving_image(spec), "engine_trtllm_versions": check_engine_versions(spec)}
+
+
+def check_repo_engines(repo: Path, image: str) -> dict[str, str]:
+    """The version guard for `trtspec serve --docker IMAGE`: refuse a repository whose engines were built by another
+    TensorRT-LLM release than ``image`` ships; return engine path -> release ({} for repositories without engines).
+
+    The engines are found through the repository's manifest (their host paths); an image outside the NGC table is
+    accepted only when it is the image the repository was written for (``triton.image`` in the spec)."""
+    from trtspec.build.artifacts import read_manifest
+
+    manifest = read_manifest(Path(repo)) or {}
+    settings = manifest.get("settings") or {}
+    if settings.get("runtime") != "trtllm-engine":
+        return {}
+    engines = [Path(host) for host, inside in manifest.get("container_mounts") or []
+               if str(inside).startswith("/engines/")]
+    shipped = image_trtllm_version(image)
+    if shipped is None:
+        if image == settings.get("serving_image"):
+            return {str(p): normalize_version(read_engine(p).trtllm_version) for p in engines}
+        raise EngineBuildError(
+            f"{image}: not an NGC tritonserver trtllm image trtspec knows, and not the image this repository was "
+            f"written for ({settings.get('serving_image')}); cannot check the engines' TensorRT-LLM release",
+            hint="serve with a tag from `trtspec plan`, or set triton.image in the spec and rerun `trtspec repo`")
+    want = normalize_version(shipped)
+    found = {}
+    for path in engines:
+        got = normalize_version(read_engine(path).trtllm_version)
+        if got != want:
+            raise EngineBuildError(f"{path} was built by TensorRT-LLM {got}, but {image} ships {want}",
+                                   hint=f"serve with an image that ships {got}, or rebuild with "
+                                        f"engine.trtllm_version: '{want}' (`trtspec build`)")
+        found[str(path)] = got
+    return found

@@ -23,6 +23,8 @@ def repo_inputs(spec: BuildSpec) -> tuple[dict[str, Path | None], dict]:
     """What the repository depends on: the model sources shipped with trtspec, and the spec's serving settings.
 
     Model weights are referenced by path, not copied, so their content does not enter the hash; their paths do.
+    For engines, the version guard runs here, before any up-to-date test: engines built by another TensorRT-LLM
+    release than the serving image's are refused even when nothing else changed (the image is an input too).
     """
     from trtspec import __version__
     from trtspec.build.plan import serving_model_dir
@@ -36,6 +38,9 @@ def repo_inputs(spec: BuildSpec) -> tuple[dict[str, Path | None], dict]:
         "engine": spec.engine.model_dump(mode="json"),
         "triton": spec.triton.model_dump(mode="json"),
     }
+    from trtspec.engines.engine_dir import version_guard_settings
+
+    settings.update(version_guard_settings(spec))
     return {"model_sources": MODELS_DIR}, settings
 
 

@@ -94,8 +94,13 @@ def encode_prompt(tokenizer: Any, text: str, chat: bool = True) -> list[int]:
 
 @torch.inference_mode()
 def answer_batch(target: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int, top_k: int,
-                 eos_ids: Sequence[int], pad_id: int = 0) -> list[Sample]:
-    """The target's greedy answers to a batch of tokenized prompts, with its top-k log-probs at each answer token.
+                 eos_ids: Sequence[int], pad_id: int = 0, temperatures: Sequence[float] | None = None,
+                 seed: int = 0) -> list[Sample]:
+    """The target's answers to a batch of tokenized prompts, with its top-k log-probs at each answer token.
+
+    Rows with temperature 0 (the default) answer greedily; the others sample at their temperature (seeded), which gives
+    more distinct answers per prompt. The labels are the target's own distribution (temperature 1) either way: a
+    sampled answer only changes which contexts the draft is taught at, not what it is taught.
 
     The target runs in its own dtype: under bfloat16 autocast SmolLM2's greedy answers left the float32 ones after
     ~30 tokens (median), and the draft must predict the target that verifies it."""
@@ -110,10 +115,18 @@ def answer_batch(target: Any, prompts: Sequence[Sequence[int]], max_new_tokens: 
     tk_logp: list[list[torch.Tensor]] = [[] for _ in prompts]
     feed = [[int(p[-1])] for p in prompts]
     stops = set(eos_ids)
+    temps = torch.tensor([float(t) for t in temperatures] if temperatures is not None else [0.0] * len(prompts))
+    gen = torch.Generator().manual_seed(seed)
     for _ in range(max_new_tokens):
         logp = torch.log_softmax(state.forward(feed, keep=1)[:, -1].float(), dim=-1)
         top = logp.topk(top_k, dim=-1)
         nxt = top.indices[:, 0].tolist()  # the greedy token is the top-1
+        t = temps[active]
+        if bool((t > 0).any()):
+            hot = (t > 0).nonzero().flatten()
+            probs = torch.softmax(logp[hot] / t[hot, None], dim=-1)
+            for i, x in zip(hot.tolist(), torch.multinomial(probs, 1, generator=gen).flatten().tolist()):
+                nxt[i] = x
         keep = []
         for i, row in enumerate(active):
             answers[row].append(nxt[i])
@@ -133,8 +146,12 @@ def answer_batch(target: Any, prompts: Sequence[Sequence[int]], max_new_tokens: 
 
 def generate_teacher_data(target: Any, tokenizer: Any, prompts: Sequence[str], shard_dir: Path, *,
                           max_new_tokens: int, tokens: int, batch_size: int, top_k: int, eos_ids: Sequence[int],
+                          answers_per_prompt: int = 1, sample_temperature: float = 0.8,
                           on_batch: Callable[[int], None] | None = None) -> tuple[list[Sample], float]:
     """Answer ``prompts`` in batches until ``tokens`` answer tokens exist; shards in ``shard_dir`` make it resumable.
+
+    Every prompt is first answered greedily (what the draft meets at decode time); with ``answers_per_prompt`` > 1
+    the prompt set is answered again, sampled at ``sample_temperature``, while the token budget lasts.
 
     Returns the samples and the seconds spent making them (summed over resumed runs). ``on_batch(n_tokens)`` reports
     progress after each batch.
@@ -143,7 +160,8 @@ def generate_teacher_data(target: Any, tokenizer: Any, prompts: Sequence[str], s
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     samples: list[Sample] = []
     total, seconds = 0, 0.0
-    for b, start in enumerate(range(0, len(prompts), batch_size)):
+    jobs = [(p, 0.0 if round_ == 0 else sample_temperature) for round_ in range(answers_per_prompt) for p in prompts]
+    for b, start in enumerate(range(0, len(jobs), batch_size)):
         if total >= tokens:
             break
         shard = shard_dir / f"shard-{b:05d}.pt"
@@ -152,8 +170,9 @@ def generate_teacher_data(target: Any, tokenizer: Any, prompts: Sequence[str], s
             batch, dt = [Sample(**d) for d in saved["samples"]], float(saved["seconds"])
         else:
             t0 = time.perf_counter()
-            ids = [encode_prompt(tokenizer, p) for p in prompts[start:start + batch_size]]
-            batch = answer_batch(target, ids, max_new_tokens, top_k, eos_ids, pad)
+            chunk = jobs[start:start + batch_size]
+            ids = [encode_prompt(tokenizer, p) for p, _ in chunk]
+            batch = answer_batch(target, ids, max_new_tokens, top_k, eos_ids, pad, [t for _, t in chunk], seed=b)
             dt = time.perf_counter() - t0
             records = [{"ids": s.ids, "start": s.start, "topk_ids": s.topk_ids, "topk_logp": s.topk_logp.half()}
                        for s in batch]

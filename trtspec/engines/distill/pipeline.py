@@ -103,6 +103,7 @@ def distill(target_dir: Path, out: Path, settings: DistillSettings, *, work_dir:
     samples, timings["teacher_data_s"] = generate_teacher_data(
         target, tokenizer, train_prompts, work / f"teacher-{data_key}", max_new_tokens=settings.max_new_tokens,
         tokens=settings.tokens, batch_size=settings.gen_batch_size, top_k=settings.top_k, eos_ids=eos,
+        answers_per_prompt=settings.answers_per_prompt, sample_temperature=settings.sample_temperature,
         on_batch=(lambda n: progress.advance(task, n)) if progress else None)
     if progress:  # the prompts may run out before --tokens
         n = sum(len(s.answer) for s in samples)

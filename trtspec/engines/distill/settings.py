@@ -13,7 +13,7 @@ from trtspec.engines.distill import DistillError
 class TrainSettings:
     """Optimization settings (the checkpoint refuses to resume under different ones)."""
 
-    steps: int = 300
+    steps: int = 600
     batch_size: int = 16
     lr: float = 1e-3
     warmup: int = 20
@@ -33,9 +33,11 @@ class DistillSettings:
     init_layers: tuple[int, ...] | None = None  # the target's layers to start from; None: the first ``layers``
     head_tokens: int = 8192
     intermediate_size: int | None = None  # None: the target's MLP width
-    tokens: int = 60_000  # answer tokens of teacher data (at most: the prompts may run out first)
+    tokens: int = 110_000  # answer tokens of teacher data (at most: the prompts may run out first)
     max_new_tokens: int = 128
-    gen_batch_size: int = 32
+    gen_batch_size: int = 64
+    answers_per_prompt: int = 2  # the first greedy, the others sampled at sample_temperature
+    sample_temperature: float = 0.8
     top_k: int = 20
     held_out: float = 0.06
     eval_prompts: int = 12
@@ -56,6 +58,9 @@ class DistillSettings:
              f"--intermediate-size {self.intermediate_size} must be > 0", "default: the target's MLP width"),
             (min(self.tokens, self.max_new_tokens, self.gen_batch_size, self.top_k) > 0,
              "--tokens, --max-new-tokens, --gen-batch-size and --top-k must be > 0", "use positive values"),
+            (1 <= self.answers_per_prompt <= 16 and self.sample_temperature > 0,
+             "--answers-per-prompt must be in 1..16 and --sample-temperature > 0",
+             "e.g. --answers-per-prompt 2 --sample-temperature 0.8"),
             (0 < self.held_out < 1, f"--held-out {self.held_out} must be in (0, 1)", "e.g. 0.06"),
             (self.eval_prompts > 0 and self.eval_max_tokens > 1,
              "--eval-prompts must be > 0 and --eval-max-tokens > 1", "use positive values"),
@@ -74,7 +79,8 @@ class DistillSettings:
 
     def data_settings(self) -> dict[str, Any]:
         return {"max_new_tokens": self.max_new_tokens, "gen_batch_size": self.gen_batch_size, "top_k": self.top_k,
-                "held_out": self.held_out}
+                "held_out": self.held_out, "answers_per_prompt": self.answers_per_prompt,
+                "sample_temperature": self.sample_temperature}
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
