@@ -23,7 +23,7 @@ from trtspec.build.pipeline import StageBodies, run_pipeline
 from trtspec.build.plan import engine_dir
 from trtspec.errors import EngineBuildError, MissingDependencyError, SpecError
 
-OUTPUT_STAGES = ["quantize:target", "quantize:draft", "compile:target", "compile:draft", "repo"]
+OUTPUT_STAGES = ["quantize:target", "quantize:draft", "quality", "compile:target", "compile:draft", "repo"]
 
 
 def _statuses(report):
@@ -36,11 +36,11 @@ def test_second_build_skips_every_stage(tmp_path, tiny_pair, trtllm_checkpoints,
     first = run_pipeline(spec, bodies=bodies.bodies())
     assert _statuses(first) == {"check": "passed", **{s: "built" for s in OUTPUT_STAGES}}
     manifests = {s: json.loads((Path(r.output) / "manifest.json").read_text())
-                 for s, r in ((r.name, r) for r in first.stages) if r.output}
+                 for s, r in ((r.name, r) for r in first.stages) if r.output and Path(r.output).is_dir()}
     second = run_pipeline(spec, bodies=bodies.bodies())
     assert _statuses(second) == {"check": "passed", **{s: "skipped" for s in OUTPUT_STAGES}}
     assert bodies.calls == ["quantize:target", "quantize:draft", "repo"]  # nothing ran twice
-    for s, r in ((r.name, r) for r in second.stages if r.output):
+    for s, r in ((r.name, r) for r in second.stages if r.output and Path(r.output).is_dir()):
         assert json.loads((Path(r.output) / "manifest.json").read_text()) == manifests[s]
     repo_cfg = (spec.repo_dir / "tensorrt_llm" / "config.pbtxt").read_text()
     assert 'string_value: "/engines/target"' in repo_cfg and "${" not in repo_cfg
@@ -53,7 +53,7 @@ def test_deleting_one_output_reruns_that_stage_and_the_ones_after(tmp_path, tiny
     run_pipeline(spec, bodies=bodies.bodies())
     shutil.rmtree(engine_dir(spec, "target"))
     report = run_pipeline(spec, bodies=bodies.bodies())
-    assert _statuses(report) == {"check": "passed", "quantize:target": "skipped", "quantize:draft": "skipped",
+    assert _statuses(report) == {"check": "passed", "quantize:target": "skipped", "quantize:draft": "skipped", "quality": "skipped",
                                  "compile:target": "built", "compile:draft": "skipped", "repo": "built"}
 
 
@@ -63,7 +63,7 @@ def test_changing_the_draft_length_rebuilds_only_the_target_engine_and_the_repo(
     run_pipeline(engine_spec(tmp_path, tiny_pair), bodies=bodies.bodies())
     spec = engine_spec(tmp_path, tiny_pair, speculative={"max_draft_len": 8})
     report = run_pipeline(spec, bodies=bodies.bodies())
-    assert _statuses(report) == {"check": "passed", "quantize:target": "skipped", "quantize:draft": "skipped",
+    assert _statuses(report) == {"check": "passed", "quantize:target": "skipped", "quantize:draft": "skipped", "quality": "skipped",
                                  "compile:target": "built", "compile:draft": "skipped", "repo": "built"}
     manifest = json.loads((engine_dir(spec, "target") / "manifest.json").read_text())
     assert manifest["engine"]["max_draft_len"] == 8
@@ -161,7 +161,7 @@ def test_torch_runtime_without_quantization_needs_only_the_repo_stage(tmp_path, 
                        draft={"quantization": "none", "dtype": "float32"})
     bodies = TinyStageBodies(trtllm_checkpoints)
     report = run_pipeline(spec, bodies=bodies.bodies())
-    assert _statuses(report) == {"check": "passed", "quantize:target": "not needed", "quantize:draft": "not needed",
+    assert _statuses(report) == {"check": "passed", "quantize:target": "not needed", "quantize:draft": "not needed", "quality": "not needed",
                                  "compile:target": "not needed", "compile:draft": "not needed", "repo": "built"}
     assert _statuses(run_pipeline(spec, bodies=bodies.bodies()))["repo"] == "skipped"
 
@@ -174,17 +174,16 @@ def test_failed_preflight_stops_before_any_stage(tmp_path, tiny_pair, trtllm_che
     assert bodies.calls == [] and not spec.engines_dir.exists()
 
 
-def test_unknown_stage_and_missing_stage_module_are_one_line_errors(tmp_path, tiny_pair):
+def test_unknown_stage_and_missing_stage_module_are_one_line_errors(tmp_path, tiny_pair, monkeypatch):
+    from trtspec.build import pipeline
+
     spec = engine_spec(tmp_path, tiny_pair)
     with pytest.raises(SpecError, match="no stage named compile:tokenizer"):
         run_pipeline(spec, only=["compile:tokenizer"])
-    broken = StageBodies()
-    with pytest.raises(MissingDependencyError, match="no quantize_inputs"):
-        import importlib.util
-
-        if importlib.util.find_spec("trtspec.build.quantize") is not None:
-            pytest.skip("the quantize stage is merged; nothing is missing")
-        run_pipeline(spec, only=["quantize:target"], bodies=broken)
+    monkeypatch.setitem(pipeline.DEFAULT_BODIES, "quantize_inputs", ("trtspec.no_such_stage", "quantize_inputs"))
+    with pytest.raises(MissingDependencyError, match="no quantize_inputs") as exc:
+        run_pipeline(spec, only=["quantize:target"], bodies=StageBodies())
+    assert "No module named 'trtspec.no_such_stage'" in exc.value.hint
 
 
 def test_standalone_repo_and_serve_docker_run_the_version_guard(tmp_path, tiny_pair, trtllm_checkpoints,

@@ -1,4 +1,4 @@
-"""`trtspec build`: check -> quantize -> compile -> repo, resumable, atomic, Ctrl-C safe, with one progress display.
+"""`trtspec build`: check -> quantize -> quality -> compile -> repo, resumable, atomic, Ctrl-C safe, with one progress display.
 
 Every stage with an output writes it through ``atomic_dir`` and stamps it with a manifest whose ``inputs_hash`` covers
 the stage's input paths (content) and settings; a stage whose output carries the current hash is skipped. A killed
@@ -112,6 +112,10 @@ def pipeline_stages(spec: BuildSpec, bodies: StageBodies | None = None) -> list[
         else:
             stages.append(PipelineStage(f"quantize:{role}", None,
                                         not_needed="quantization none: served from its source directory"))
+    if any(_needs_quantize(spec, r) for r in ROLES):
+        stages.append(PipelineStage("quality", None))  # build/quality.json (a file, see _run_quality)
+    else:
+        stages.append(PipelineStage("quality", None, not_needed="nothing is quantized"))
     for role in ROLES:
         if spec.runtime is Runtime.TRTLLM_ENGINE:
             stages.append(PipelineStage(
@@ -217,6 +221,8 @@ def _run_stage(spec: BuildSpec, stage: PipelineStage, force: bool, progress: Any
         return StageResult("check", "passed", None, time.monotonic() - t0, detail)
     if stage.not_needed is not None:
         return StageResult(stage.name, "not needed", None, 0.0, stage.not_needed)
+    if stage.name == "quality":
+        return _run_quality(spec, force, progress, t0)
     assert stage.output is not None and stage.inputs is not None and stage.body is not None
     paths, settings = stage.inputs()
     inputs_hash = hash_inputs(paths, settings)
@@ -232,3 +238,23 @@ def _run_stage(spec: BuildSpec, stage: PipelineStage, force: bool, progress: Any
             "tools": tool_versions("trtspec", "torch", "transformers", "nvidia-modelopt", "tritonclient"),
         })
     return StageResult(stage.name, "built", str(stage.output), time.monotonic() - t0, "")
+
+
+def _run_quality(spec: BuildSpec, force: bool, progress: Any, t0: float) -> StageResult:
+    """Write build/quality.json (what quantization cost each model, and the draft-target agreement) unless it is newer
+    than both checkpoints' manifests. The quantize stages measured the figures; this only combines them (a role
+    served unquantized is evaluated from its source once, then cached)."""
+    from trtspec.build.artifacts import MANIFEST
+    from trtspec.build.quality import REPORT
+
+    path = spec.build_dir / REPORT
+    manifests = [checkpoint_dir(spec, r) / MANIFEST for r in ROLES if _needs_quantize(spec, r)]
+    if not force and path.is_file() and all(m.is_file() and m.stat().st_mtime <= path.stat().st_mtime
+                                            for m in manifests):
+        return StageResult("quality", "skipped", str(path), time.monotonic() - t0, "up to date")
+    from trtspec.build.quality import write_quality_report
+
+    report = write_quality_report(spec, progress)
+    pair = (report.get("draft_target_top1_agreement") or {}).get("after")
+    detail = f"draft-target top-1 agreement {pair:.3f}" if isinstance(pair, float) else "; ".join(report["notes"])
+    return StageResult("quality", "built", str(path), time.monotonic() - t0, detail)
