@@ -139,8 +139,8 @@ def test_a_failed_write_leaves_no_repository(tiny_pair, tmp_path):
 
 def test_engine_runtime_swaps_only_the_two_engine_models(tiny_pair, tmp_path):
     """runtime trtllm-engine: backend tensorrtllm definitions (engines branch) for tensorrt_llm / tensorrt_llm_draft,
-    everything else identical. Empty directories stand in for the engines and the checkpoint: the writer only
-    references them."""
+    everything else identical. The writer only references the engines and the checkpoint, and reads the release an
+    engine was built by (the version guard): a config.json and an empty rank0.engine stand in for each engine."""
     from trtspec.build.plan import checkpoint_dir, engine_dir
 
     data = torch_spec_dict(*tiny_pair, runtime="trtllm-engine")
@@ -148,6 +148,9 @@ def test_engine_runtime_swaps_only_the_two_engine_models(tiny_pair, tmp_path):
     spec = spec_from_dict(data, base_dir=tmp_path, environ={})
     for role in ("target", "draft"):
         engine_dir(spec, role).mkdir(parents=True)
+        (engine_dir(spec, role) / "config.json").write_text(json.dumps(
+            {"version": spec.engine.trtllm_version, "build_config": {}, "pretrained_config": {}}))
+        (engine_dir(spec, role) / "rank0.engine").write_bytes(b"")
     checkpoint_dir(spec, "target").mkdir(parents=True)
     torch_configs = load_configs(write_repo(spec_from_dict(torch_spec_dict(*tiny_pair), base_dir=tmp_path / "t",
                                                            environ={}))["path"])
@@ -165,10 +168,12 @@ def test_engine_runtime_swaps_only_the_two_engine_models(tiny_pair, tmp_path):
     assert manifest["server_env"] == {"TRTLLM_ORCHESTRATOR": "1"}
 
 
-def test_engine_runtimes_without_engine_models_are_refused(tiny_pair, tmp_path):
-    spec = spec_from_dict(torch_spec_dict(*tiny_pair, runtime="trtllm-llmapi"), base_dir=tmp_path, environ={})
-    with pytest.raises(SpecError, match="trtllm-llmapi"):
+def test_llmapi_repository_for_a_release_before_1_0_is_refused_and_nothing_is_left(tiny_pair, tmp_path):
+    spec = spec_from_dict(torch_spec_dict(*tiny_pair, runtime="trtllm-llmapi", engine={"trtllm_version": "0.21.0"}),
+                          base_dir=tmp_path, environ={})
+    with pytest.raises(SpecError, match="trtllm-llmapi needs TensorRT-LLM >= 1.0"):
         write_repo(spec)
+    assert not spec.repo_dir.exists() and not any(p.name.startswith(".tmp-") for p in tmp_path.iterdir())
 
 
 def test_model_sources_are_package_data():
@@ -179,7 +184,7 @@ def test_model_sources_are_package_data():
 
     patterns = tomllib.loads(Path("pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["trtspec"]
     sources = sorted(p.relative_to(MODELS_DIR.parent.parent) for p in MODELS_DIR.glob("*/model.py"))
-    assert len(sources) == 4
+    assert len(sources) == 5  # pre, post, orchestrator, torch engine, llmapi
     assert all(any(p.match(pattern) for pattern in patterns) for p in sources)
 
 

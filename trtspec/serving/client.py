@@ -1,5 +1,9 @@
 """A client for the repository's ``ensemble`` (the TRT-LLM ensemble contract) over gRPC (streaming) or HTTP.
 
+A repository of runtime trtllm-llmapi has no ensemble: its one model, ``tensorrt_llm``, takes TensorRT-LLM's llmapi
+contract (``sampling_param_*`` names, no batch dimension). The client finds out which one the server has on its
+first request and translates the same request fields.
+
 gRPC uses the bidirectional stream, which serves decoupled (streaming) and plain models alike. HTTP uses Triton's
 generate extension (``/generate``, and ``/generate_stream`` with server-sent events), which decoupled models need.
 """
@@ -21,6 +25,14 @@ from trtspec.errors import GenerationError, ServerError
 STAT_NAMES = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "num_input_tokens",
               "num_output_tokens")
 PROTOCOLS = ("grpc", "http")
+# ensemble field -> llmapi model input (trtspec.triton_repo.tensors.LLMAPI_INPUTS)
+LLMAPI_FIELDS = {"text_input": "text_input", "max_tokens": "sampling_param_max_tokens", "stream": "streaming",
+                 "temperature": "sampling_param_temperature", "top_k": "sampling_param_top_k",
+                 "top_p": "sampling_param_top_p", "seed": "sampling_param_seed",
+                 "exclude_input_in_output": "sampling_param_exclude_input_from_output",
+                 "stop_words": "sampling_param_stop", "return_perf_metrics": "sampling_param_return_perf_metrics"}
+LLMAPI_STATS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")
+LLMAPI_MODEL = "tensorrt_llm"
 
 
 @dataclass
@@ -43,10 +55,19 @@ class GenerateResult:
                 "ttft_s": self.ttft_s, "latency_s": round(self.latency_s, 4)}
 
 
-def _input_types() -> dict[str, str]:
-    from trtspec.triton_repo.tensors import ENSEMBLE_INPUTS
+def _input_types(contract: str = "ensemble") -> dict[str, str]:
+    from trtspec.triton_repo.tensors import ENSEMBLE_INPUTS, LLMAPI_INPUTS
 
-    return {t.name: t.dtype for t in ENSEMBLE_INPUTS}
+    return {t.name: t.dtype for t in (LLMAPI_INPUTS if contract == "llmapi" else ENSEMBLE_INPUTS)}
+
+
+def llmapi_inputs(values: dict[str, Any]) -> dict[str, Any]:
+    """Ensemble request fields as the llmapi model's inputs; a field it has no input for is an error."""
+    unsupported = sorted(set(values) - set(LLMAPI_FIELDS))
+    if unsupported:
+        raise GenerationError(f"request field {unsupported[0]!r} is not supported by the trtllm-llmapi model",
+                              hint=f"supported: {', '.join(sorted(LLMAPI_FIELDS))}")
+    return {LLMAPI_FIELDS[k]: v for k, v in values.items()}
 
 
 def request_inputs(prompt: str | bytes, max_tokens: int, stream: bool, options: dict[str, Any]) -> dict[str, Any]:
@@ -78,6 +99,7 @@ class TritonLLMClient:
         self.url = _split_url(url)
         self.protocol = protocol
         self.model = model
+        self.contract: str | None = None  # "ensemble" | "llmapi", found on the first request
         self.timeout_s = timeout_s
         self._grpc: Any = None
         self._responses: queue.Queue = queue.Queue()
@@ -109,6 +131,30 @@ class TritonLLMClient:
             raise ServerError(f"no ready model {self.model!r} at {self.protocol}://{self.url}",
                               hint="start the server with `trtspec serve`, and check host, port and --protocol")
 
+    def _model_inputs(self, model: str) -> set[str] | None:
+        """The input names of ``model`` on the server, or None when it has no such model."""
+        try:
+            if self.protocol == "http":
+                with urllib.request.urlopen(f"http://{self.url}/v2/models/{model}", timeout=10) as r:
+                    meta = json.loads(r.read().decode("utf-8"))
+            else:
+                meta = self._grpc_client().get_model_metadata(model, as_json=True)
+        except Exception:  # noqa: BLE001 - unknown model or unreachable server: the request reports it
+            return None
+        return {i["name"] for i in meta.get("inputs", [])}
+
+    def _resolve_contract(self) -> str:
+        if self.contract is None:
+            self.contract = "ensemble"
+            inputs = self._model_inputs(self.model)
+            if inputs is None and self.model == "ensemble":
+                alt = self._model_inputs(LLMAPI_MODEL)
+                if alt is not None and "sampling_param_max_tokens" in alt:
+                    self.model, self.contract = LLMAPI_MODEL, "llmapi"
+            elif inputs is not None and "sampling_param_max_tokens" in inputs:
+                self.contract = "llmapi"
+        return self.contract
+
     def close(self) -> None:
         if self._grpc is not None:
             try:
@@ -128,6 +174,8 @@ class TritonLLMClient:
                  on_text: Callable[[str], None] | None = None, **options: Any) -> GenerateResult:
         """One prompt; with ``stream`` the text arrives in several responses (``on_text`` sees each chunk)."""
         values = request_inputs(prompt, max_tokens, stream, options)
+        if self._resolve_contract() == "llmapi":
+            values = llmapi_inputs(values)
         t0 = time.perf_counter()
         result = GenerateResult(text="")
         chunks = self._grpc_chunks(values) if self.protocol == "grpc" else self._http_chunks(values, stream)
@@ -147,23 +195,27 @@ class TritonLLMClient:
         import tritonclient.grpc as grpcclient
 
         client = self._grpc_client()
-        types = _input_types()
+        llmapi = self.contract == "llmapi"
+        types = _input_types(self.contract or "ensemble")
         inputs = []
         for name, value in values.items():
             dtype = types[name]
             if dtype == "STRING":
                 items = value if isinstance(value, (list, tuple)) else [value]
-                arr = np.array([[v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in items]],
+                arr = np.array([v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in items],
                                dtype=np.object_)
                 dtype = "BYTES"
             else:
                 np_type = {"INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32, "BOOL": np.bool_}[dtype]
-                arr = np.array([[value]], dtype=np_type)
+                arr = np.array([value], dtype=np_type)
+            if not llmapi:
+                arr = arr[None]  # the ensemble batches: [1, ...]
             x = grpcclient.InferInput(name, list(arr.shape), dtype)
             x.set_data_from_numpy(arr)
             inputs.append(x)
         request_id = uuid.uuid4().hex
-        outputs = [grpcclient.InferRequestedOutput(n) for n in ("text_output", *STAT_NAMES)]
+        stat_names = LLMAPI_STATS if llmapi else STAT_NAMES
+        outputs = [grpcclient.InferRequestedOutput(n) for n in ("text_output", *stat_names)]
         client.async_stream_infer(self.model, inputs, outputs=outputs, request_id=request_id,
                                   enable_empty_final_response=True)
         deadline = time.monotonic() + self.timeout_s
@@ -182,7 +234,7 @@ class TritonLLMClient:
             if text_out is not None:
                 text = b"".join(bytes(t) for t in text_out.reshape(-1)).decode("utf-8", errors="replace")
                 stats = {}
-                for n in STAT_NAMES:
+                for n in stat_names:
                     v = result.as_numpy(n)
                     if v is not None:
                         stats[n] = float(v.reshape(-1)[0]) if n == "acceptance_rate" else int(v.reshape(-1)[0])

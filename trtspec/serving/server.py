@@ -165,7 +165,9 @@ def server_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
     # The stub's embedded interpreter finds its prefix (and so the venv's site-packages) from `python3` on PATH.
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     # The stub's embedded interpreter ignores PYTHONPATH; the repository's model.py files read this one.
-    env["TRTSPEC_PYTHONPATH"] = str(trtspec_import_root())
+    # TRTSPEC_EXTRA_PYTHONPATH: more import roots for the Python models (custom code, or a test's stand-in modules).
+    extra = [p for p in env.get("TRTSPEC_EXTRA_PYTHONPATH", "").split(os.pathsep) if p]
+    env["TRTSPEC_PYTHONPATH"] = os.pathsep.join([str(trtspec_import_root()), *extra])
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     # Draft and target run in separate stubs that take turns on the same cores: OpenMP threads that spin after a
     # parallel region steal the other model's CPU (measured: a 10-token speculative request 4.5x slower).

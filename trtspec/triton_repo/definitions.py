@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.build.plan import serving_model_dir
-from trtspec.errors import SpecError
 from trtspec.spec import BuildSpec, Runtime
 from trtspec.triton_repo import tensors as t
 from trtspec.triton_repo.pbtxt import add_inputs, add_outputs, new_config, set_dynamic_batching
@@ -36,6 +35,7 @@ class ModelDefinition:
     # Where an external path appears inside the serving container, when not at the same path (engines: /engines/..).
     container_paths: dict[Path, str] = field(default_factory=dict)
     server_env: dict[str, str] = field(default_factory=dict)  # environment the server needs for this model
+    texts: dict[str, str] = field(default_factory=dict)  # generated files: path in the model dir -> content
 
     def __post_init__(self) -> None:
         if self.config.name != self.name:
@@ -168,15 +168,29 @@ def trtllm_engine_models(spec: BuildSpec) -> list[ModelDefinition]:
     return out
 
 
-def _unsupported(spec: BuildSpec) -> list[ModelDefinition]:
-    raise SpecError(f"runtime {spec.runtime.value}: the engine models of this runtime are not available in this "
-                    "version of trtspec", hint="use runtime: torch")
+def llmapi_models(spec: BuildSpec) -> list[ModelDefinition]:
+    """Runtime trtllm-llmapi: one Python model, ``tensorrt_llm``, running TensorRT-LLM's LLM API with draft-target
+    speculative decoding configured in ``1/model.yaml`` (trtspec.engines.llmapi). The LLM API runs the draft-target
+    loop and in-flight batching itself, so there is no separate draft model, orchestrator or ensemble; the tensor
+    contract is that of TensorRT-LLM's own llmapi model (text in, text out)."""
+    from trtspec.engines.container import checkpoint_path_in_container
+    from trtspec.engines.llmapi import model_yaml, model_yaml_text
+
+    triton = model_yaml(spec)["triton_config"]
+    c = new_config(TARGET, backend="python", max_batch_size=triton["max_batch_size"],
+                   decoupled=triton["decoupled"], instances=1, parameters={"llm_config": "model.yaml"})
+    add_inputs(c, t.LLMAPI_INPUTS)
+    add_outputs(c, t.LLMAPI_OUTPUTS)
+    dirs = {role: serving_model_dir(spec, role) for role in ("target", "draft")}
+    return [ModelDefinition(TARGET, c, _python_files("tensorrt_llm_llmapi"), external_paths=list(dirs.values()),
+                            texts={"1/model.yaml": model_yaml_text(spec)},
+                            container_paths={d: checkpoint_path_in_container(r) for r, d in dirs.items()})]
 
 
 ENGINE_MODELS: dict[Runtime, Callable[[BuildSpec], list[ModelDefinition]]] = {
     Runtime.TORCH: torch_engine_models,
     Runtime.TRTLLM_ENGINE: trtllm_engine_models,
-    Runtime.TRTLLM_LLMAPI: _unsupported,
+    Runtime.TRTLLM_LLMAPI: llmapi_models,
 }
 
 
@@ -187,4 +201,6 @@ def engine_models(spec: BuildSpec) -> list[ModelDefinition]:
 
 def repository_models(spec: BuildSpec) -> list[ModelDefinition]:
     """Every model of the repository, in dependency order."""
+    if spec.runtime is Runtime.TRTLLM_LLMAPI:
+        return engine_models(spec)  # the LLM API model alone (see llmapi_models)
     return [preprocessing(spec), *engine_models(spec), orchestrator(spec), postprocessing(spec), ensemble(spec)]

@@ -126,3 +126,26 @@ BLS_OUTPUTS = [
     T("is_final", "BOOL", (-1,)),  # trtspec
     *STAT_OUTPUTS,
 ]
+
+# -- tensorrt_llm for runtime trtllm-llmapi (TensorRT-LLM's triton_backend/all_models/llmapi/tensorrt_llm) ----------
+# max_batch_size 0 there (the LLM API batches in flight itself), so these dims are the full shapes. The subset of the
+# upstream contract that trtspec's model.py implements; LoRA, multimodal and penalties are left out.
+LLMAPI_INPUTS = [
+    T("text_input", "STRING", (-1,)),
+    T("streaming", "BOOL", SCALAR, optional=True),
+    T("sampling_param_temperature", "FP32", SCALAR, optional=True),
+    T("sampling_param_top_k", "INT32", SCALAR, optional=True),
+    T("sampling_param_top_p", "FP32", SCALAR, optional=True),
+    T("sampling_param_max_tokens", "INT32", SCALAR, optional=True),
+    T("sampling_param_stop", "STRING", (-1,), optional=True),
+    T("sampling_param_seed", "UINT64", SCALAR, optional=True),
+    T("sampling_param_exclude_input_from_output", "BOOL", SCALAR, optional=True),
+    T("sampling_param_return_perf_metrics", "BOOL", SCALAR, optional=True),
+]
+LLMAPI_OUTPUTS = [
+    T("text_output", "STRING", (-1,)),
+    T("finish_reason", "STRING", (-1,)),
+    T("acceptance_rate", "FP32", SCALAR),
+    T("total_accepted_draft_tokens", "INT32", SCALAR),
+    T("total_draft_tokens", "INT32", SCALAR),
+]

@@ -14,7 +14,7 @@ from typing import Any
 from trtspec.build.artifacts import atomic_dir, hash_inputs, is_up_to_date, tool_versions, write_manifest
 from trtspec.errors import SpecError
 from trtspec.spec import BuildSpec
-from trtspec.triton_repo.definitions import MODELS_DIR, ModelDefinition, repository_models
+from trtspec.triton_repo.definitions import ENSEMBLE, MODELS_DIR, ModelDefinition, repository_models
 from trtspec.triton_repo.pbtxt import parse, serialize
 from trtspec.triton_repo.validate import validate_repo
 
@@ -64,6 +64,10 @@ def _write_model(out_dir: Path, m: ModelDefinition) -> None:
         dst = model_dir / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src, dst)
+    for rel, content in m.texts.items():
+        dst = model_dir / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.write_text(content, encoding="utf-8")
 
 
 def write_repo_into(spec: BuildSpec, out_dir: Path) -> dict:
@@ -77,7 +81,7 @@ def write_repo_into(spec: BuildSpec, out_dir: Path) -> dict:
     # Host directory -> its path inside a serving container (the same path unless a definition says otherwise).
     mounts = {str(p): m.container_paths.get(p, str(p)) for m in models for p in m.external_paths}
     server_env = {k: v for m in models for k, v in m.server_env.items()}
-    return {"models": [m.name for m in models], "external_paths": external, "entry_model": "ensemble",
+    return {"models": [m.name for m in models], "external_paths": external, "entry_model": ENSEMBLE if ENSEMBLE in {m.name for m in models} else models[0].name,
             "container_mounts": sorted(mounts.items()), "server_env": server_env}
 
 

@@ -1,0 +1,3 @@
+"""STAND-IN (tests only): ``tensorrt_llm.llmapi``; see the package docstring."""
+
+from tensorrt_llm import DraftTargetDecodingConfig, LLM, SamplingParams  # noqa: F401
