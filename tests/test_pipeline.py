@@ -217,3 +217,16 @@ def test_standalone_repo_and_serve_docker_run_the_version_guard(tmp_path, tiny_p
                        text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stderr
     assert f"-v {engine_dir(spec, 'target')}:/engines/target:ro" in r.stdout.replace("\n", "")
+
+
+def test_a_second_build_or_quantize_of_the_same_spec_is_refused_while_one_runs(tmp_path, tiny_pair):
+    from trtspec.build.artifacts import build_lock
+    from trtspec.build.quantize import quantize_models
+
+    spec = engine_spec(tmp_path, tiny_pair)
+    with build_lock(spec.build_dir):
+        with pytest.raises(SpecError, match="another trtspec build of this spec is running"):
+            run_pipeline(spec, only=["check"])
+        with pytest.raises(SpecError, match="another trtspec build of this spec is running"):
+            quantize_models(spec)
+    assert _statuses(run_pipeline(spec, only=["check"])) == {"check": "passed"}  # released

@@ -184,3 +184,28 @@ def tool_versions(*packages: str) -> dict[str, str | None]:
         except PackageNotFoundError:
             out[name] = None
     return out
+
+
+BUILD_LOCK = ".trtspec-build.lock"
+
+
+@contextlib.contextmanager
+def build_lock(build_dir: Path) -> Iterator[Path]:
+    """Hold the lock of one spec's build directory (`trtspec build` and `trtspec quantize` take it), or raise a
+    one-line SpecError at once when another run holds it. Yields the lock file's path."""
+    from filelock import FileLock, Timeout
+
+    from trtspec.errors import SpecError
+
+    lock_file = Path(build_dir) / BUILD_LOCK
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(lock_file))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise SpecError(f"another trtspec build of this spec is running (lock {lock_file})",
+                        hint="wait for it to finish; the lock is released when it exits") from None
+    try:
+        yield lock_file
+    finally:
+        lock.release()

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtspec.build.artifacts import atomic_dir, hash_inputs, is_up_to_date, tool_versions, write_manifest
+from trtspec.build.artifacts import atomic_dir, build_lock, hash_inputs, is_up_to_date, tool_versions, write_manifest
 from trtspec.build.plan import ROLES, checkpoint_dir, engine_dir
 from trtspec.errors import MissingDependencyError, SpecError
 from trtspec.spec import BuildSpec, Runtime
@@ -168,16 +168,10 @@ def clean_stale_outputs(outputs: Iterable[Path]) -> list[Path]:
     return removed
 
 
-def _lock_path(spec: BuildSpec) -> Path:
-    return spec.build_dir / ".trtspec-build.lock"
-
-
 def run_pipeline(spec: BuildSpec, *, only: Iterable[str] | None = None, force: bool = False,
                  bodies: StageBodies | None = None, progress: Any = None,
                  on_result: Callable[[StageResult], None] | None = None) -> BuildReport:
     """Run the stages (all, or those named in ``only``); skip up-to-date ones unless ``force``."""
-    from filelock import FileLock, Timeout
-
     stages = pipeline_stages(spec, bodies)
     wanted = set(only) if only is not None else None
     if wanted is not None:
@@ -187,15 +181,7 @@ def run_pipeline(spec: BuildSpec, *, only: Iterable[str] | None = None, force: b
                             hint=f"stages: {', '.join(s.name for s in stages)}")
         stages = [s for s in stages if s.name in wanted]
     report = BuildReport()
-    lock_file = _lock_path(spec)
-    lock_file.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(lock_file))
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        raise SpecError(f"another trtspec build of this spec is running (lock {lock_file})",
-                        hint="wait for it to finish; the lock is released when it exits") from None
-    try:
+    with build_lock(spec.build_dir):
         clean_stale_outputs(s.output for s in stages if s.output is not None)
         overall = progress.add_task("build", total=len(stages)) if progress is not None else None
         for stage in stages:
@@ -209,8 +195,6 @@ def run_pipeline(spec: BuildSpec, *, only: Iterable[str] | None = None, force: b
                 progress.advance(overall)
         if progress is not None:
             progress.update(overall, description="build: done")
-    finally:
-        lock.release()
     return report
 
 

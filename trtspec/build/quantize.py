@@ -121,28 +121,18 @@ def quantize_stage(spec: BuildSpec, role: str, progress: Progress | None = None,
 def quantize_models(spec: BuildSpec, roles: tuple[str, ...] = ROLES, progress: Progress | None = None,
                     force: bool = False) -> list[StageOutcome]:
     """``trtspec quantize``: each role's stage under the build lock; a failure leaves no new build directory behind."""
-    from filelock import FileLock, Timeout
-
-    from trtspec.errors import SpecError
+    from trtspec.build.artifacts import build_lock
 
     build = spec.build_dir
     existed = build.exists()
-    lock_file = build / ".trtspec-build.lock"  # the lock `trtspec build` takes (pipeline._lock_path)
-    build.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(lock_file))
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        raise SpecError(f"another trtspec build of this spec is running (lock {lock_file})",
-                        hint="wait for it to finish; the lock is released when it exits") from None
     ok = False
-    try:
-        outcomes = [quantize_stage(spec, role, progress, force) for role in roles]
-        ok = True
-        return outcomes
-    finally:
-        lock.release()
-        if not ok and not existed:
-            lock_file.unlink(missing_ok=True)
-            if build.is_dir() and not any(build.iterdir()):
-                build.rmdir()
+    with build_lock(build) as lock_file:  # the lock `trtspec build` takes
+        try:
+            outcomes = [quantize_stage(spec, role, progress, force) for role in roles]
+            ok = True
+            return outcomes
+        finally:
+            if not ok and not existed:
+                lock_file.unlink(missing_ok=True)
+                if build.is_dir() and not any(build.iterdir()):
+                    build.rmdir()
