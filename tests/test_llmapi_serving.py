@@ -106,6 +106,29 @@ def test_llmapi_model_answers_with_the_target_s_greedy_text(llmapi_served, hf_gr
             assert streamed.text == plain.text and len([c for c in streamed.chunks if c]) > 1
             drafted += int(plain.stats.get("total_draft_tokens", 0))
     assert drafted > 0  # the draft named in model.yaml's speculative_config proposed tokens
+    assert 0 < plain.stats["num_output_tokens"] <= MAX_TOKENS
+
+
+def test_generate_and_bench_commands_find_the_llmapi_model(llmapi_served, hf_greedy):
+    """`trtspec generate --url` and `trtspec bench` detect the llmapi contract (no ensemble on this server)."""
+    import json
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    r = subprocess.run([sys.executable, "-m", "trtspec", "generate", PROMPTS[0], "--url", llmapi_served.grpc_url,
+                        "--raw", "-n", str(MAX_TOKENS), "--json"], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["text"] == hf_greedy(PROMPTS[0])
+    r = subprocess.run([sys.executable, "-m", "trtspec", "generate", PROMPTS[0], "--url", llmapi_served.grpc_url,
+                        "--no-draft"], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 1 and "cannot skip the draft" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-m", "trtspec", "bench", "--url", llmapi_served.grpc_url, "-c", "1,2",
+                        "-n", "6", "--requests", "2", "--json"], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr
+    levels = json.loads(r.stdout)["levels"]
+    assert [lv["concurrency"] for lv in levels] == [1, 2]
+    assert all(lv["speculative"]["errors"] == 0 and lv["speculative"]["output_tokens"] > 0 for lv in levels)
 
 
 def test_llmapi_model_reports_bad_requests_and_keeps_serving(llmapi_served, hf_greedy):

@@ -128,7 +128,9 @@ def run_bench(url: str, prompts: list[str], levels: list[int], max_tokens: int, 
 
     with TritonLLMClient(url) as client:
         client.check_ready()
-        for k in (None, 0):  # warm both paths (first requests pay one-time costs)
+        # The LLM API model (runtime trtllm-llmapi) drafts for every request: no target-only baseline there.
+        baseline = baseline and client.contract != "llmapi"
+        for k in (None, 0) if baseline else (None,):  # warm both paths (first requests pay one-time costs)
             client.generate(prompts[0], min(max_tokens, 8), apply_chat_template=chat, num_draft_tokens=k)
     out: dict[str, Any] = {"url": url, "max_tokens": max_tokens, "prompts": len(prompts), "levels": []}
     for c in levels:

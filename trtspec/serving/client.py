@@ -30,8 +30,9 @@ LLMAPI_FIELDS = {"text_input": "text_input", "max_tokens": "sampling_param_max_t
                  "temperature": "sampling_param_temperature", "top_k": "sampling_param_top_k",
                  "top_p": "sampling_param_top_p", "seed": "sampling_param_seed",
                  "exclude_input_in_output": "sampling_param_exclude_input_from_output",
-                 "stop_words": "sampling_param_stop", "return_perf_metrics": "sampling_param_return_perf_metrics"}
-LLMAPI_STATS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")
+                 "stop_words": "sampling_param_stop", "return_perf_metrics": "sampling_param_return_perf_metrics",
+                 "apply_chat_template": "apply_chat_template"}
+LLMAPI_STATS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "num_output_tokens")
 LLMAPI_MODEL = "tensorrt_llm"
 
 
@@ -64,6 +65,9 @@ def _input_types(contract: str = "ensemble") -> dict[str, str]:
 def llmapi_inputs(values: dict[str, Any]) -> dict[str, Any]:
     """Ensemble request fields as the llmapi model's inputs; a field it has no input for is an error."""
     unsupported = sorted(set(values) - set(LLMAPI_FIELDS))
+    if unsupported == ["num_draft_tokens"] and values["num_draft_tokens"] == 0:
+        raise GenerationError("the trtllm-llmapi model cannot skip the draft per request (num_draft_tokens 0)",
+                              hint="the LLM API applies the deployment's speculative_config to every request")
     if unsupported:
         raise GenerationError(f"request field {unsupported[0]!r} is not supported by the trtllm-llmapi model",
                               hint=f"supported: {', '.join(sorted(LLMAPI_FIELDS))}")
@@ -118,6 +122,7 @@ class TritonLLMClient:
 
     def check_ready(self) -> None:
         """Raise ServerError unless the server and the model answer ready."""
+        self._resolve_contract()
         ok = False
         try:
             if self.protocol == "http":

@@ -129,7 +129,8 @@ BLS_OUTPUTS = [
 
 # -- tensorrt_llm for runtime trtllm-llmapi (TensorRT-LLM's triton_backend/all_models/llmapi/tensorrt_llm) ----------
 # max_batch_size 0 there (the LLM API batches in flight itself), so these dims are the full shapes. The subset of the
-# upstream contract that trtspec's model.py implements; LoRA, multimodal and penalties are left out.
+# upstream contract that trtspec's model.py implements (LoRA, multimodal and penalties are left out), plus two
+# trtspec additions marked below.
 LLMAPI_INPUTS = [
     T("text_input", "STRING", (-1,)),
     T("streaming", "BOOL", SCALAR, optional=True),
@@ -141,6 +142,7 @@ LLMAPI_INPUTS = [
     T("sampling_param_seed", "UINT64", SCALAR, optional=True),
     T("sampling_param_exclude_input_from_output", "BOOL", SCALAR, optional=True),
     T("sampling_param_return_perf_metrics", "BOOL", SCALAR, optional=True),
+    T("apply_chat_template", "BOOL", SCALAR, optional=True),  # trtspec: the target tokenizer's chat template
 ]
 LLMAPI_OUTPUTS = [
     T("text_output", "STRING", (-1,)),
@@ -148,4 +150,5 @@ LLMAPI_OUTPUTS = [
     T("acceptance_rate", "FP32", SCALAR),
     T("total_accepted_draft_tokens", "INT32", SCALAR),
     T("total_draft_tokens", "INT32", SCALAR),
+    T("num_output_tokens", "INT32", SCALAR),  # trtspec: tokens generated so far
 ]

@@ -104,16 +104,28 @@ class TritonPythonModel:
             sampling = self._sampling_cls(**kwargs)
         stream = bool(_scalar(request, "streaming", False))
         echo = not bool(_scalar(request, "sampling_param_exclude_input_from_output", True))
-        return texts[0], sampling, stream, echo
+        prompt = texts[0]
+        if bool(_scalar(request, "apply_chat_template", False)):
+            prompt = self._chat(prompt)
+        return prompt, sampling, stream, echo
+
+    def _chat(self, text):
+        """The target tokenizer's chat template around one user turn (the raw text when it has none)."""
+        # LLM.tokenizer is TensorRT-LLM's TransformersTokenizer, which wraps the HF tokenizer as .tokenizer
+        tok = getattr(self.llm.tokenizer, "tokenizer", self.llm.tokenizer)
+        if not getattr(tok, "chat_template", None):
+            return text
+        return tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
 
     @staticmethod
-    def _tensors(text, reason="", rate=0.0, accepted=0, drafted=0):
+    def _tensors(text, reason="", rate=0.0, accepted=0, drafted=0, generated=0):
         return pb_utils.InferenceResponse(output_tensors=[
             pb_utils.Tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_)),
             pb_utils.Tensor("finish_reason", np.array([reason.encode("utf-8")], dtype=np.object_)),
             pb_utils.Tensor("acceptance_rate", np.array([rate], dtype=np.float32)),
             pb_utils.Tensor("total_accepted_draft_tokens", np.array([accepted], dtype=np.int32)),
             pb_utils.Tensor("total_draft_tokens", np.array([drafted], dtype=np.int32)),
+            pb_utils.Tensor("num_output_tokens", np.array([generated], dtype=np.int32)),
         ])
 
     def _response(self, result, text):
@@ -122,7 +134,7 @@ class TritonPythonModel:
         reason = str(out.finish_reason) if getattr(out, "finish_reason", None) is not None else ""
         return self._tensors(text, reason, float(getattr(spec, "acceptance_rate", 0.0) or 0.0),
                              int(getattr(spec, "total_accepted_draft_tokens", 0) or 0),
-                             int(getattr(spec, "total_draft_tokens", 0) or 0))
+                             int(getattr(spec, "total_draft_tokens", 0) or 0), len(out.token_ids or []))
 
     @staticmethod
     def _error(exc):
