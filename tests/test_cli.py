@@ -110,3 +110,12 @@ def test_check_and_plan_on_embedded_example(example_paths):
     assert "token-to-id mapping" in r.stdout
     r = run("plan", "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["spec"]["runtime"] == "torch"
+
+
+def test_commands_without_spec_use_the_trtspec_yaml_in_the_working_directory(tmp_path, tiny_pair):
+    spec = _tiny_spec(tmp_path, *tiny_pair, runtime="trtllm-engine")
+    spec.rename(tmp_path / "trtspec.yaml")
+    r = subprocess.run([sys.executable, "-m", "trtspec", "plan", "--json"], capture_output=True, text=True,
+                       cwd=tmp_path, env={**os.environ, "PYTHONPATH": os.getcwd()}, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["spec"]["runtime"] == "trtllm-engine" and "using ./trtspec.yaml" in r.stderr

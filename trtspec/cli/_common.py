@@ -15,10 +15,17 @@ console = Console()
 err_console = Console(stderr=True)
 
 
+DEFAULT_SPEC = "trtspec.yaml"
+
+
 def resolve_spec(path: Path | None) -> BuildSpec:
-    """The spec at ``path``, or the embedded example (materialized on first use) when omitted."""
+    """The spec at ``path``; when omitted, ./trtspec.yaml if there is one (what `trtspec init` writes), else the
+    embedded example (materialized on first use)."""
     if path is not None:
         return load_spec(path)
+    if Path(DEFAULT_SPEC).is_file():
+        err_console.print(f"[dim]using ./{DEFAULT_SPEC}[/]")
+        return load_spec(Path(DEFAULT_SPEC))
     from trtspec.example import example_spec
 
     with err_console.status("preparing the embedded example (SmolLM2-135M-Instruct; first run converts it, ~30 s)"):
