@@ -2,11 +2,26 @@
 # build       run every stage of the mounted spec (engines into /engines, repository into /models), then exit
 # serve       build (up-to-date stages are skipped), then run tritonserver on the repository
 # serve-only  run tritonserver on an already built repository (Kubernetes pods, artifacts mounted read-only)
+# link        only link the artifacts to the container paths the repository's configs name
 # anything else is executed as given
 set -euo pipefail
 spec="${TRTSPEC_SPEC:-/spec/trtspec.yaml}"
 
+link_mounts() {
+  # The configs name artifacts at fixed container paths (e.g. runtime trtllm-llmapi's model.yaml reads
+  # /checkpoints/<role>); where the build wrote them elsewhere in this container, link them there.
+  python3 - "${TRTSPEC_SPEC__OUTPUT__REPO_DIR:-/models}/manifest.json" <<'PY'
+import json, os, sys
+if os.path.isfile(sys.argv[1]):
+    for host, inside in json.load(open(sys.argv[1])).get("container_mounts", []):
+        if host != inside and not os.path.lexists(inside):
+            os.makedirs(os.path.dirname(inside), exist_ok=True)
+            os.symlink(host, inside)
+PY
+}
+
 serve() {
+  link_mounts
   # One Triton process drives both engines (orchestrator mode, TRTLLM_ORCHESTRATOR=1 from the image).
   exec tritonserver --model-repository="${TRTSPEC_SPEC__OUTPUT__REPO_DIR:-/models}" \
     --http-port=8000 --grpc-port=8001 --metrics-port=8002 "$@"
@@ -16,5 +31,6 @@ case "${1:-serve}" in
   build) trtspec build "$spec" ;;
   serve) shift || true; trtspec build "$spec"; serve "$@" ;;
   serve-only) shift; serve "$@" ;;
+  link) link_mounts ;;
   *) exec "$@" ;;
 esac

@@ -101,3 +101,23 @@ def test_kubernetes_spec_is_a_valid_buildspec():
     data = yaml.safe_load(_k8s()["ConfigMap/trtspec-spec"]["data"]["trtspec.yaml"])
     spec = spec_from_dict(data, source="k8s configmap", environ={})
     assert ngc_image(spec.engine.trtllm_version) == BASE
+
+
+def test_entrypoint_links_artifacts_to_the_container_paths_the_configs_name(tmp_path):
+    """runtime trtllm-llmapi's model.yaml reads /checkpoints/<role>: the entrypoint links the built checkpoints there."""
+    import json
+    import subprocess
+
+    built, repo = tmp_path / "build" / "target" / "checkpoint", tmp_path / "models"
+    built.mkdir(parents=True)
+    repo.mkdir()
+    inside = tmp_path / "checkpoints" / "target"
+    (repo / "manifest.json").write_text(json.dumps({"container_mounts": [[str(built), str(inside)],
+                                                                         [str(repo), str(repo)]]}))
+    import os
+    import sys
+
+    env = {"PATH": f"{os.path.dirname(sys.executable)}:/usr/bin:/bin", "TRTSPEC_SPEC__OUTPUT__REPO_DIR": str(repo)}
+    r = subprocess.run(["bash", str(DOCKER / "entrypoint.sh"), "link"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert inside.is_symlink() and inside.resolve() == built.resolve()
