@@ -104,7 +104,7 @@ def test_kubernetes_spec_is_a_valid_buildspec():
 
 
 def test_entrypoint_links_artifacts_to_the_container_paths_the_configs_name(tmp_path):
-    """runtime trtllm-llmapi's model.yaml reads /checkpoints/<role>: the entrypoint links the built checkpoints there."""
+    """runtime trtllm-llmapi's model.yaml reads /checkpoints/<role>: the entrypoint links the checkpoints there."""
     import json
     import subprocess
 

@@ -53,7 +53,8 @@ def test_deleting_one_output_reruns_that_stage_and_the_ones_after(tmp_path, tiny
     run_pipeline(spec, bodies=bodies.bodies())
     shutil.rmtree(engine_dir(spec, "target"))
     report = run_pipeline(spec, bodies=bodies.bodies())
-    assert _statuses(report) == {"check": "passed", "quantize:target": "skipped", "quantize:draft": "skipped", "quality": "skipped",
+    assert _statuses(report) == {"check": "passed", "quantize:target": "skipped", "quantize:draft": "skipped",
+                                 "quality": "skipped",
                                  "compile:target": "built", "compile:draft": "skipped", "repo": "built"}
 
 
@@ -63,7 +64,8 @@ def test_changing_the_draft_length_rebuilds_only_the_target_engine_and_the_repo(
     run_pipeline(engine_spec(tmp_path, tiny_pair), bodies=bodies.bodies())
     spec = engine_spec(tmp_path, tiny_pair, speculative={"max_draft_len": 8})
     report = run_pipeline(spec, bodies=bodies.bodies())
-    assert _statuses(report) == {"check": "passed", "quantize:target": "skipped", "quantize:draft": "skipped", "quality": "skipped",
+    assert _statuses(report) == {"check": "passed", "quantize:target": "skipped", "quantize:draft": "skipped",
+                                 "quality": "skipped",
                                  "compile:target": "built", "compile:draft": "skipped", "repo": "built"}
     manifest = json.loads((engine_dir(spec, "target") / "manifest.json").read_text())
     assert manifest["engine"]["max_draft_len"] == 8
@@ -161,7 +163,8 @@ def test_torch_runtime_without_quantization_needs_only_the_repo_stage(tmp_path, 
                        draft={"quantization": "none", "dtype": "float32"})
     bodies = TinyStageBodies(trtllm_checkpoints)
     report = run_pipeline(spec, bodies=bodies.bodies())
-    assert _statuses(report) == {"check": "passed", "quantize:target": "not needed", "quantize:draft": "not needed", "quality": "not needed",
+    assert _statuses(report) == {"check": "passed", "quantize:target": "not needed", "quantize:draft": "not needed",
+                                 "quality": "not needed",
                                  "compile:target": "not needed", "compile:draft": "not needed", "repo": "built"}
     assert _statuses(run_pipeline(spec, bodies=bodies.bodies()))["repo"] == "skipped"
 

@@ -37,7 +37,8 @@ def _draft_fields(version: str) -> set[str]:
     major_minor = tuple(int(x) for x in version.split(".")[:2])
     if major_minor < (1, 0):
         raise RuntimeError(f"stand-in: the LLM API's PyTorch backend draft-target needs >= 1.0, not {version}")
-    return base | ({"speculative_model_dir", "speculative_model"} if major_minor >= (1, 2) else {"speculative_model_dir"})
+    names = {"speculative_model_dir", "speculative_model"} if major_minor >= (1, 2) else {"speculative_model_dir"}
+    return base | names
 
 
 class DraftTargetDecodingConfig:
