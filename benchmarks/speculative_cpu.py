@@ -1,8 +1,9 @@
 """Speculative decoding on a CPU, measured side by side in one run on the same prompts.
 
 For each pair: target-only tok/s (transformers' generate, and trtspec with no draft), transformers' assisted generation
-tok/s (constant K), trtspec speculative tok/s, measured acceptance a, draft cost ratio c (one draft step / one target
-step), verify cost ratio v (K + 1 tokens / one target step), the bound S = ((1 - a^(K+1)) / (1 - a)) / (K c + v), and
+tok/s (constant K), trtspec speculative tok/s, measured acceptance a (accepted / proposed), draft cost ratio c (one
+draft step / one target step), verify cost ratio v (one verification / one target step: the body over K + 1 tokens
+plus the head where the decoder applies it), the bound S = (tokens per target step) / (K c + v), and
 efficiency = measured speedup / S (speedup of trtspec speculative over trtspec target-only: the same code path that the
 bound models). Pairs: (i) draft == target (a = 1: isolates our overhead), (ii) the embedded example, (iii) tiny random
 models (a ~ 0: the overhead bound when no draft token is ever accepted).
@@ -54,11 +55,16 @@ class Row:
 
 
 @torch.inference_mode()
-def step_costs(target, draft, context: int, k: int, reps: int = 21) -> tuple[float, float]:
-    """(c, v): median draft step / target step, and median K+1-token verify / target step, after ``context`` cached
-    tokens; the three forward passes alternate so that background load hits them alike."""
+def step_costs(target, draft, context: int, k: int, tokens_per_step: float, reps: int = 21) -> tuple[float, float]:
+    """(c, v): median draft step / target step, and median verification / target step, after ``context`` cached
+    tokens; the forward passes alternate so that background load hits them alike. Verification is what the decoder
+    does: with a lazily applied head (trtspec.engines.torch_runtime.head) the body over K + 1 tokens plus the head at
+    ``tokens_per_step`` positions (one per emitted token); otherwise a full K + 1-token forward pass."""
+    from trtspec.engines.torch_runtime.head import lazy_head
 
-    def prepared(model, n_new):
+    head = lazy_head(target)
+
+    def prepared(model, n_new, body_only=False):
         vocab = model.config.vocab_size
         cache = GrowableCache()
         model(input_ids=torch.randint(0, vocab, (1, context)), cache=cache, use_cache=True, logits_to_keep=1)
@@ -66,21 +72,34 @@ def step_costs(target, draft, context: int, k: int, reps: int = 21) -> tuple[flo
 
         def once() -> float:
             t0 = time.perf_counter()
-            model(input_ids=new, cache=cache, use_cache=True, logits_to_keep=n_new)
+            if body_only:
+                model.model(input_ids=new, cache=cache, use_cache=True)
+            else:
+                model(input_ids=new, cache=cache, use_cache=True, logits_to_keep=n_new)
             cache.crop(-n_new)
             return time.perf_counter() - t0
 
         return once
 
-    fns = [prepared(target, 1), prepared(draft, 1), prepared(target, k + 1)]
-    times: list[list[float]] = [[], [], []]
+    hidden = torch.randn(1, target.config.hidden_size)
+
+    def head_once() -> float:
+        t0 = time.perf_counter()
+        head(hidden)
+        return time.perf_counter() - t0
+
+    fns = [prepared(target, 1), prepared(draft, 1)]
+    fns += [prepared(target, k + 1, body_only=True), head_once] if head is not None else [prepared(target, k + 1)]
+    times: list[list[float]] = [[] for _ in fns]
     for rep in range(reps + 1):
         for i, fn in enumerate(fns):
             t = fn()
             if rep:  # the first round warms up
                 times[i].append(t)
-    t1, d1, tv = (statistics.median(t) for t in times)
-    return d1 / t1, tv / t1
+    med = [statistics.median(t) for t in times]
+    t1, d1 = med[0], med[1]
+    verify = med[2] + tokens_per_step * med[3] if head is not None else med[2]
+    return d1 / t1, verify / t1
 
 
 def _hf_kwargs(max_tokens, eos, assistant=None, k=4) -> dict:
@@ -106,7 +125,7 @@ def run_methods(target, draft, dec: SpeculativeDecoder, prompts, max_tokens, eos
     seconds = dict.fromkeys(methods, 0.0)
     tokens = dict.fromkeys(methods, 0)
     outputs: dict[str, list] = {m: [] for m in methods}
-    proposed = accepted = 0
+    proposed = accepted = steps = emitted = 0
     for p in prompts:
         for name, fn in methods.items():
             t0 = time.perf_counter()
@@ -116,17 +135,21 @@ def run_methods(target, draft, dec: SpeculativeDecoder, prompts, max_tokens, eos
                 if name == "trtspec":
                     proposed += out.stats.draft_tokens
                     accepted += out.stats.accepted_tokens
+                    steps += out.stats.target_steps
+                    emitted += out.stats.output_tokens
                 out = out.token_ids
             tokens[name] += len(out)
             outputs[name].append(out)
     tps = {m: tokens[m] / seconds[m] for m in methods}
     identical = outputs["trtspec"] == outputs["target_only"] == outputs["hf_target"]
-    return {"tps": tps, "acceptance": accepted / proposed if proposed else 0.0, "identical": identical}
+    return {"tps": tps, "acceptance": accepted / proposed if proposed else 0.0, "identical": identical,
+            "tokens_per_step": emitted / steps if steps else 1.0}
 
 
-def bound(a: float, k: int, c: float, v: float) -> float:
-    tokens = float(k + 1) if a >= 1.0 else (1 - a ** (k + 1)) / (1 - a)
-    return tokens / (k * c + v)
+def bound(tokens_per_step: float, k: int, c: float, v: float) -> float:
+    """Leviathan et al.'s bound with the measured tokens per target step ((1 - a^(K+1)) / (1 - a) for a per-token
+    acceptance a): what one speculative step yields over what it costs, in target steps."""
+    return tokens_per_step / (k * c + v)
 
 
 def measure_pair(name, target, draft, prompts, eos, k, max_tokens) -> Row:
@@ -135,8 +158,8 @@ def measure_pair(name, target, draft, prompts, eos, k, max_tokens) -> Row:
     m = run_methods(target, draft, dec, prompts, max_tokens, eos, k)
     tps, a = m["tps"], m["acceptance"]
     context = int(statistics.mean(len(p) for p in prompts)) + max_tokens // 2
-    c, v = step_costs(target, draft, context, k)
-    s = bound(a, k, c, v)
+    c, v = step_costs(target, draft, context, k, m["tokens_per_step"])
+    s = bound(m["tokens_per_step"], k, c, v)
     speedup = tps["trtspec"] / tps["target_only"]
     return Row(name, k, tps["hf_target"], tps["hf_assisted"], tps["target_only"], tps["trtspec"], a, c, v, s,
                speedup, speedup / s, tps["trtspec"] / tps["hf_assisted"], m["identical"])

@@ -55,8 +55,11 @@ def _exact_joint(target, params: SamplingParams) -> dict[tuple[int, ...], float]
     return probs
 
 
-def _samples(target, draft, params: SamplingParams, k: int) -> list[tuple[int, ...]]:
+def _samples(target, draft, params: SamplingParams, k: int, lazy_head: bool = True) -> list[tuple[int, ...]]:
     dec = SpeculativeDecoder(target, draft, max_draft_len=k)
+    assert dec.head is not None  # a LlamaForCausalLM: verification applies the head position by position
+    if not lazy_head:
+        dec.head = None  # what other model classes get: full logits for the K + 1 positions
     out = []
     for chunk in range(SAMPLES // 500):
         p = SamplingParams(params.temperature, params.top_k, params.top_p, seed=chunk * 1000)
@@ -88,12 +91,13 @@ def _chi_square_p(samples, exact) -> float:
     return float(chisquare(obs, exp).pvalue)
 
 
-@pytest.mark.parametrize(("params", "k"), [(SamplingParams(temperature=1.0), 2),
-                                           (SamplingParams(temperature=0.8, top_k=4, top_p=0.9), 3)])
-def test_speculative_sampling_matches_target_distribution(pair, params, k):
+@pytest.mark.parametrize(("params", "k", "lazy_head"), [(SamplingParams(temperature=1.0), 2, True),
+                                                        (SamplingParams(temperature=0.8, top_k=4, top_p=0.9), 3, True),
+                                                        (SamplingParams(temperature=1.0), 2, False)])
+def test_speculative_sampling_matches_target_distribution(pair, params, k, lazy_head):
     target, draft = pair
     exact = _exact_joint(target, params)
-    samples = _samples(target, draft, params, k)
+    samples = _samples(target, draft, params, k, lazy_head)
     p_value = _chi_square_p(samples, exact)
     assert p_value > ALPHA, p_value
     # The draft really differs from the target, so a lossy rule would show.
@@ -102,7 +106,8 @@ def test_speculative_sampling_matches_target_distribution(pair, params, k):
     assert tv > 0.2, tv
 
 
-def test_the_chi_square_test_rejects_a_broken_acceptance_rule(pair, monkeypatch):
+@pytest.mark.parametrize("lazy_head", [True, False])
+def test_the_chi_square_test_rejects_a_broken_acceptance_rule(pair, monkeypatch, lazy_head):
     target, draft = pair
     params = SamplingParams(temperature=1.0)
 
@@ -111,8 +116,9 @@ def test_the_chi_square_test_rejects_a_broken_acceptance_rule(pair, monkeypatch)
 
         return len(draft_tokens), sample(target_probs[len(draft_tokens)], generator)
 
-    monkeypatch.setattr(decoder_mod, "accept_sampled", accept_everything)
-    p_value = _chi_square_p(_samples(target, draft, params, 2), _exact_joint(target, params))
+    monkeypatch.setattr(decoder_mod, "accept_sampled", accept_everything)  # the full-logits path
+    monkeypatch.setattr(decoder_mod, "accepts", lambda u, q, p: torch.ones_like(p, dtype=torch.bool))  # lazy path
+    p_value = _chi_square_p(_samples(target, draft, params, 2, lazy_head), _exact_joint(target, params))
     assert p_value < ALPHA, p_value
 
 

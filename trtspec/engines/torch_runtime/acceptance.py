@@ -23,6 +23,22 @@ def accept_greedy(draft_tokens: list[int], target_argmax: list[int]) -> tuple[in
     return n, target_argmax[n]
 
 
+def accepts(u: torch.Tensor, q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """Whether draft tokens with draft probability q and target probability p are accepted, for u ~ U(0, 1): u < p / q,
+    written u * q < p (no division, and q == 0, never proposed, cannot be accepted by accident)."""
+    return u * q < p
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """What to sample from after a rejection: norm(max(0, p - q)); p itself when p == q (rejection then has
+    probability 0 in theory)."""
+    r = (p - q).clamp_min(0)
+    total = r.sum()
+    if total <= 0:
+        return p / p.sum()
+    return r / total
+
+
 def accept_sampled(
     draft_tokens: list[int],
     draft_probs: torch.Tensor,
@@ -36,13 +52,8 @@ def accept_sampled(
         p = target_probs[:k].gather(-1, idx).squeeze(-1)
         q = draft_probs[:k].gather(-1, idx).squeeze(-1)
         u = torch.rand(k, generator=generator)
-        # u < p/q written as u * q < p: no division, and q == 0 (never proposed) cannot be accepted by accident.
-        accepted = (u * q < p).tolist()
+        accepted = accepts(u, q, p).tolist()
     for i in range(k):
         if not accepted[i]:
-            residual = (target_probs[i] - draft_probs[i]).clamp_min(0)
-            total = residual.sum()
-            if total <= 0:  # p == q exactly: rejection has probability 0 in theory; fall back to p
-                residual, total = target_probs[i], target_probs[i].sum()
-            return i, sample(residual / total, generator)
+            return i, sample(residual(target_probs[i], draft_probs[i]), generator)
     return k, sample(target_probs[k], generator)

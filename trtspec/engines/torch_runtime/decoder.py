@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from trtspec.engines.torch_runtime.acceptance import accept_greedy, accept_sampled
+from trtspec.engines.torch_runtime.acceptance import accept_greedy, accept_sampled, accepts, residual
+from trtspec.engines.torch_runtime.head import lazy_head
 from trtspec.engines.torch_runtime.sampling import SamplingParams, logits_to_probs, sample
 from trtspec.engines.torch_runtime.state import ModelState
 from trtspec.errors import GenerationError, IncompatibleModelsError
@@ -108,6 +109,7 @@ class SpeculativeDecoder:
         self.eos_ids = tuple(eos_ids)
         self.pad_id = pad_id
         self.context = min(_context(target), _context(draft) if draft is not None else 1 << 30)
+        self.head = lazy_head(target)
 
     # -- public API ---------------------------------------------------------------------------------------------
     def generate(self, prompts: Sequence[Sequence[int]], max_tokens: int, sampling: SamplingParams | None = None,
@@ -182,11 +184,15 @@ class SpeculativeDecoder:
             k_eff = max(0, min(k, remaining - 1, room - 1))
             drafts, draft_probs = self._propose(dft, active, k_eff, sampling) if k_eff else ([[] for _ in active], None)
             t0 = time.perf_counter()
-            logits = tgt.forward([r.seq[int(tgt.n_valid[i]):] + drafts[i] for i, r in enumerate(active)],
-                                 keep=k_eff + 1)
+            feeds = [r.seq[int(tgt.n_valid[i]):] + drafts[i] for i, r in enumerate(active)]
+            if self.head is not None:  # logits only where they can be used (trtspec.engines.torch_runtime.head)
+                hidden = tgt.forward(feeds, keep=k_eff + 1, hidden=True)
+                accepted = self._accept_lazy(active, drafts, draft_probs, hidden, sampling)
+            else:
+                logits = tgt.forward(feeds, keep=k_eff + 1)
+                accepted = self._accept(active, drafts, draft_probs, logits, sampling)
             t_target = time.perf_counter() - t0
             old_lens = [len(r.seq) for r in active]
-            accepted = self._accept(active, drafts, draft_probs, logits, sampling)
             finished = []
             for i, (r, (n, nxt)) in enumerate(zip(active, accepted)):
                 r.stats.target_steps += 1
@@ -265,3 +271,36 @@ class SpeculativeDecoder:
             else:
                 out.append((0, sample(probs[i][0], r.generator)))
         return out
+
+    def _accept_lazy(self, active, drafts, draft_probs, hidden, sampling) -> list[tuple[int, int]]:
+        """``_accept`` with the target's head applied position by position to the rows still undecided: the same
+        rules (acceptance.py) and, when sampling, the same random draws in the same order per row."""
+        k = len(drafts[0]) if active else 0  # every row proposes k_eff tokens
+        out: list[tuple[int, int] | None] = [None] * len(active)
+        u = None if sampling.greedy or not k else [torch.rand(k, generator=r.generator) for r in active]
+        undecided = list(range(len(active)))
+        for j in range(k + 1):
+            logits = self.head(hidden[undecided, j])  # [rows, V]
+            going_on = []
+            if sampling.greedy:
+                for i, t in zip(undecided, logits.argmax(-1).tolist()):
+                    if j < k and drafts[i][j] == t:
+                        going_on.append(i)
+                    else:
+                        out[i] = (j, t)
+            else:
+                p = logits_to_probs(logits, sampling)
+                for row, i in enumerate(undecided):
+                    gen = active[i].generator
+                    if j == k:  # every draft token accepted: the bonus token from p
+                        out[i] = (j, sample(p[row], gen))
+                        continue
+                    tok, q = drafts[i][j], draft_probs[i][j]
+                    if bool(accepts(u[i][j], q[tok], p[row, tok])):  # with probability min(1, p/q)
+                        going_on.append(i)
+                        continue
+                    out[i] = (j, sample(residual(p[row], q), gen))
+            undecided = going_on
+            if not undecided:
+                break
+        return out  # type: ignore[return-value]

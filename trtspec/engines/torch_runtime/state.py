@@ -28,8 +28,9 @@ class ModelState:
     def has_holes(self) -> bool:
         return bool((self.n_valid != self.valid.shape[1]).any())
 
-    def forward(self, rows: list[list[int]], keep: int) -> torch.Tensor:
-        """Feed each row its new tokens (any lengths, >= 1 for some row); return logits [B, keep, V] of the last ones."""
+    def forward(self, rows: list[list[int]], keep: int, hidden: bool = False) -> torch.Tensor:
+        """Feed each row its new tokens (any lengths, >= 1 for some row); return logits [B, keep, V] of the last ones
+        (``hidden``: the body's last hidden states [B, keep, H] instead, for a head applied on demand)."""
         b = len(rows)
         m = max(len(r) for r in rows)
         t = self.valid.shape[1]
@@ -49,11 +50,17 @@ class ModelState:
             # A hole attends to itself only, so no query row is fully masked (that would give NaN keys downstream).
             diag = torch.arange(m)
             mask[:, 0, diag, t + diag] = True
-        out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, cache=self.cache,
-                         use_cache=True, logits_to_keep=keep)
+        if hidden:
+            out = self.model.model(input_ids=ids, position_ids=positions, attention_mask=mask, cache=self.cache,
+                                   use_cache=True)
+            result = out.last_hidden_state[:, -keep:]
+        else:
+            out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, cache=self.cache,
+                             use_cache=True, logits_to_keep=keep)
+            result = out.logits
         self.valid = torch.cat([self.valid, new_valid], dim=1)
         self.n_valid = self.n_valid + new_valid.sum(1)
-        return out.logits
+        return result
 
     def truncate(self, lengths: torch.Tensor) -> None:
         """Keep only the first ``lengths[b]`` real tokens of each row; crop the common tail; compact when mostly holes."""
