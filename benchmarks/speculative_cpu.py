@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trtspec.engines.torch_runtime.cache import GrowableCache  # noqa: E402
+from trtspec.engines.torch_runtime.costs import speedup_bound, step_cost_ratios  # noqa: E402
 from trtspec.engines.torch_runtime.decoder import SpeculativeDecoder  # noqa: E402
 
 QUESTIONS = [
@@ -52,54 +52,6 @@ class Row:
     efficiency: float
     vs_assisted: float
     identical_greedy: bool
-
-
-@torch.inference_mode()
-def step_costs(target, draft, context: int, k: int, tokens_per_step: float, reps: int = 21) -> tuple[float, float]:
-    """(c, v): median draft step / target step, and median verification / target step, after ``context`` cached
-    tokens; the forward passes alternate so that background load hits them alike. Verification is what the decoder
-    does: with a lazily applied head (trtspec.engines.torch_runtime.head) the body over K + 1 tokens plus the head at
-    ``tokens_per_step`` positions (one per emitted token); otherwise a full K + 1-token forward pass."""
-    from trtspec.engines.torch_runtime.head import lazy_head
-
-    head = lazy_head(target)
-
-    def prepared(model, n_new, body_only=False):
-        vocab = model.config.vocab_size
-        cache = GrowableCache()
-        model(input_ids=torch.randint(0, vocab, (1, context)), cache=cache, use_cache=True, logits_to_keep=1)
-        new = torch.randint(0, vocab, (1, n_new))
-
-        def once() -> float:
-            t0 = time.perf_counter()
-            if body_only:
-                model.model(input_ids=new, cache=cache, use_cache=True)
-            else:
-                model(input_ids=new, cache=cache, use_cache=True, logits_to_keep=n_new)
-            cache.crop(-n_new)
-            return time.perf_counter() - t0
-
-        return once
-
-    hidden = torch.randn(1, target.config.hidden_size)
-
-    def head_once() -> float:
-        t0 = time.perf_counter()
-        head(hidden)
-        return time.perf_counter() - t0
-
-    fns = [prepared(target, 1), prepared(draft, 1)]
-    fns += [prepared(target, k + 1, body_only=True), head_once] if head is not None else [prepared(target, k + 1)]
-    times: list[list[float]] = [[] for _ in fns]
-    for rep in range(reps + 1):
-        for i, fn in enumerate(fns):
-            t = fn()
-            if rep:  # the first round warms up
-                times[i].append(t)
-    med = [statistics.median(t) for t in times]
-    t1, d1 = med[0], med[1]
-    verify = med[2] + tokens_per_step * med[3] if head is not None else med[2]
-    return d1 / t1, verify / t1
 
 
 def _hf_kwargs(max_tokens, eos, assistant=None, k=4) -> dict:
@@ -146,20 +98,14 @@ def run_methods(target, draft, dec: SpeculativeDecoder, prompts, max_tokens, eos
             "tokens_per_step": emitted / steps if steps else 1.0}
 
 
-def bound(tokens_per_step: float, k: int, c: float, v: float) -> float:
-    """Leviathan et al.'s bound with the measured tokens per target step ((1 - a^(K+1)) / (1 - a) for a per-token
-    acceptance a): what one speculative step yields over what it costs, in target steps."""
-    return tokens_per_step / (k * c + v)
-
-
 def measure_pair(name, target, draft, prompts, eos, k, max_tokens) -> Row:
     dec = SpeculativeDecoder(target, draft, max_draft_len=k, eos_ids=eos)
     run_methods(target, draft, dec, prompts[:1], 8, eos, k)  # warm-up: first calls allocate
     m = run_methods(target, draft, dec, prompts, max_tokens, eos, k)
     tps, a = m["tps"], m["acceptance"]
     context = int(statistics.mean(len(p) for p in prompts)) + max_tokens // 2
-    c, v = step_costs(target, draft, context, k, m["tokens_per_step"])
-    s = bound(m["tokens_per_step"], k, c, v)
+    c, v = step_cost_ratios(target, draft, context, k, m["tokens_per_step"])
+    s = speedup_bound(m["tokens_per_step"], k, c, v)
     speedup = tps["trtspec"] / tps["target_only"]
     return Row(name, k, tps["hf_target"], tps["hf_assisted"], tps["target_only"], tps["trtspec"], a, c, v, s,
                speedup, speedup / s, tps["trtspec"] / tps["hf_assisted"], m["identical"])

@@ -29,7 +29,7 @@ class DraftReport:
     a: float  # per-token acceptance (geometric fit of accepted tokens per step)
     tokens_per_step: float
     c: float  # one draft step / one target step (single token, same context)
-    v: float  # verifying K + 1 tokens / one target step
+    v: float  # one verification as the decoder does it (K + 1 tokens, head where used) / one target step
     bound_s: float  # ((1 - a^(K+1)) / (1 - a)) / (K c + v)
     head_coverage: float  # fraction of the held-out answers' tokens that the draft's head can propose
     identical_greedy: bool  # speculative output == target-only output on every held-out prompt
@@ -37,12 +37,6 @@ class DraftReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(self).items()}
-
-
-def speedup_bound(a: float, k: int, c: float, v: float) -> float:
-    """Leviathan et al.'s bound: expected tokens per target step over the cost of one speculative step."""
-    tokens = float(k + 1) if a >= 1.0 else (1 - a ** (k + 1)) / (1 - a)
-    return tokens / (k * c + v)
 
 
 def per_token_acceptance(mean_accepted: float, k: int) -> float:
@@ -59,47 +53,12 @@ def per_token_acceptance(mean_accepted: float, k: int) -> float:
     return (lo + hi) / 2
 
 
-def _interleaved_ratio(model: Any, target: Any, context: int, n_new: int, reps: int,
-                       baseline_new: int = 1) -> float:
-    """Median over reps of (model step with n_new tokens) / (target step with baseline_new tokens), timed in
-    alternation so that load from other processes hits both alike."""
-    from trtspec.engines.torch_runtime.cache import GrowableCache
-
-    vocab = target.config.vocab_size
-    gen = torch.Generator().manual_seed(0)
-    ctx = torch.randint(0, vocab, (1, context), generator=gen)
-    caches = []
-    for m in (model, target):
-        cache = GrowableCache()
-        m(input_ids=ctx, cache=cache, use_cache=True, logits_to_keep=1)
-        caches.append(cache)
-
-    def step(m: Any, cache: Any, n: int) -> float:
-        new = torch.randint(0, vocab, (1, n), generator=gen)
-        t0 = time.perf_counter()
-        m(input_ids=new, cache=cache, use_cache=True, logits_to_keep=n)
-        dt = time.perf_counter() - t0
-        cache.crop(-n)
-        return dt
-
-    step(model, caches[0], n_new), step(target, caches[1], baseline_new)  # warm-up
-    ratios = [step(model, caches[0], n_new) / step(target, caches[1], baseline_new) for _ in range(reps)]
-    return statistics.median(ratios)
-
-
-@torch.inference_mode()
-def cost_ratios(target: Any, draft: Any, context: int, k: int, reps: int = 15) -> tuple[float, float]:
-    """(c, v): one draft step and one K+1-token verification, each relative to one target step, at ``context``."""
-    c = _interleaved_ratio(draft, target, context, 1, reps)
-    v = _interleaved_ratio(target, target, context, k + 1, reps)
-    return c, v
-
-
 def measure(target: Any, draft: Any, prompts: Sequence[Sequence[int]], *, k: int, max_tokens: int,
             eos_ids: Sequence[int], pad_id: int = 0, head_tokens: torch.Tensor | None = None,
             costs: bool = True) -> DraftReport:
     """Held-out greedy acceptance and speed with trtspec's SpeculativeDecoder (one prompt at a time, as a chat user
     sees it) against target-only decoding of the same prompts, plus c, v and the bound (``costs=False``: NaN)."""
+    from trtspec.engines.torch_runtime.costs import speedup_bound, step_cost_ratios
     from trtspec.engines.torch_runtime.decoder import SpeculativeDecoder
 
     dec = SpeculativeDecoder(target, draft, max_draft_len=k, eos_ids=eos_ids, pad_id=pad_id)
@@ -124,7 +83,7 @@ def measure(target: Any, draft: Any, prompts: Sequence[Sequence[int]], *, k: int
         toks = torch.tensor([t for o in base for t in o], dtype=torch.long)
         coverage = float(torch.isin(toks, head_tokens).float().mean()) if len(toks) else 1.0
     context = int(statistics.mean(len(p) for p in prompts)) + max_tokens // 2
-    c, v = cost_ratios(target, draft, context, k) if costs else (float("nan"), float("nan"))
     tokens = float(k + 1) if a >= 1.0 else (1 - a ** (k + 1)) / (1 - a)
-    return DraftReport(k, len(prompts), rate, a, tokens, c, v, speedup_bound(a, k, c, v), coverage,
+    c, v = step_cost_ratios(target, draft, context, k, tokens, reps=15) if costs else (float("nan"), float("nan"))
+    return DraftReport(k, len(prompts), rate, a, tokens, c, v, speedup_bound(tokens, k, c, v), coverage,
                        outputs == base, base_s / spec_s if spec_s else 0.0)

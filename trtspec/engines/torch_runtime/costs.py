@@ -1,0 +1,71 @@
+"""What a speculative step costs relative to one target step, measured on the models themselves (CPU or GPU).
+
+c: one draft step (one token after ``context`` cached ones) / one target step. v: one verification / one target
+step, where a verification is what SpeculativeDecoder does: with a lazily applied head
+(trtspec.engines.torch_runtime.head) the target's body over K + 1 tokens plus its head at ``tokens_per_step``
+positions (one per emitted token); otherwise a full K + 1-token forward pass. With them, Leviathan et al.'s bound on
+the speedup is S = tokens_per_step / (K c + v). Used by `trtspec distill`'s report and benchmarks/speculative_cpu.py.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from trtspec.engines.torch_runtime.cache import GrowableCache
+from trtspec.engines.torch_runtime.head import lazy_head
+
+
+@torch.inference_mode()
+def step_cost_ratios(target: Any, draft: Any, context: int, k: int, tokens_per_step: float,
+                     reps: int = 21) -> tuple[float, float]:
+    """(c, v): median draft step / target step, and median verification / target step, after ``context`` cached
+    tokens; the forward passes alternate so that background load hits them alike. Verification is what the decoder
+    does: with a lazily applied head (trtspec.engines.torch_runtime.head) the body over K + 1 tokens plus the head at
+    ``tokens_per_step`` positions (one per emitted token); otherwise a full K + 1-token forward pass."""
+    head = lazy_head(target)
+
+    def prepared(model, n_new, body_only=False):
+        vocab = model.config.vocab_size
+        cache = GrowableCache()
+        model(input_ids=torch.randint(0, vocab, (1, context)), cache=cache, use_cache=True, logits_to_keep=1)
+        new = torch.randint(0, vocab, (1, n_new))
+
+        def once() -> float:
+            t0 = time.perf_counter()
+            if body_only:
+                model.model(input_ids=new, cache=cache, use_cache=True)
+            else:
+                model(input_ids=new, cache=cache, use_cache=True, logits_to_keep=n_new)
+            cache.crop(-n_new)
+            return time.perf_counter() - t0
+
+        return once
+
+    hidden = torch.randn(1, target.config.hidden_size, dtype=next(target.parameters()).dtype)
+
+    def head_once() -> float:
+        t0 = time.perf_counter()
+        head(hidden)
+        return time.perf_counter() - t0
+
+    fns = [prepared(target, 1), prepared(draft, 1)]
+    fns += [prepared(target, k + 1, body_only=True), head_once] if head is not None else [prepared(target, k + 1)]
+    times: list[list[float]] = [[] for _ in fns]
+    for rep in range(reps + 1):
+        for i, fn in enumerate(fns):
+            t = fn()
+            if rep:  # the first round warms up
+                times[i].append(t)
+    med = [statistics.median(t) for t in times]
+    t1, d1 = med[0], med[1]
+    verify = med[2] + tokens_per_step * med[3] if head is not None else med[2]
+    return d1 / t1, verify / t1
+
+
+def speedup_bound(tokens_per_step: float, k: int, c: float, v: float) -> float:
+    """Expected tokens per target step over the cost of one speculative step, in target steps."""
+    return tokens_per_step / (k * c + v)
