@@ -188,3 +188,30 @@ def test_cli_bad_input_does_not_import_torch(tmp_path):
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "missing"), str(tmp_path / "out")],
                        capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr
+
+
+def test_sampled_answers_add_contexts_but_keep_the_target_s_own_labels(tiny_pair, tmp_path):
+    """--answers-per-prompt 2: each prompt is answered greedily, then sampled; at every position of either answer the
+    label is the target's own distribution at that context (its top-1 is the target's greedy choice there)."""
+    import torch
+
+    from trtspec.engines.distill.data import encode_prompt, generate_teacher_data
+    from trtspec.engines.torch_runtime.loading import load_model, load_tokenizer
+
+    target, tok = load_model(tiny_pair[0]), load_tokenizer(tiny_pair[0])
+    prompts = ["the quick fox", "a small draft", "Paris France", "code return add"]
+    samples, _ = generate_teacher_data(target, tok, prompts, tmp_path / "t", max_new_tokens=16, tokens=10_000,
+                                       batch_size=3, top_k=8, eos_ids=[], answers_per_prompt=2,
+                                       sample_temperature=1.5)
+    assert len(samples) == 8
+    greedy, sampled = samples[:4], samples[4:]
+    for g, s, p in zip(greedy, sampled, prompts):
+        assert g.ids[:g.start].tolist() == s.ids[:s.start].tolist() == encode_prompt(tok, p)
+        assert g.answer.tolist() == g.topk_ids[:, 0].tolist()  # greedy: each token is the label's top-1
+    assert any(s.answer.tolist() != s.topk_ids[:, 0].tolist() for s in sampled)  # sampled: not always the top-1
+    with torch.no_grad():  # labels of a sampled answer are the target's log-probs at that context
+        s = next(s for s in sampled if s.answer.tolist() != s.topk_ids[:, 0].tolist())
+        logp = torch.log_softmax(target(s.ids[None]).logits[0].float(), -1)[s.start - 1:s.start - 1 + len(s.answer)]
+        top = logp.topk(8, dim=-1)
+        assert top.indices.tolist() == s.topk_ids.tolist()
+        assert torch.allclose(top.values, s.topk_logp.float(), atol=1e-2)
