@@ -206,3 +206,23 @@ def test_trtllm_tensor_contract_parse_and_format():
     assert out["output_ids"].tolist() == [[[1, 2, 3, 9, 8]]] and out["sequence_length"].tolist() == [[5]]
     with pytest.raises(GenerationError, match="beam_width"):
         parse_request({**inputs, "beam_width": np.array([2, 2], dtype=np.int32)})
+
+
+def test_a_distilled_draft_serves_packed_batches_like_a_llama(tiny_pair, target):
+    """The in-flight engine asks for logits at packed indices (a tensor logits_to_keep): the trtspec_draft model must
+    give what it gives one sequence at a time (it once sliced with the tensor as a count: wrong rows, or an error)."""
+    from trtspec.engines.distill.data import select_head_tokens
+    from trtspec.engines.distill.model import draft_from_target
+
+    import copy
+
+    draft = draft_from_target(target, [0, 1], select_head_tokens(torch.ones(512, dtype=torch.long), 256)).eval()
+    expected = [reference(draft, p, 6) for p in PROMPTS[:4]]  # before the engine takes the model over
+    eng = InflightEngine(copy.deepcopy(draft), max_batch_size=8, slots=12, capacity=256).start()
+    try:
+        dones = [submit(eng, tokens=p, max_new=6) for p in PROMPTS[:4]]  # together: one packed pass per step
+        for ref, (done, chunks, errors) in zip(expected, dones):
+            assert done.wait(60) and not errors, errors
+            assert [t for c, _ in chunks for t in c] == ref
+    finally:
+        eng.stop()

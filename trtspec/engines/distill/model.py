@@ -93,13 +93,15 @@ class DraftForCausalLM(LlamaPreTrainedModel, GenerationMixin):
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.LongTensor | None = None, cache: Any = None,
                 inputs_embeds: torch.Tensor | None = None, use_cache: bool | None = None,
-                logits_to_keep: int = 0, **kwargs: Any) -> CausalLMOutputWithPast:
-        """Like LlamaForCausalLM.forward (no loss); ``.logits`` cover the full vocabulary."""
+                logits_to_keep: int | torch.Tensor = 0, **kwargs: Any) -> CausalLMOutputWithPast:
+        """Like LlamaForCausalLM.forward (no loss); ``.logits`` cover the full vocabulary. ``logits_to_keep`` as
+        there: an int keeps the last that many positions (0: all), a tensor names the positions (the in-flight
+        engine's packed batches)."""
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                              cache=cache, inputs_embeds=inputs_embeds, use_cache=use_cache, **kwargs)
         hidden = outputs.last_hidden_state
-        if logits_to_keep:
-            hidden = hidden[:, -logits_to_keep:, :]
+        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        hidden = hidden[:, keep, :]
         logits = self.full_logits(self.subset_logits(hidden))
         return CausalLMOutputWithPast(logits=logits, cache=outputs.cache)
 
