@@ -40,7 +40,8 @@ def engine_spec(tmp_path: Path, tiny_pair, **overrides) -> BuildSpec:
 
 
 class TinyStageBodies:
-    """Quantize = copy a prebuilt ModelOpt checkpoint; repo = the engine-backed configs. Counts calls."""
+    """Quantize = copy a prebuilt ModelOpt checkpoint; repo = the engine-backed configs (its inputs, and so the
+    version guard, are the real writer's). Counts calls."""
 
     def __init__(self, checkpoints: dict[str, Path]):
         self.checkpoints = checkpoints
@@ -56,12 +57,6 @@ class TinyStageBodies:
         for f in self.checkpoints[role].iterdir():
             shutil.copy2(f, out_dir / f.name)
         return {"format": "tensorrt_llm checkpoint (test body)"}
-
-    def repo_inputs(self, spec):
-        from trtspec.build.plan import serving_model_dir
-
-        return ({r: serving_model_dir(spec, r) for r in ("target", "draft")},
-                {"stage": "repo", "runtime": spec.runtime.value})
 
     def write_repo_into(self, spec, out_dir):
         from trtspec.spec import Runtime
@@ -81,4 +76,4 @@ class TinyStageBodies:
         from trtspec.build.pipeline import StageBodies
 
         return StageBodies(quantize_inputs=self.quantize_inputs, quantize_into=self.quantize_into,
-                           repo_inputs=self.repo_inputs, write_repo_into=self.write_repo_into)
+                           write_repo_into=self.write_repo_into)

@@ -111,13 +111,8 @@ def test_the_chi_square_test_rejects_a_broken_acceptance_rule(pair, monkeypatch,
     target, draft = pair
     params = SamplingParams(temperature=1.0)
 
-    def accept_everything(draft_tokens, draft_probs, target_probs, generator):
-        from trtspec.engines.torch_runtime.sampling import sample
-
-        return len(draft_tokens), sample(target_probs[len(draft_tokens)], generator)
-
-    monkeypatch.setattr(decoder_mod, "accept_sampled", accept_everything)  # the full-logits path
-    monkeypatch.setattr(decoder_mod, "accepts", lambda u, q, p: torch.ones_like(p, dtype=torch.bool))  # lazy path
+    # accept every draft token: the rule both paths (lazy head or full logits) apply
+    monkeypatch.setattr(decoder_mod, "accepts", lambda u, q, p: torch.ones_like(p, dtype=torch.bool))
     p_value = _chi_square_p(_samples(target, draft, params, 2, lazy_head), _exact_joint(target, params))
     assert p_value < ALPHA, p_value
 

@@ -127,12 +127,7 @@ def pipeline_stages(spec: BuildSpec, bodies: StageBodies | None = None) -> list[
                                         not_needed=f"{spec.runtime.value} loads the checkpoint at serve time"))
 
     def repo_inputs() -> tuple[dict[str, Path | None], dict]:
-        # The version guard runs before the up-to-date test, so that switching the serving image to another
-        # TensorRT-LLM release is refused even when nothing else changed (the writer's repo_inputs runs it too).
-        from trtspec.engines.engine_dir import version_guard_settings
-
-        paths, settings = b.get("repo_inputs")(spec)
-        return paths, {**settings, **version_guard_settings(spec)}
+        return b.get("repo_inputs")(spec)  # runs the engines' version guard (trtspec.triton_repo.writer)
 
     def repo_body(out: Path, progress: Any) -> dict:
         return b.get("write_repo_into")(spec, out) or {}

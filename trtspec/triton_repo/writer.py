@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trtspec.build.artifacts import atomic_dir, hash_inputs, is_up_to_date, tool_versions, write_manifest
+from trtspec.build.artifacts import MANIFEST, atomic_dir, hash_inputs, is_up_to_date, tool_versions, write_manifest
 from trtspec.errors import SpecError
 from trtspec.spec import BuildSpec
 from trtspec.triton_repo.definitions import ENSEMBLE, MODELS_DIR, ModelDefinition, repository_models
@@ -22,8 +22,9 @@ from trtspec.triton_repo.validate import validate_repo
 def repo_inputs(spec: BuildSpec) -> tuple[dict[str, Path | None], dict]:
     """What the repository depends on: the model sources shipped with trtspec, and the spec's serving settings.
 
-    Model weights are referenced by path, not copied, so their content does not enter the hash; their paths do.
-    For engines, the version guard runs here, before any up-to-date test: engines built by another TensorRT-LLM
+    Model weights are referenced by path, not copied, so their content does not enter the hash; their paths do, and
+    so do the manifests of the directories trtspec built for them (engines, quantized checkpoints): a repository
+    is rewritten after what it serves was rebuilt. For engines, the version guard runs here, before any up-to-date test: engines built by another TensorRT-LLM
     release than the serving image's are refused even when nothing else changed (the image is an input too).
     """
     from trtspec import __version__
@@ -41,7 +42,11 @@ def repo_inputs(spec: BuildSpec) -> tuple[dict[str, Path | None], dict]:
     from trtspec.engines.engine_dir import version_guard_settings
 
     settings.update(version_guard_settings(spec))
-    return {"model_sources": MODELS_DIR}, settings
+    paths: dict[str, Path | None] = {"model_sources": MODELS_DIR}
+    for role in ("target", "draft"):
+        manifest = serving_model_dir(spec, role) / MANIFEST
+        paths[f"{role}_manifest"] = manifest if manifest.is_file() else None
+    return paths, settings
 
 
 def _check_sources(spec: BuildSpec, models: list[ModelDefinition]) -> None:

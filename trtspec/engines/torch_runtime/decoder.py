@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from trtspec.engines.torch_runtime.acceptance import accept_greedy, accept_sampled, accepts, residual
+from trtspec.engines.torch_runtime.acceptance import accepts, residual
 from trtspec.engines.torch_runtime.head import lazy_head
 from trtspec.engines.torch_runtime.sampling import SamplingParams, logits_to_probs, sample
 from trtspec.engines.torch_runtime.state import ModelState
@@ -90,6 +90,10 @@ def _vocab(model: Any) -> int:
 
 def _context(model: Any) -> int:
     return int(getattr(model.config, "max_position_embeddings", 1 << 30))
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
 
 
 class SpeculativeDecoder:
@@ -186,11 +190,10 @@ class SpeculativeDecoder:
             t0 = time.perf_counter()
             feeds = [r.seq[int(tgt.n_valid[i]):] + drafts[i] for i, r in enumerate(active)]
             if self.head is not None:  # logits only where they can be used (trtspec.engines.torch_runtime.head)
-                hidden = tgt.forward(feeds, keep=k_eff + 1, hidden=True)
-                accepted = self._accept_lazy(active, drafts, draft_probs, hidden, sampling)
-            else:
-                logits = tgt.forward(feeds, keep=k_eff + 1)
-                accepted = self._accept(active, drafts, draft_probs, logits, sampling)
+                states, head = tgt.forward(feeds, keep=k_eff + 1, hidden=True), self.head
+            else:  # full logits for the K + 1 positions; "applying the head" is then the identity
+                states, head = tgt.forward(feeds, keep=k_eff + 1), _identity
+            accepted = self._accept(active, drafts, draft_probs, states, head, sampling)
             t_target = time.perf_counter() - t0
             old_lens = [len(r.seq) for r in active]
             finished = []
@@ -259,28 +262,18 @@ class SpeculativeDecoder:
             r.stats.draft_s += dt
         return drafts, (None if sampling.greedy else [torch.stack(p) for p in probs])
 
-    def _accept(self, active, drafts, draft_probs, logits, sampling) -> list[tuple[int, int]]:
-        if sampling.greedy:
-            argmax = logits.argmax(-1).tolist()
-            return [accept_greedy(drafts[i], argmax[i]) for i in range(len(active))]
-        out = []
-        probs = logits_to_probs(logits, sampling)
-        for i, r in enumerate(active):
-            if drafts[i]:
-                out.append(accept_sampled(drafts[i], draft_probs[i], probs[i], r.generator))
-            else:
-                out.append((0, sample(probs[i][0], r.generator)))
-        return out
-
-    def _accept_lazy(self, active, drafts, draft_probs, hidden, sampling) -> list[tuple[int, int]]:
-        """``_accept`` with the target's head applied position by position to the rows still undecided: the same
-        rules (acceptance.py) and, when sampling, the same random draws in the same order per row."""
+    def _accept(self, active, drafts, draft_probs, states, head, sampling) -> list[tuple[int, int]]:
+        """(accepted count, next token) per row. ``head`` turns ``states[rows, j]`` into logits; it runs position
+        by position on the rows still undecided, so with hidden states and the target's lm_head the logits are
+        computed only where they are used. Greedy: accept while the draft token is the argmax. Sampling: the rules
+        of acceptance.py (accept with probability min(1, p/q), else sample the residual; bonus token from p), with
+        each row's uniforms drawn first, as accept_sampled draws them."""
         k = len(drafts[0]) if active else 0  # every row proposes k_eff tokens
         out: list[tuple[int, int] | None] = [None] * len(active)
         u = None if sampling.greedy or not k else [torch.rand(k, generator=r.generator) for r in active]
         undecided = list(range(len(active)))
         for j in range(k + 1):
-            logits = self.head(hidden[undecided, j])  # [rows, V]
+            logits = head(states[undecided, j])  # [rows, V]
             going_on = []
             if sampling.greedy:
                 for i, t in zip(undecided, logits.argmax(-1).tolist()):

@@ -19,7 +19,6 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-STANDIN = True
 __version__ = os.environ.get("TRTLLM_STANDIN_VERSION", "1.1.0")
 
 # TorchLlmArgs fields (tensorrt_llm/llmapi/llm_args.py) that trtspec may set; the real class has many more, all
