@@ -48,6 +48,10 @@ class GenerationError(TrtspecError):
     """A generation request is invalid or failed."""
 
 
+class RequestCancelled(GenerationError):
+    """The request was cancelled (its client went away); its generation stopped and freed its resources."""
+
+
 class MissingDependencyError(TrtspecError):
     """An optional dependency that this command needs is not installed."""
 
