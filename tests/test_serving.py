@@ -27,15 +27,18 @@ MAX_SEQ_LEN = 512
 ROUTE = 8
 
 
-@pytest.fixture(scope="module")
-def served(tiny_pair, tmp_path_factory):
+@pytest.fixture(scope="module", params=["in_process", "bls"])
+def served(request, tiny_pair, tmp_path_factory):
+    """The torch runtime served both ways: the in-process draft-target model, and the BLS orchestrator over two
+    engine models (the path runtime trtllm-engine takes, with the torch models speaking the engines' contract)."""
     from trtspec.serving.server import TritonServer
     from trtspec.triton_repo.writer import write_repo
 
     root = tmp_path_factory.mktemp("serving")
     draft = make_noisy_draft(tiny_pair[0], root / "draft")
     spec = spec_from_dict(torch_spec_dict(tiny_pair[0], draft, speculative={"route_threshold": ROUTE},
-                                          engine={"max_seq_len": MAX_SEQ_LEN}), base_dir=root, environ={})
+                                          engine={"max_seq_len": MAX_SEQ_LEN},
+                                          triton={"orchestration": request.param}), base_dir=root, environ={})
     write_repo(spec)
     with TritonServer(spec.repo_dir, log_file=root / "server.log") as server:
         yield server

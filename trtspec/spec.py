@@ -114,12 +114,23 @@ class EngineSpec(_Section):
         return self
 
 
+class Orchestration(str, Enum):
+    """Where the draft-target loop runs in the Triton repository."""
+
+    AUTO = "auto"  # in_process for the torch runtime, bls for trtllm-engine
+    IN_PROCESS = "in_process"  # torch runtime: target and draft in one model process, one in-flight engine
+    BLS = "bls"  # a BLS orchestrator model calling two engine models (trtllm-engine; torch for testing that path)
+
+
 class TritonSpec(_Section):
     """Triton model repository settings."""
 
     target_instances: int = Field(1, ge=1, le=64, description="instances of the target model")
     draft_instances: int = Field(1, ge=1, le=64, description="instances of the draft model")
     orchestrator_instances: int = Field(4, ge=1, le=256, description="instances of the draft-target orchestrator (BLS)")
+    orchestration: Orchestration = Field(
+        Orchestration.AUTO, description="auto | in_process (torch: draft and target in one model) | bls (two engine "
+        "models and a BLS orchestrator)")
     decoupled: bool = Field(True, description="streaming responses (decoupled transaction policy)")
     max_queue_delay_us: int = Field(100, ge=0, description="dynamic batching queue delay in microseconds")
     target_kv_cache_fraction: float | None = Field(
@@ -173,7 +184,15 @@ class BuildSpec(_Section):
             self.draft.quantization = Quantization.INT4_AWQ if gpu_runtime else Quantization.NONE
         if self.draft.tp_size != 1:
             raise ValueError("draft.tp_size must be 1: the draft runs on one GPU")
+        if self.triton.orchestration is Orchestration.IN_PROCESS and self.runtime is not Runtime.TORCH:
+            raise ValueError(f"triton.orchestration in_process needs runtime torch (runtime {self.runtime.value} "
+                             "serves its engines as separate models): use auto or bls")
         return self
+
+    @property
+    def in_process(self) -> bool:
+        """The torch runtime's in-process draft-target model serves this repository (no BLS orchestrator)."""
+        return self.runtime is Runtime.TORCH and self.triton.orchestration is not Orchestration.BLS
 
     # -- paths --------------------------------------------------------------------------------------------------
     @property
