@@ -33,7 +33,7 @@ def test_generate_json_speculative_equals_no_draft(spec_file):
     a, b = json.loads(spec.stdout), json.loads(plain.stdout)
     assert set(a) == {"text", "token_ids", "stats"}
     assert a["token_ids"] == b["token_ids"] and a["text"] == b["text"] and len(a["token_ids"]) == 24
-    assert a["stats"]["draft_tokens"] > 0 and b["stats"]["draft_tokens"] == 0
+    assert a["stats"]["total_draft_tokens"] > 0 and b["stats"]["total_draft_tokens"] == 0
     sampled = [json.loads(run("The quick", "--spec", str(spec_file), "-n", "12", "--raw", "--json",
                               "--temperature", "1.0", "--top-k", "20", "--seed", "3").stdout)["token_ids"]
                for _ in range(2)]

@@ -14,8 +14,8 @@ from trtspec.cli._options import JsonOpt, SpecOpt
 
 def _stats_table(stats: dict) -> Table:
     table = Table(title="speculative decoding", show_header=False)
-    for key in ("output_tokens", "draft_tokens", "accepted_tokens", "acceptance_rate", "target_steps",
-                "tokens_per_step", "decode_tok_per_s", "total_s"):
+    for key in ("num_output_tokens", "total_draft_tokens", "total_accepted_draft_tokens", "acceptance_rate",
+                "target_steps", "tokens_per_step", "decode_tok_per_s", "total_s"):
         if key in stats:
             table.add_row(key, str(stats[key]))
     return table

@@ -73,8 +73,8 @@ def measure(target: Any, draft: Any, prompts: Sequence[Sequence[int]], *, k: int
         spec_s += t1 - t0
         outputs.append(r.token_ids)
         base.append(b.token_ids)
-        proposed += r.stats.draft_tokens
-        accepted += r.stats.accepted_tokens
+        proposed += r.stats.total_draft_tokens
+        accepted += r.stats.total_accepted_draft_tokens
     rate = accepted / proposed if proposed else 0.0
     # accepted / proposed * K: mean accepted per step with a full window (the last steps of an answer propose fewer)
     a = per_token_acceptance(rate * k, k)

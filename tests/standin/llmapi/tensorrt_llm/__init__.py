@@ -203,7 +203,7 @@ class LLM:
                     else:
                         s = event.stats
                         filled = os.environ.get("TRTLLM_STANDIN_SPEC_METRICS", "zeroed") == "filled"
-                        spec_stats = _SpecStats(s.acceptance_rate, s.accepted_tokens, s.draft_tokens) if filled \
+                        spec_stats = _SpecStats(s.acceptance_rate, s.total_accepted_draft_tokens, s.total_draft_tokens) if filled \
                             else _SpecStats()  # what the PyTorch flow writes (never updated, PR #17082)
                         stats = _PerfMetrics(spec_stats)
                         steps.put((self.tokenizer.decode(out, skip_special_tokens=True), list(out),
