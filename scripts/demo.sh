@@ -52,7 +52,7 @@ PY
 step "one question, target only (num_draft_tokens 0), then speculative (the deployment's K)"
 echo "question: $question"
 # Each path once first, unmeasured: a first request pays one-time costs (and both then find the prompt's KV cached).
-for k in 0 4; do trtspec generate "$question" --url "127.0.0.1:$grpc" -n 4 -k "$k" --json > /dev/null; done
+for mode in --no-draft ""; do trtspec generate "$question" --url "127.0.0.1:$grpc" -n 4 $mode --json > /dev/null; done
 trtspec generate "$question" --url "127.0.0.1:$grpc" -n "$max_tokens" --no-draft --json > target_only.json
 trtspec generate "$question" --url "127.0.0.1:$grpc" -n "$max_tokens" --json > speculative.json
 python - target_only.json speculative.json <<'PY'
