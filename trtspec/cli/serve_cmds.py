@@ -12,12 +12,11 @@ import typer
 from rich.table import Table
 
 from trtspec.cli._common import console, err_console, print_json, resolve_spec
-from trtspec.cli._options import JsonOpt, SpecArg
+from trtspec.cli._options import JsonOpt, Protocol, SpecArg, UrlOpt
 from trtspec.errors import ServerError
 
 RepoArg = Annotated[Optional[Path], typer.Argument(help="model repository; omitted: ./triton_repo",
                                                    show_default=False)]
-ProtocolOpt = Annotated[str, typer.Option("--protocol", help="grpc | http")]
 
 
 def repo(spec_path: SpecArg = None,
@@ -25,8 +24,10 @@ def repo(spec_path: SpecArg = None,
          as_json: JsonOpt = False) -> None:
     """Write the Triton model repository (ensemble, pre/postprocessing, orchestrator, target and draft models)."""
     from trtspec.triton_repo.writer import write_repo
+    from trtspec.validation import check_pair
 
     spec = resolve_spec(spec_path)
+    check_pair(spec)  # one tokenizer for both models, before anything is written
     result = write_repo(spec, force=force)
     manifest = result["manifest"] or {}
     if as_json:
@@ -63,8 +64,7 @@ def serve(repo_path: RepoArg = None,
           ) -> None:
     """Serve a model repository with tritonserver until Ctrl-C (or SIGTERM); the server never outlives this."""
     path = (repo_path or Path("triton_repo")).resolve()
-    if not path.is_dir():
-        raise ServerError(f"{path}: no such model repository", hint="`trtspec repo` writes one")
+    _require_repository(path)  # before anything is started or written (the log included)
     if docker is not None:
         _serve_docker(path, docker, http_port or 8000, grpc_port or 8001, metrics_port or 8002, dry_run)
         return
@@ -87,10 +87,20 @@ def serve(repo_path: RepoArg = None,
                 raise ServerError(f"tritonserver exited with code {code}; log "
                                   f"{server.log_file}:\n{server.log_tail()}", hint="the log says why")
     finally:
-        err_console.print("stopping tritonserver")
+        if server.pid is not None:  # a server that never started (or already stopped itself) needs no message
+            err_console.print("stopping tritonserver")
         server.stop()
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def _require_repository(path: Path) -> None:
+    """A Triton model repository: a directory with at least one <model>/config.pbtxt."""
+    if not path.is_dir():
+        raise ServerError(f"{path}: no such model repository", hint="`trtspec repo` writes one")
+    if not any(p.is_file() for p in path.glob("*/config.pbtxt")):
+        raise ServerError(f"{path}: not a Triton model repository (no <model>/config.pbtxt in it)",
+                          hint="`trtspec repo` writes one (default ./triton_repo)")
 
 
 def _serve_docker(path: Path, image: str, http: int, grpc: int, metrics: int, dry_run: bool) -> None:
@@ -114,16 +124,24 @@ def _serve_docker(path: Path, image: str, http: int, grpc: int, metrics: int, dr
     os.execvp(cmd[0], cmd)
 
 
-def generate_remote(prompt: str, url: str, protocol: str, max_tokens: int, *, temperature: float, top_k: int,
-                    top_p: float, seed: int | None, draft_len: int | None, no_draft: bool, raw: bool, stream: bool,
-                    as_json: bool) -> None:
-    """`trtspec generate --url`: one prompt through a served ensemble."""
+def generate_remote(prompt: str, url: str, protocol: Protocol | None, max_tokens: int, *, temperature: float,
+                    top_k: int, top_p: float, seed: int | None, num_draft_tokens: int | None, raw: bool,
+                    stream: bool, as_json: bool) -> None:
+    """`trtspec generate --url`: one prompt through a served ensemble (the request is validated before it is sent)."""
     from trtspec.serving.client import TritonLLMClient
 
     options = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed,
-               "num_draft_tokens": 0 if no_draft else draft_len, "apply_chat_template": not raw}
-    with TritonLLMClient(url, protocol=protocol) as client:
+               "num_draft_tokens": num_draft_tokens, "apply_chat_template": not raw}
+    with TritonLLMClient(url, protocol=protocol.value if protocol else None) as client:
+        from trtspec.serving.client import request_inputs
+
+        request_inputs(prompt, max_tokens, stream, options)  # every rule, before the first byte goes out
         client.check_ready()
+        bound = client.max_draft_len()
+        if bound is not None:
+            from trtspec.validation import validate_num_draft_tokens
+
+            validate_num_draft_tokens(num_draft_tokens, bound)  # the deployment's max_draft_len, as in process
         show = stream and not as_json
 
         def on_text(t: str) -> None:
@@ -138,14 +156,15 @@ def generate_remote(prompt: str, url: str, protocol: str, max_tokens: int, *, te
         sys.stdout.write("\n")
     else:
         console.print(result.text, highlight=False, markup=False)
-    table = Table(title=f"served by {protocol}://{client.url}", show_header=False)
+    mode = "target only" if num_draft_tokens == 0 else "speculative"
+    table = Table(title=f"{mode}, served by {client.endpoint.url}", show_header=False)
     for key, value in result.stats.items():
         table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
     table.add_row("latency_s", f"{result.latency_s:.3f}")
     err_console.print(table)
 
 
-def bench(url: Annotated[str, typer.Option("--url", help="served ensemble, HOST:PORT (gRPC)")],
+def bench(url: UrlOpt,
           prompts: Annotated[Optional[Path], typer.Option("--prompts", help="text (one prompt a line) or JSONL "
                                                           "(field text or prompt); omitted: built-in set")] = None,
           concurrency: Annotated[str, typer.Option("--concurrency", "-c", help="levels, e.g. 1,4,8")] = "1,2,4,8",
@@ -158,7 +177,13 @@ def bench(url: Annotated[str, typer.Option("--url", help="served ensemble, HOST:
     """Load-test a served ensemble: TTFT, inter-token latency, tok/s, req/s, acceptance; speedup vs target-only."""
     from trtspec.errors import GenerationError
     from trtspec.serving.bench import load_prompts, plot_results, render_table, run_bench
+    from trtspec.serving.endpoints import parse_url
+    from trtspec.validation import validate_max_tokens
 
+    validate_max_tokens(max_tokens)  # the rules `generate` applies, before any request is sent
+    if requests < 0:
+        raise GenerationError(f"--requests must be >= 0, got {requests}", hint="0 means twice the concurrency")
+    parse_url(url)
     try:
         levels = sorted({int(c) for c in concurrency.split(",") if c.strip()})
     except ValueError:
@@ -171,12 +196,30 @@ def bench(url: Annotated[str, typer.Option("--url", help="served ensemble, HOST:
                         progress=None if as_json else err_console)
     if plot is not None:
         plot_results(results, plot)
+    verdict = _verdict(url, results, max_tokens)
     if as_json:
-        print_json(results)
+        print_json({**results, "verdict": verdict})
         return
     console.print(render_table(results))
+    if verdict:
+        console.print(verdict, highlight=False, markup=False)
     if plot is not None:
         console.print(f"plot: {plot}")
+
+
+def _verdict(url: str, results: dict, max_tokens: int) -> str | None:
+    """Whether speculation paid at the lowest concurrency, and why not (with the deployment's K)."""
+    from trtspec.serving.client import TritonLLMClient
+    from trtspec.serving.verdict import speedup_verdict
+
+    levels = [lv for lv in results.get("levels", []) if "target_only" in lv]
+    if not levels:
+        return None
+    with TritonLLMClient(url) as client:
+        params = client.deployment_parameters()
+    k, route = params.get("max_draft_len", ""), params.get("route_threshold", "")
+    return speedup_verdict(levels[0], int(k) if k.isdigit() else None, int(route) if route.isdigit() else None,
+                           max_tokens)
 
 
 def register(app: typer.Typer) -> None:

@@ -30,12 +30,9 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise GenerationError(f"temperature must be >= 0, got {self.temperature}", hint="0 means greedy")
-        if self.top_k < 0:
-            raise GenerationError(f"top_k must be >= 0, got {self.top_k}", hint="0 disables top-k filtering")
-        if not 0.0 < self.top_p <= 1.0:
-            raise GenerationError(f"top_p must be in (0, 1], got {self.top_p}", hint="1.0 disables top-p filtering")
+        from trtspec.validation import validate_sampling  # the one set of request rules (imports this module)
+
+        validate_sampling(self.temperature, self.top_k, self.top_p, self.seed)
 
     @property
     def greedy(self) -> bool:

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trtspec.errors import GenerationError, ServerError
+from trtspec.serving.endpoints import parse_url, probe, stream_error
 
 STAT_NAMES = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "num_input_tokens",
               "num_output_tokens")
-PROTOCOLS = ("grpc", "http")
 # ensemble field -> llmapi model input (trtspec.triton_repo.tensors.LLMAPI_INPUTS)
 LLMAPI_FIELDS = {"text_input": "text_input", "max_tokens": "sampling_param_max_tokens", "stream": "streaming",
                  "temperature": "sampling_param_temperature", "top_k": "sampling_param_top_k",
@@ -83,30 +83,30 @@ def request_inputs(prompt: str | bytes, max_tokens: int, stream: bool, options: 
     unknown = sorted(set(values) - set(known))
     if unknown:
         raise GenerationError(f"unknown request field {unknown[0]!r}", hint=f"known: {', '.join(sorted(known))}")
+    from trtspec.validation import validate_fields
+
+    validate_fields(values)  # the rules every path applies, before anything is sent
     return values
-
-
-def _split_url(url: str) -> str:
-    for prefix in ("grpc://", "http://", "https://"):
-        if url.startswith(prefix):
-            return url[len(prefix):].rstrip("/")
-    return url.rstrip("/")
 
 
 class TritonLLMClient:
     """Send prompts to ``model`` (default ``ensemble``) at ``url`` (host:port), one request at a time per client
     (use one client per thread for concurrent requests)."""
 
-    def __init__(self, url: str, protocol: str = "grpc", model: str = "ensemble", timeout_s: float = 600.0) -> None:
-        if protocol not in PROTOCOLS:
-            raise GenerationError(f"unknown protocol {protocol!r}", hint="grpc or http")
-        self.url = _split_url(url)
-        self.protocol = protocol
+    def __init__(self, url: str, protocol: str | None = None, model: str = "ensemble",
+                 timeout_s: float = 600.0) -> None:
+        self.endpoint = parse_url(url, protocol)
+        self.url = self.endpoint.address
+        self.protocol = self.endpoint.protocol
         self.model = model
         self.contract: str | None = None  # "ensemble" | "llmapi", found on the first request
         self.timeout_s = timeout_s
         self._grpc: Any = None
         self._responses: queue.Queue = queue.Queue()
+
+    @property
+    def _http_base(self) -> str:
+        return f"{'https' if self.endpoint.tls else 'http'}://{self.url}"
 
     # -- connection ---------------------------------------------------------------------------------------------
     def _grpc_client(self) -> Any:
@@ -120,27 +120,85 @@ class TritonLLMClient:
             self._grpc.start_stream(callback=lambda result, error: self._responses.put((result, error)))
         return self._grpc
 
+    def _get_json(self, path: str, data: bytes | None = None) -> Any:
+        req = urllib.request.Request(f"{self._http_base}{path}", data=data)
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.loads(r.read().decode("utf-8") or "null")
+
+    def _server_live(self) -> bool:
+        try:
+            if self.protocol == "http":
+                with urllib.request.urlopen(f"{self._http_base}/v2/health/live", timeout=10) as r:
+                    return r.status == 200
+            import tritonclient.grpc as grpcclient
+
+            with grpcclient.InferenceServerClient(self.url) as probe_client:  # not the streaming client
+                return bool(probe_client.is_server_live(client_timeout=10))
+        except Exception:  # noqa: BLE001 - not a Triton server speaking this protocol
+            return False
+
+    def _ready_models(self) -> list[str]:
+        try:
+            if self.protocol == "http":
+                index = self._get_json("/v2/repository/index", data=b"{}")
+            else:
+                index = self._grpc_client().get_model_repository_index(as_json=True).get("models", [])
+            return sorted(m["name"] for m in index if m.get("state") == "READY")
+        except Exception:  # noqa: BLE001
+            return []
+
+    def deployment_parameters(self, model: str = "tensorrt_llm_bls") -> dict[str, str]:
+        """The string parameters of a served model's config (the orchestrator's: max_draft_len, route_threshold);
+        empty when the server has no such model (runtime trtllm-llmapi) or does not say."""
+        try:
+            if self.protocol == "http":
+                config = self._get_json(f"/v2/models/{model}/config")
+            else:
+                config = self._grpc_client().get_model_config(model, as_json=True).get("config", {})
+            return {k: str(v.get("string_value", "")) for k, v in (config.get("parameters") or {}).items()}
+        except Exception:  # noqa: BLE001
+            return {}
+
+    def max_draft_len(self) -> int | None:
+        """The deployment's K bound (the orchestrator's max_draft_len), or None when the server does not say."""
+        value = self.deployment_parameters().get("max_draft_len", "")
+        return int(value) if value.isdigit() else None
+
     def check_ready(self) -> None:
-        """Raise ServerError unless the server and the model answer ready."""
+        """Raise ServerError unless a Triton server answers at the endpoint and the model is ready; the message
+        says which: nothing listening, another protocol on that port, or no such ready model."""
+        if self.protocol == "grpc":
+            from trtspec.errors import require
+
+            require("tritonclient", "serve")
+        probe(self.endpoint)
+        if not self._server_live():
+            other = "HTTP" if self.protocol == "grpc" else "gRPC"
+            raise ServerError(f"{self.url} accepts connections but does not answer {self.protocol.upper()} as a "
+                              "Triton server", hint=f"is this its {other} port? by default gRPC is 8001 and HTTP "
+                              "8000; give the right port, or http:// / grpc:// in --url")
         self._resolve_contract()
         ok = False
         try:
             if self.protocol == "http":
-                with urllib.request.urlopen(f"http://{self.url}/v2/models/{self.model}/ready", timeout=10) as r:
+                with urllib.request.urlopen(f"{self._http_base}/v2/models/{self.model}/ready", timeout=10) as r:
                     ok = r.status == 200
             else:
                 ok = bool(self._grpc_client().is_model_ready(self.model))
-        except Exception:  # noqa: BLE001 - any failure to connect is the same message
+        except Exception:  # noqa: BLE001 - unknown or unloaded model: the same message
             ok = False
         if not ok:
-            raise ServerError(f"no ready model {self.model!r} at {self.protocol}://{self.url}",
-                              hint="start the server with `trtspec serve`, and check host, port and --protocol")
+            ready = self._ready_models()
+            raise ServerError(f"the server at {self.endpoint.url} has no ready model {self.model!r}"
+                              + (f" (ready: {', '.join(ready)})" if ready else " (no model is ready)"),
+                              hint="serve a repository written by `trtspec repo`; the server log says why a model "
+                                   "did not load")
 
     def _model_inputs(self, model: str) -> set[str] | None:
         """The input names of ``model`` on the server, or None when it has no such model."""
         try:
             if self.protocol == "http":
-                with urllib.request.urlopen(f"http://{self.url}/v2/models/{model}", timeout=10) as r:
+                with urllib.request.urlopen(f"{self._http_base}/v2/models/{model}", timeout=10) as r:
                     meta = json.loads(r.read().decode("utf-8"))
             else:
                 meta = self._grpc_client().get_model_metadata(model, as_json=True)
@@ -228,10 +286,11 @@ class TritonLLMClient:
             try:
                 result, error = self._responses.get(timeout=max(0.1, deadline - time.monotonic()))
             except queue.Empty:
-                raise GenerationError(f"no response within {self.timeout_s:.0f} s", hint="raise the timeout") from None
+                raise ServerError(f"no response from {self.endpoint.url} within {self.timeout_s:.0f} s",
+                                  hint="the server may be overloaded or a model hung: read its log, or raise the "
+                                       "timeout") from None
             if error is not None:
-                raise GenerationError(f"server: {getattr(error, 'message', lambda: str(error))()}",
-                                      hint="check the request fields; the server log has details")
+                raise stream_error(error, self.endpoint.url)
             response = result.get_response()
             if response.id and response.id != request_id:
                 continue  # a late response of an earlier request on this stream
@@ -253,24 +312,33 @@ class TritonLLMClient:
         if isinstance(body["text_input"], bytes):
             body["text_input"] = body["text_input"].decode("utf-8")  # JSON carries text only
         endpoint = "generate_stream" if stream else "generate"
-        req = urllib.request.Request(f"http://{self.url}/v2/models/{self.model}/{endpoint}",
+        import http.client
+
+        req = urllib.request.Request(f"{self._http_base}/v2/models/{self.model}/{endpoint}",
                                      data=json.dumps(body).encode("utf-8"),
                                      headers={"Content-Type": "application/json"})
         try:
             resp = urllib.request.urlopen(req, timeout=self.timeout_s)
         except urllib.error.HTTPError as exc:
-            raise GenerationError(f"server: {_http_error(exc)}", hint="check the request fields") from None
+            raise GenerationError(f"server: {_http_error(exc)}",
+                                  hint="the server refused this request; its log has details") from None
         except urllib.error.URLError as exc:
-            raise ServerError(f"cannot reach http://{self.url} ({exc.reason})",
+            probe(self.endpoint)  # connection refused / unresolvable: the precise message
+            raise ServerError(f"cannot reach {self.endpoint.url} ({exc.reason})",
                               hint="start the server with `trtspec serve`") from None
         with resp:
-            if not stream:
-                yield _http_payload(json.loads(resp.read().decode("utf-8")))
-                return
-            for raw in resp:
-                line = raw.decode("utf-8").strip()
-                if line.startswith("data:"):
-                    yield _http_payload(json.loads(line[5:].strip()))
+            try:
+                if not stream:
+                    yield _http_payload(json.loads(resp.read().decode("utf-8")))
+                    return
+                for raw in resp:
+                    line = raw.decode("utf-8").strip()
+                    if line.startswith("data:"):
+                        yield _http_payload(json.loads(line[5:].strip()))
+            except (http.client.IncompleteRead, ConnectionError, TimeoutError) as exc:
+                raise ServerError(f"the server at {self.endpoint.url} dropped the connection mid-request "
+                                  f"({type(exc).__name__})", hint="the server stopped or a model crashed: its log "
+                                  "(trtspec serve --log-file) says why") from None
 
 
 def _http_error(exc: urllib.error.HTTPError) -> str:
@@ -286,7 +354,7 @@ def _http_error(exc: urllib.error.HTTPError) -> str:
 
 def _http_payload(data: dict[str, Any]) -> tuple[str, dict]:
     if "error" in data:
-        raise GenerationError(f"server: {data['error']}", hint="check the request fields")
+        raise GenerationError(f"server: {data['error']}", hint="the server refused this request; its log has details")
     text = data.get("text_output", "")
     if isinstance(text, list):
         text = "".join(text)

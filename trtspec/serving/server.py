@@ -63,7 +63,7 @@ class Ports:
                     port = free_port()
             elif not port_is_free(port):
                 raise ServerError(f"{name} port {port} is already in use",
-                                  hint=f"pass another --{name}-port, or omit it to pick a free one")
+                                  hint=f"pass another --{name}-port, or 0 to pick a free one")
             chosen.append(port)
         if len(set(chosen)) != 3:
             raise ServerError(f"ports must differ (http {chosen[0]}, grpc {chosen[1]}, metrics {chosen[2]})",
