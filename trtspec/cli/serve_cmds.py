@@ -60,12 +60,18 @@ def serve(repo_path: RepoArg = None,
                           ] = "127.0.0.1",
           log_file: Annotated[Optional[Path], typer.Option("--log-file", help="server log")] = None,
           ready_timeout: Annotated[float, typer.Option("--ready-timeout", help="seconds to wait for ready")] = 300.0,
+          openai_port: Annotated[Optional[int], typer.Option(
+              "--openai-port", help="also serve the OpenAI-compatible API (/v1) on this port; 0 picks a free port")
+          ] = None,
           ) -> None:
     """Serve a model repository with tritonserver until Ctrl-C (or SIGTERM); the server never outlives this."""
     path = (repo_path or Path("triton_repo")).resolve()
     if not path.is_dir():
         raise ServerError(f"{path}: no such model repository", hint="`trtspec repo` writes one")
     if docker is not None:
+        if openai_port is not None:
+            raise ServerError("--openai-port does not apply with --docker (the plain tritonserver image has no "
+                              "frontend)", hint="run the trtspec image (docker/), which serves the OpenAI API on 9000")
         _serve_docker(path, docker, http_port or 8000, grpc_port or 8001, metrics_port or 8002, dry_run)
         return
     from trtspec.serving.server import TritonServer
@@ -75,10 +81,18 @@ def serve(repo_path: RepoArg = None,
                           host=host)
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    front = None  # the OpenAI-compatible frontend (trtspec.serving.openai): port bound first, serving once Triton is
     try:
+        if openai_port is not None:
+            from trtspec.serving.openai.frontend import OpenAIFrontend
+
+            front = OpenAIFrontend(path, server.grpc_url, host=host, port=openai_port or None).prepare()
         with err_console.status(f"starting tritonserver (log: {server.log_file})"):
             server.start()
-        console.print(f"ready: gRPC {server.grpc_url}, HTTP {server.http_url}, metrics {server.metrics_url}")
+            if front is not None:
+                front.start()
+        console.print(f"ready: gRPC {server.grpc_url}, HTTP {server.http_url}, metrics {server.metrics_url}"
+                      + (f", OpenAI {front.base_url}" if front is not None else ""))
         console.print(f"try: trtspec generate 'What is speculative decoding?' --url {server.grpc_url}")
         console.print("Ctrl-C stops the server")
         while not stop.wait(1.0):
@@ -86,7 +100,11 @@ def serve(repo_path: RepoArg = None,
             if code is not None:
                 raise ServerError(f"tritonserver exited with code {code}; log "
                                   f"{server.log_file}:\n{server.log_tail()}", hint="the log says why")
+            if front is not None:
+                front.check()
     finally:
+        if front is not None:
+            front.stop()
         err_console.print("stopping tritonserver")
         server.stop()
         for s, handler in previous.items():
