@@ -2,6 +2,8 @@
 # build       run every stage of the mounted spec (engines into /engines, repository into /models), then exit
 # serve       build (up-to-date stages are skipped), then run tritonserver on the repository
 # serve-only  run tritonserver on an already built repository (Kubernetes pods, artifacts mounted read-only)
+#             Both serve Triton on 8000/8001/8002 and, unless TRTSPEC_OPENAI_PORT=0, the OpenAI-compatible API on
+#             TRTSPEC_OPENAI_PORT (9000): a signal stops both, and either one exiting stops the other.
 # link        only link the artifacts to the container paths the repository's configs name
 # anything else is executed as given
 set -euo pipefail
@@ -22,9 +24,24 @@ PY
 
 serve() {
   link_mounts
+  local repo="${TRTSPEC_SPEC__OUTPUT__REPO_DIR:-/models}" openai="${TRTSPEC_OPENAI_PORT:-9000}"
   # One Triton process drives both engines (orchestrator mode, TRTLLM_ORCHESTRATOR=1 from the image).
-  exec tritonserver --model-repository="${TRTSPEC_SPEC__OUTPUT__REPO_DIR:-/models}" \
-    --http-port=8000 --grpc-port=8001 --metrics-port=8002 "$@"
+  local triton_cmd=(tritonserver --model-repository="$repo" --http-port=8000 --grpc-port=8001 --metrics-port=8002 "$@")
+  if [ "$openai" = "0" ]; then
+    exec "${triton_cmd[@]}"
+  fi
+  "${triton_cmd[@]}" &
+  local triton=$!
+  # It answers /health with 503 until Triton is ready.
+  python3 -m trtspec.serving.openai --repo "$repo" --triton 127.0.0.1:8001 --host 0.0.0.0 --port "$openai" &
+  local front=$!
+  trap 'kill -TERM "$triton" "$front" 2>/dev/null || true' TERM INT
+  local status=0
+  wait -n "$triton" "$front" || status=$?
+  kill -TERM "$triton" "$front" 2>/dev/null || true
+  wait "$triton" 2>/dev/null || true
+  wait "$front" 2>/dev/null || true
+  exit "$status"
 }
 
 case "${1:-serve}" in
