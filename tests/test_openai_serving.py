@@ -6,8 +6,6 @@ test_llmapi_serving.py). Expected texts are transformers' own greedy generate on
 from __future__ import annotations
 
 import asyncio
-import os
-import threading
 from pathlib import Path
 
 import httpx
@@ -277,3 +275,58 @@ def _failures(served) -> int:
     text = urllib.request.urlopen(f"http://127.0.0.1:{served.ports['metrics']}/metrics").read().decode()
     return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                    if line.startswith('nv_inference_request_failure{model="ensemble"')))
+
+
+def _bench(*args, timeout=600):
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "trtspec", "bench", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "PYTHONPATH": os.getcwd()})
+
+
+def test_bench_over_the_openai_api_sweeps_k_beside_target_only_in_open_loop(served, tmp_path):
+    import json
+
+    plot = tmp_path / "bench.png"
+    args = ["--openai", served.base_url, "--request-rate", "4", "--requests", "4", "-n", "12", "--json",
+            "--plot", str(plot)]
+    if served.kind == "llmapi":  # no per-request K there
+        r = _bench(*args, "--draft-len", "1,2")
+        assert r.returncode == 1 and "applies its own draft length" in r.stderr and "Traceback" not in r.stderr
+        r = _bench(*args)
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert [m["mode"] for m in out["levels"][0]["modes"]] == ["speculative"]
+        assert any("no target-only baseline" in w for w in out["warnings"])
+        return
+    r = _bench(*args, "--draft-len", "1,2")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    setup = out["setup"]
+    assert (setup["protocol"], setup["model"], setup["runtime"], setup["load"]) == ("openai", NAME, "torch",
+                                                                                    "request_rate")
+    assert [m["draft_len"] for m in setup["modes"]] == [0, 1, 2] and setup["workload"]["max_tokens"]["max"] == 12
+    assert setup["prompt_set"].startswith("built-in")
+    (level,) = out["levels"]
+    assert level["request_rate"] == 4.0
+    modes = {m["mode"]: m for m in level["modes"]}
+    assert set(modes) == {"target_only", "K=1", "K=2"}
+    for name, m in modes.items():
+        assert m["requests"] == 4 and m["errors"] == 0 and m["output_tok_per_s"] > 0
+        assert m["ttft_p50_s"] <= m["ttft_p90_s"] <= m["ttft_p99_s"] and m["itl_p99_s"] and m["e2e_p50_s"]
+        assert m["routed_to_target"] == (4 if name == "target_only" else 0)
+        assert ("speedup" in m) == (name != "target_only")
+    assert modes["target_only"]["acceptance_rate"] == 0.0 and 0 < modes["K=1"]["acceptance_rate"] <= 1
+    assert out["warnings"] == [] and plot.stat().st_size > 10_000
+
+
+def test_bench_warns_when_requests_fall_below_the_route_threshold(served):
+    if served.kind == "llmapi":
+        pytest.skip("the LLM-API deployment does not route")
+    r = _bench("--url", served.grpc_url, "-c", "2", "--requests", "2", "-n", "4")  # route_threshold is 8
+    assert r.returncode == 0, r.stderr
+    assert "fewer than the route threshold (8)" in " ".join(r.stderr.split())
+    out = " ".join(r.stdout.split())
+    assert "trtspec bench: ensemble (torch) via grpc" in out and "target-only, K=4" in out

@@ -163,35 +163,88 @@ def generate_remote(prompt: str, url: str, protocol: str, max_tokens: int, *, te
     err_console.print(table)
 
 
-def bench(url: Annotated[str, typer.Option("--url", help="served ensemble, HOST:PORT (gRPC)")],
-          prompts: Annotated[Optional[Path], typer.Option("--prompts", help="text (one prompt a line) or JSONL "
-                                                          "(field text or prompt); omitted: built-in set")] = None,
-          concurrency: Annotated[str, typer.Option("--concurrency", "-c", help="levels, e.g. 1,4,8")] = "1,2,4,8",
-          max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="tokens per request")] = 64,
-          requests: Annotated[int, typer.Option("--requests", help="requests per level (default 2x level)")] = 0,
-          no_baseline: Annotated[bool, typer.Option("--no-baseline", help="skip the target-only run")] = False,
-          raw: Annotated[bool, typer.Option("--raw", help="do not apply the chat template")] = False,
-          plot: Annotated[Optional[Path], typer.Option("--plot", help="write a PNG of the results")] = None,
-          as_json: JsonOpt = False) -> None:
-    """Load-test a served ensemble: TTFT, inter-token latency, tok/s, req/s, acceptance; speedup vs target-only."""
+def _numbers(flag: str, text: str, cast: type, minimum: float) -> list:
     from trtspec.errors import GenerationError
-    from trtspec.serving.bench import load_prompts, plot_results, render_table, run_bench
 
     try:
-        levels = sorted({int(c) for c in concurrency.split(",") if c.strip()})
+        values = sorted({cast(v) for v in text.split(",") if v.strip()})
     except ValueError:
-        raise GenerationError(f"--concurrency {concurrency!r}: expected integers like 1,4,8",
-                              hint="comma-separated levels") from None
-    if not levels or min(levels) < 1:
-        raise GenerationError("--concurrency levels must be >= 1", hint="e.g. 1,4,8")
-    results = run_bench(url, load_prompts(prompts), levels, max_tokens, requests_per_level=requests or None,
-                        baseline=not no_baseline, chat=not raw,
-                        progress=None if as_json else err_console)
+        raise GenerationError(f"{flag} {text!r}: expected comma-separated numbers", hint=f"e.g. {flag} 1,2,4") from None
+    if not values or min(values) < minimum:
+        raise GenerationError(f"{flag} values must be >= {minimum} (got {text!r})", hint=f"e.g. {flag} 1,2,4")
+    return values
+
+
+def bench(url: Annotated[Optional[str], typer.Option("--url", help="Triton, HOST:PORT (see --protocol)")] = None,
+          openai: Annotated[Optional[str], typer.Option("--openai", metavar="URL",
+                                                        help="an OpenAI-compatible server, http://HOST:PORT/v1")
+                            ] = None,
+          protocol: ProtocolOpt = "grpc",
+          prompts: Annotated[Optional[Path], typer.Option("--prompts", help="text (one prompt a line) or JSONL "
+                                                          "(text or prompt, optional max_tokens); omitted: built-in set"
+                                                          )] = None,
+          synthetic: Annotated[Optional[str], typer.Option("--synthetic", metavar="IN,OUT",
+                                                           help="synthetic prompts of ~IN tokens asking ~OUT tokens")
+                               ] = None,
+          length_spread: Annotated[float, typer.Option("--length-spread", help="synthetic lengths uniform within "
+                                                       "+- this fraction")] = 0.25,
+          concurrency: Annotated[Optional[str], typer.Option("--concurrency", "-c", help="closed-loop levels, e.g. "
+                                                             "1,4,8 (default 1,2,4,8)")] = None,
+          request_rate: Annotated[Optional[str], typer.Option("--request-rate", help="open-loop Poisson arrivals "
+                                                              "per second, e.g. 2 or 1,2,4")] = None,
+          max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="tokens per request")] = 64,
+          requests: Annotated[int, typer.Option("--requests", help="requests per level and mode (default: 2x "
+                                                "concurrency, or 10 s of arrivals)")] = 0,
+          draft_len: Annotated[Optional[str], typer.Option("--draft-len", "-k", help="sweep K per request, e.g. "
+                                                           "1,2,4,8 (default: the deployment's)")] = None,
+          no_baseline: Annotated[bool, typer.Option("--no-baseline", help="skip the target-only run")] = False,
+          raw: Annotated[bool, typer.Option("--raw", help="do not apply the chat template")] = False,
+          seed: Annotated[int, typer.Option("--seed", help="seed of synthetic prompts and arrivals")] = 0,
+          plot: Annotated[Optional[Path], typer.Option("--plot", help="write a PNG of the results")] = None,
+          as_json: JsonOpt = False) -> None:
+    """Load-test a deployment over Triton or the OpenAI API: tok/s, TTFT, ITL, E2E (p50/p90/p99), acceptance, and
+    the speedup of each draft length over target-only."""
+    from trtspec.errors import GenerationError
+    from trtspec.serving.bench import (OpenAIRequester, TritonRequester, load_workload, plot_results, render_table,
+                                       run_bench)
+    from trtspec.serving.bench import synthetic as synthetic_workload
+
+    if (url is None) == (openai is None):
+        raise GenerationError("give one of --url (Triton) and --openai (an OpenAI-compatible server)",
+                              hint="e.g. --url 127.0.0.1:8001, or --openai http://127.0.0.1:9000/v1")
+    if concurrency is not None and request_rate is not None:
+        raise GenerationError("--concurrency and --request-rate exclude each other",
+                              hint="closed loop (concurrency) or open loop (Poisson rate)")
+    if max_tokens < 1:
+        raise GenerationError(f"--max-tokens must be >= 1 (got {max_tokens})", hint="ask for at least one token")
+    if prompts is not None and synthetic is not None:
+        raise GenerationError("--prompts and --synthetic exclude each other", hint="a prompt file or synthetic")
+    if synthetic is not None:
+        lengths = synthetic.split(",")
+        if len(lengths) != 2 or not all(x.strip().isdigit() for x in lengths):
+            raise GenerationError(f"--synthetic {synthetic!r}: expected IN,OUT token counts", hint="e.g. 128,64")
+        workload = synthetic_workload(int(lengths[0]), int(lengths[1]), spread=length_spread, seed=seed)
+    else:
+        workload = load_workload(prompts, max_tokens)
+    if request_rate is not None:
+        load, levels = "request_rate", _numbers("--request-rate", request_rate, float, 1e-6)
+    else:
+        load, levels = "concurrency", _numbers("--concurrency", concurrency or "1,2,4,8", int, 1)
+    ks = _numbers("--draft-len", draft_len, int, 1) if draft_len is not None else None
+    requester = OpenAIRequester(openai) if openai is not None else TritonRequester(url, protocol)  # type: ignore[arg-type]
+    try:
+        results = run_bench(requester, workload, levels, load=load, draft_lens=ks, baseline=not no_baseline,
+                            chat=not raw, requests_per_level=requests or None, seed=seed,
+                            progress=None if as_json else err_console)
+    finally:
+        requester.close()
     if plot is not None:
         plot_results(results, plot)
     if as_json:
         print_json(results)
         return
+    for w in results["warnings"]:
+        err_console.print(f"[yellow]warning:[/] {w}")
     console.print(render_table(results))
     if plot is not None:
         console.print(f"plot: {plot}")
