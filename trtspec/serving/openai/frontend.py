@@ -31,6 +31,7 @@ def build_service(repo: Path, triton_grpc_url: str, served_model_name: str | Non
     deployment = ServedDeployment.from_repo(repo, served_model_name)
     tokenizer = PromptTokenizer(deployment.tokenizer_dir, deployment.add_special_tokens)
     if tokenizer.has_chat_template:  # load the template engine now, not on the first request
+        require("transformers", "torch")  # renders chat templates (as the preprocessing model does)
         tokenizer.chat_prompt([{"role": "user", "content": "hello"}])
     backend = TritonBackend(triton_grpc_url, deployment.entry_model, deployment.contract)
     return OpenAIService(deployment, backend, tokenizer)
