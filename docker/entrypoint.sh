@@ -25,14 +25,16 @@ PY
 serve() {
   link_mounts
   local repo="${TRTSPEC_SPEC__OUTPUT__REPO_DIR:-/models}" openai="${TRTSPEC_OPENAI_PORT:-9000}"
-  # One Triton process drives both engines (orchestrator mode, TRTLLM_ORCHESTRATOR=1 from the image).
-  local triton_cmd=(tritonserver --model-repository="$repo" --http-port=8000 --grpc-port=8001 --metrics-port=8002 "$@")
+  # The repository's launch (trtspec.serving.launch): for two TensorRT-LLM engines upstream's launch_triton_server.py
+  # --multi-model (mpirun, --disable-auto-complete-config, per-rank shm prefixes, TRTLLM_ORCHESTRATOR=1 and
+  # TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES), plain tritonserver otherwise. Extra arguments go to rank 0.
+  local triton_cmd=(python3 -m trtspec.serving.launch "$repo" "$@")
   if [ "$openai" = "0" ]; then
     exec "${triton_cmd[@]}"
   fi
   "${triton_cmd[@]}" &
   local triton=$!
-  # It answers /health with 503 until Triton is ready.
+  # The OpenAI-compatible frontend next to it; it answers /health with 503 until Triton is ready.
   python3 -m trtspec.serving.openai --repo "$repo" --triton 127.0.0.1:8001 --host 0.0.0.0 --port "$openai" &
   local front=$!
   trap 'kill -TERM "$triton" "$front" 2>/dev/null || true' TERM INT
