@@ -114,12 +114,27 @@ def test_summary_percentiles_and_routed_requests_left_out_of_acceptance():
     from trtspec.serving.bench.runner import pct, summarize
 
     assert pct([], 0.5) is None and pct([3, 1, 2], 0.5) == 2 and pct(list(range(101)), 0.99) == 99
-    records = [Record(tokens=10, ttft=0.1 * i, itl=0.01, latency=1.0, drafted=8, accepted=4) for i in range(1, 5)]
+    records = [Record(tokens=10, ttft=0.1 * i, itl=0.01, latency=1.0, drafted=8, accepted=4, has_acceptance=True)
+               for i in range(1, 5)]
     records += [Record(tokens=5, ttft=0.5, itl=0.02, latency=0.5, routed=True), Record(error="boom")]
     s = summarize(records, 2.0)
     assert (s["requests"], s["errors"], s["routed_to_target"], s["output_tokens"]) == (5, 1, 1, 45)
     assert s["acceptance_rate"] == 0.5 and s["output_tok_per_s"] == 22.5 and s["first_error"] == "boom"
     assert s["ttft_p50_s"] <= s["ttft_p90_s"] <= s["ttft_p99_s"] == 0.5
+    # No request reported draft statistics (the LLM API's zeroed perf metrics): unavailable, not 0.
+    assert summarize([Record(tokens=3, latency=0.1)], 1.0)["acceptance_rate"] is None
+
+
+def test_speculative_statistics_are_null_when_the_server_reports_none():
+    from trtspec.serving.openai.app import OpenAIService, Prepared
+
+    p = Prepared("chat", None, "x", 5, 8, {}, [], 3, False)
+    reason, usage, spec = OpenAIService.finish(None, p, {"num_output_tokens": 8})  # type: ignore[arg-type]
+    assert reason == "length" and usage == {"prompt_tokens": 5, "completion_tokens": 8, "total_tokens": 13}
+    assert spec["total_draft_tokens"] is None and spec["acceptance_rate"] is None and spec["draft_len"] == 3
+    _, _, spec = OpenAIService.finish(None, p, {"num_output_tokens": 2, "total_draft_tokens": 6,  # type: ignore
+                                                "total_accepted_draft_tokens": 3, "acceptance_rate": 0.5})
+    assert (spec["total_draft_tokens"], spec["total_accepted_draft_tokens"], spec["acceptance_rate"]) == (6, 3, 0.5)
 
 
 def test_open_loop_arrivals_do_not_wait_for_answers():

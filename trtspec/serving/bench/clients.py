@@ -29,6 +29,7 @@ class Record:
     drafted: int = 0
     accepted: int = 0
     routed: bool = False
+    has_acceptance: bool = False  # the server reported draft statistics (the LLM API may not)
     error: str | None = None
 
 
@@ -36,11 +37,12 @@ def _record(chunk_times: list[float], chunks: list[str], latency: float, stats: 
             routed: bool | None = None) -> Record:
     n = int(stats.get("num_output_tokens", 0))
     times = [t for t, c in zip(chunk_times, chunks) if c]
-    drafted = int(stats.get("total_draft_tokens", 0))
+    known = stats.get("total_draft_tokens") is not None
+    drafted = int(stats["total_draft_tokens"]) if known else 0
     return Record(tokens=n, input_tokens=int(stats.get("num_input_tokens", 0)), ttft=times[0] if times else None,
                   itl=(times[-1] - times[0]) / (n - 1) if n > 1 and len(times) > 1 else None, latency=latency,
-                  drafted=drafted, accepted=int(stats.get("total_accepted_draft_tokens", 0)),
-                  routed=(drafted == 0) if routed is None else routed)
+                  drafted=drafted, accepted=int(stats.get("total_accepted_draft_tokens") or 0),
+                  routed=(known and drafted == 0) if routed is None else routed, has_acceptance=known)
 
 
 class TritonRequester:
@@ -184,8 +186,7 @@ class OpenAIRequester:
                     stats["num_input_tokens"] = event["usage"]["prompt_tokens"]
                 spec = event.get("speculative_decoding")
                 if spec:
-                    stats.update({k: spec[k] for k in ("total_draft_tokens", "total_accepted_draft_tokens")
-                                  if k in spec})
+                    stats.update({k: spec.get(k) for k in ("total_draft_tokens", "total_accepted_draft_tokens")})
                     routed = spec.get("routed_to_target")
         except Exception as exc:  # noqa: BLE001 - counted and reported
             return Record(error=str(exc))

@@ -34,7 +34,8 @@ def render_table(results: dict[str, Any]) -> Any:
             req = f"{m['requests']}" + (f" ({m['errors']} err)" if m["errors"] else "")
             table.add_row(str(row[load]), m["mode"], req, str(m["routed_to_target"]), f"{m['output_tok_per_s']:.1f}",
                           f"{m['requests_per_s']:.2f}", _ms3(m, "ttft"), _ms3(m, "itl"), _ms3(m, "e2e"),
-                          "-" if m["draft_len"] == 0 else f"{m['acceptance_rate']:.2f}",
+                          "-" if m["draft_len"] == 0 else ("n/a" if m["acceptance_rate"] is None
+                                                            else f"{m['acceptance_rate']:.2f}"),
                           f"{m['speedup']:.2f}x" if "speedup" in m else "")
     return table
 
@@ -65,7 +66,8 @@ def plot_results(results: dict[str, Any], path: Path) -> Path:
         ttft.plot(xs, [(m["ttft_p50_s"] or 0) * 1000 for m in modes], **style)
         itl.plot(xs, [(m["itl_p50_s"] or 0) * 1000 for m in modes], **style)
         if name != "target_only":
-            acc.plot(xs, [m["acceptance_rate"] for m in modes], **style)
+            acc.plot(xs, [float("nan") if m["acceptance_rate"] is None else m["acceptance_rate"] for m in modes],
+                     **style)
             if any("speedup" in m for m in modes):
                 speed.plot(xs, [m.get("speedup", float("nan")) for m in modes], color=f"C{i}", alpha=0.5,
                            linestyle=":", marker="x", label=f"{name} speedup")

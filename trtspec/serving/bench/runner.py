@@ -85,7 +85,8 @@ def summarize(records: list[Record], wall: float) -> dict[str, Any]:
     errors = [r.error for r in records if r.error is not None]
     tokens = sum(r.tokens for r in ok)
     spec = [r for r in ok if not r.routed]
-    drafted = sum(r.drafted for r in spec)
+    known = [r for r in spec if r.has_acceptance]
+    drafted = sum(r.drafted for r in known)
     out: dict[str, Any] = {
         "requests": len(ok), "errors": len(errors), "routed_to_target": len(ok) - len(spec),
         "wall_s": round(wall, 3), "output_tokens": tokens,
@@ -94,7 +95,8 @@ def summarize(records: list[Record], wall: float) -> dict[str, Any]:
         "mean_concurrency": round(sum(r.latency for r in ok) / wall, 2) if wall else 0.0,
         "input_tokens_mean": round(statistics.fmean([r.input_tokens for r in ok]), 1) if ok else None,
         "output_tokens_mean": round(tokens / len(ok), 1) if ok else None,
-        "acceptance_rate": round(sum(r.accepted for r in spec) / drafted, 4) if drafted else 0.0,
+        # None: no request reported draft statistics (unavailable, e.g. the LLM API's zeroed perf metrics)
+        "acceptance_rate": (round(sum(r.accepted for r in known) / drafted, 4) if drafted else 0.0) if known else None,
         "first_error": errors[0] if errors else None,
     }
     for name, values in (("ttft", [r.ttft for r in ok if r.ttft is not None]),

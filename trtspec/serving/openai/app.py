@@ -127,7 +127,7 @@ class OpenAIService:
         try:
             async with aclosing(self.backend.generate(p.values)) as responses:
                 async for text, s in responses:
-                    stats = s or stats
+                    stats = {**stats, **s}  # a response may leave out what an earlier one reported
                     out = matcher.feed(text)
                     if out:
                         yield out, stats, False
@@ -148,9 +148,11 @@ class OpenAIService:
         reason = "stop" if stats.get("_stopped") or completion < p.max_tokens else "length"
         prompt = int(stats.get("num_input_tokens") or p.prompt_tokens)
         usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-        spec = {"total_draft_tokens": int(stats.get("total_draft_tokens", 0)),
-                "total_accepted_draft_tokens": int(stats.get("total_accepted_draft_tokens", 0)),
-                "acceptance_rate": round(float(stats.get("acceptance_rate", 0.0)), 6),
+        # The LLM API's PyTorch flow may report no acceptance at all: unavailable (null), never 0.
+        known = "total_draft_tokens" in stats
+        spec = {"total_draft_tokens": int(stats["total_draft_tokens"]) if known else None,
+                "total_accepted_draft_tokens": int(stats.get("total_accepted_draft_tokens", 0)) if known else None,
+                "acceptance_rate": round(float(stats.get("acceptance_rate", 0.0)), 6) if known else None,
                 "draft_len": p.draft_len, "routed_to_target": p.routed}
         return reason, usage, spec
 
