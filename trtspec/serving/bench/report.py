@@ -61,7 +61,8 @@ def plot_results(results: dict[str, Any], path: Path) -> Path:
     speed = acc.twinx()
     for i, name in enumerate(names):
         modes = [next(m for m in row["modes"] if m["mode"] == name) for row in levels]
-        style = dict(marker="os^vD<>p"[i % 8], linestyle="--" if name == "target_only" else "-", label=name)
+        style = dict(marker="os^vD<>p"[i % 8], linestyle="--" if name == "target_only" else "-", label=name,
+                     color=f"C{i}")  # one colour per mode in every panel
         tput.plot(xs, [m["output_tok_per_s"] for m in modes], **style)
         ttft.plot(xs, [(m["ttft_p50_s"] or 0) * 1000 for m in modes], **style)
         itl.plot(xs, [(m["itl_p50_s"] or 0) * 1000 for m in modes], **style)
