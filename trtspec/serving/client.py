@@ -21,19 +21,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trtspec.errors import GenerationError, ServerError
-from trtspec.serving.endpoints import parse_url, probe, stream_error
+from trtspec.serving.contract import (LLMAPI_FIELDS, LLMAPI_MODEL, LLMAPI_STATS, STAT_NAMES, contract_of,
+                                     grpc_inputs, grpc_outputs, json_payload, llmapi_inputs, request_inputs,
+                                     result_payload, translate)
+from trtspec.serving.endpoints import PROTOCOLS, parse_url, probe, stream_error
 
-STAT_NAMES = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "num_input_tokens",
-              "num_output_tokens")
-# ensemble field -> llmapi model input (trtspec.triton_repo.tensors.LLMAPI_INPUTS)
-LLMAPI_FIELDS = {"text_input": "text_input", "max_tokens": "sampling_param_max_tokens", "stream": "streaming",
-                 "temperature": "sampling_param_temperature", "top_k": "sampling_param_top_k",
-                 "top_p": "sampling_param_top_p", "seed": "sampling_param_seed",
-                 "exclude_input_in_output": "sampling_param_exclude_input_from_output",
-                 "stop_words": "sampling_param_stop", "return_perf_metrics": "sampling_param_return_perf_metrics",
-                 "apply_chat_template": "apply_chat_template"}
-LLMAPI_STATS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "num_output_tokens")
-LLMAPI_MODEL = "tensorrt_llm"
+# Re-exported: the translation lives in trtspec.serving.contract, shared with the OpenAI frontend and the bench.
+__all__ = ["STAT_NAMES", "LLMAPI_FIELDS", "LLMAPI_STATS", "LLMAPI_MODEL", "PROTOCOLS", "GenerateResult",
+           "TritonLLMClient", "llmapi_inputs", "request_inputs"]
 
 
 @dataclass
@@ -54,39 +49,6 @@ class GenerateResult:
     def to_dict(self) -> dict[str, Any]:
         return {"text": self.text, "stats": self.stats, "chunks": len(self.chunks),
                 "ttft_s": self.ttft_s, "latency_s": round(self.latency_s, 4)}
-
-
-def _input_types(contract: str = "ensemble") -> dict[str, str]:
-    from trtspec.triton_repo.tensors import ENSEMBLE_INPUTS, LLMAPI_INPUTS
-
-    return {t.name: t.dtype for t in (LLMAPI_INPUTS if contract == "llmapi" else ENSEMBLE_INPUTS)}
-
-
-def llmapi_inputs(values: dict[str, Any]) -> dict[str, Any]:
-    """Ensemble request fields as the llmapi model's inputs; a field it has no input for is an error."""
-    unsupported = sorted(set(values) - set(LLMAPI_FIELDS))
-    if unsupported == ["num_draft_tokens"] and values["num_draft_tokens"] == 0:
-        raise GenerationError("the trtllm-llmapi model cannot skip the draft per request (num_draft_tokens 0)",
-                              hint="the LLM API applies the deployment's speculative_config to every request")
-    if unsupported:
-        raise GenerationError(f"request field {unsupported[0]!r} is not supported by the trtllm-llmapi model",
-                              hint=f"supported: {', '.join(sorted(LLMAPI_FIELDS))}")
-    return {LLMAPI_FIELDS[k]: v for k, v in values.items()}
-
-
-def request_inputs(prompt: str | bytes, max_tokens: int, stream: bool, options: dict[str, Any]) -> dict[str, Any]:
-    """The ensemble inputs for one request (None-valued options are left out)."""
-    values: dict[str, Any] = {"text_input": prompt, "max_tokens": int(max_tokens), "stream": bool(stream),
-                              "exclude_input_in_output": True}
-    values.update({k: v for k, v in options.items() if v is not None})
-    known = _input_types()
-    unknown = sorted(set(values) - set(known))
-    if unknown:
-        raise GenerationError(f"unknown request field {unknown[0]!r}", hint=f"known: {', '.join(sorted(known))}")
-    from trtspec.validation import validate_fields
-
-    validate_fields(values)  # the rules every path applies, before anything is sent
-    return values
 
 
 class TritonLLMClient:
@@ -147,9 +109,8 @@ class TritonLLMClient:
         except Exception:  # noqa: BLE001
             return []
 
-    def deployment_parameters(self, model: str = "tensorrt_llm_bls") -> dict[str, str]:
-        """The string parameters of a served model's config (the orchestrator's: max_draft_len, route_threshold);
-        empty when the server has no such model (runtime trtllm-llmapi) or does not say."""
+    def model_parameters(self, model: str) -> dict[str, str]:
+        """The string parameters of a served model's config; empty when the server has no such model."""
         try:
             if self.protocol == "http":
                 config = self._get_json(f"/v2/models/{model}/config")
@@ -158,6 +119,13 @@ class TritonLLMClient:
             return {k: str(v.get("string_value", "")) for k, v in (config.get("parameters") or {}).items()}
         except Exception:  # noqa: BLE001
             return {}
+
+    def deployment_parameters(self) -> dict[str, str]:
+        """The draft-target settings of the served repository (max_draft_len, route_threshold ...), from the
+        orchestrator or the in-process target model; empty when the server does not say (runtime trtllm-llmapi)."""
+        from trtspec.triton_repo.names import DRAFT_TARGET_MODELS, draft_target_params
+
+        return draft_target_params({m: self.model_parameters(m) for m in DRAFT_TARGET_MODELS})
 
     def max_draft_len(self) -> int | None:
         """The deployment's K bound (the orchestrator's max_draft_len), or None when the server does not say."""
@@ -208,14 +176,10 @@ class TritonLLMClient:
 
     def _resolve_contract(self) -> str:
         if self.contract is None:
-            self.contract = "ensemble"
-            inputs = self._model_inputs(self.model)
-            if inputs is None and self.model == "ensemble":
-                alt = self._model_inputs(LLMAPI_MODEL)
-                if alt is not None and "sampling_param_max_tokens" in alt:
-                    self.model, self.contract = LLMAPI_MODEL, "llmapi"
-            elif inputs is not None and "sampling_param_max_tokens" in inputs:
-                self.contract = "llmapi"
+            found = contract_of(self._model_inputs(self.model))
+            if found is None and self.model == "ensemble" and contract_of(self._model_inputs(LLMAPI_MODEL)) == "llmapi":
+                self.model, found = LLMAPI_MODEL, "llmapi"  # an llmapi repository has no ensemble
+            self.contract = found or "ensemble"
         return self.contract
 
     def close(self) -> None:
@@ -236,9 +200,7 @@ class TritonLLMClient:
     def generate(self, prompt: str | bytes, max_tokens: int, *, stream: bool = False,
                  on_text: Callable[[str], None] | None = None, **options: Any) -> GenerateResult:
         """One prompt; with ``stream`` the text arrives in several responses (``on_text`` sees each chunk)."""
-        values = request_inputs(prompt, max_tokens, stream, options)
-        if self._resolve_contract() == "llmapi":
-            values = llmapi_inputs(values)
+        values = translate(request_inputs(prompt, max_tokens, stream, options), self._resolve_contract())
         t0 = time.perf_counter()
         result = GenerateResult(text="")
         chunks = self._grpc_chunks(values) if self.protocol == "grpc" else self._http_chunks(values, stream)
@@ -254,32 +216,11 @@ class TritonLLMClient:
         return result
 
     def _grpc_chunks(self, values: dict[str, Any]) -> Iterator[tuple[str, dict]]:
-        import numpy as np
-        import tritonclient.grpc as grpcclient
-
         client = self._grpc_client()
-        llmapi = self.contract == "llmapi"
-        types = _input_types(self.contract or "ensemble")
-        inputs = []
-        for name, value in values.items():
-            dtype = types[name]
-            if dtype == "STRING":
-                items = value if isinstance(value, (list, tuple)) else [value]
-                arr = np.array([v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in items],
-                               dtype=np.object_)
-                dtype = "BYTES"
-            else:
-                np_type = {"INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32, "BOOL": np.bool_}[dtype]
-                arr = np.array([value], dtype=np_type)
-            if not llmapi:
-                arr = arr[None]  # the ensemble batches: [1, ...]
-            x = grpcclient.InferInput(name, list(arr.shape), dtype)
-            x.set_data_from_numpy(arr)
-            inputs.append(x)
+        contract = self.contract or "ensemble"
+        inputs = grpc_inputs(values, contract)
         request_id = uuid.uuid4().hex
-        stat_names = LLMAPI_STATS if llmapi else STAT_NAMES
-        outputs = [grpcclient.InferRequestedOutput(n) for n in ("text_output", *stat_names)]
-        client.async_stream_infer(self.model, inputs, outputs=outputs, request_id=request_id,
+        client.async_stream_infer(self.model, inputs, outputs=grpc_outputs(contract), request_id=request_id,
                                   enable_empty_final_response=True)
         deadline = time.monotonic() + self.timeout_s
         while True:
@@ -294,26 +235,20 @@ class TritonLLMClient:
             response = result.get_response()
             if response.id and response.id != request_id:
                 continue  # a late response of an earlier request on this stream
-            text_out = result.as_numpy("text_output")
-            if text_out is not None:
-                text = b"".join(bytes(t) for t in text_out.reshape(-1)).decode("utf-8", errors="replace")
-                stats = {}
-                for n in stat_names:
-                    v = result.as_numpy(n)
-                    if v is not None:
-                        stats[n] = float(v.reshape(-1)[0]) if n == "acceptance_rate" else int(v.reshape(-1)[0])
-                yield text, stats
+            payload = result_payload(result, contract)
+            if payload is not None:
+                yield payload
             final = response.parameters.get("triton_final_response")
             if final is None or final.bool_param:
                 return
 
     def _http_chunks(self, values: dict[str, Any], stream: bool) -> Iterator[tuple[str, dict]]:
+        import http.client
+
         body = dict(values)
         if isinstance(body["text_input"], bytes):
             body["text_input"] = body["text_input"].decode("utf-8")  # JSON carries text only
         endpoint = "generate_stream" if stream else "generate"
-        import http.client
-
         req = urllib.request.Request(f"{self._http_base}/v2/models/{self.model}/{endpoint}",
                                      data=json.dumps(body).encode("utf-8"),
                                      headers={"Content-Type": "application/json"})
@@ -329,12 +264,12 @@ class TritonLLMClient:
         with resp:
             try:
                 if not stream:
-                    yield _http_payload(json.loads(resp.read().decode("utf-8")))
+                    yield json_payload(json.loads(resp.read().decode("utf-8")))
                     return
                 for raw in resp:
                     line = raw.decode("utf-8").strip()
                     if line.startswith("data:"):
-                        yield _http_payload(json.loads(line[5:].strip()))
+                        yield json_payload(json.loads(line[5:].strip()))
             except (http.client.IncompleteRead, ConnectionError, TimeoutError) as exc:
                 raise ServerError(f"the server at {self.endpoint.url} dropped the connection mid-request "
                                   f"({type(exc).__name__})", hint="the server stopped or a model crashed: its log "
@@ -350,17 +285,3 @@ def _http_error(exc: urllib.error.HTTPError) -> str:
         return str(json.loads(body).get("error", exc.reason))
     except Exception:  # noqa: BLE001
         return str(exc.reason)
-
-
-def _http_payload(data: dict[str, Any]) -> tuple[str, dict]:
-    if "error" in data:
-        raise GenerationError(f"server: {data['error']}", hint="the server refused this request; its log has details")
-    text = data.get("text_output", "")
-    if isinstance(text, list):
-        text = "".join(text)
-    stats = {}
-    for n in STAT_NAMES:
-        if n in data:
-            v = data[n][0] if isinstance(data[n], list) else data[n]
-            stats[n] = float(v) if n == "acceptance_rate" else int(v)
-    return text, stats

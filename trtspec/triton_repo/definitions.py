@@ -17,11 +17,11 @@ from trtspec.build.plan import serving_model_dir
 from trtspec.engines.speculation import MAX_DRAFT_LEN
 from trtspec.spec import BuildSpec, Runtime
 from trtspec.triton_repo import tensors as t
+from trtspec.triton_repo.names import BLS, DRAFT, ENSEMBLE, POST, PRE, TARGET
 from trtspec.triton_repo.pbtxt import add_inputs, add_outputs, new_config, set_dynamic_batching
 
 MODELS_DIR = Path(__file__).parent / "models"
-TARGET, DRAFT = "tensorrt_llm", "tensorrt_llm_draft"
-BLS, PRE, POST, ENSEMBLE = "tensorrt_llm_bls", "preprocessing", "postprocessing", "ensemble"
+__all__ = ["BLS", "DRAFT", "ENSEMBLE", "POST", "PRE", "TARGET", "ModelDefinition", "repository_models"]
 STREAM_CONTEXT_TOKENS = 32  # tokens of context the orchestrator sends with each streamed response (detokenization)
 
 
