@@ -12,7 +12,7 @@ import typer
 from rich.table import Table
 
 from trtspec.cli._common import console, err_console, print_json, resolve_spec
-from trtspec.cli._options import JsonOpt, Protocol, SpecArg, UrlOpt
+from trtspec.cli._options import JsonOpt, Protocol, ProtocolOpt, SpecArg, UrlOpt
 from trtspec.errors import ServerError
 
 RepoArg = Annotated[Optional[Path], typer.Argument(help="model repository; omitted: ./triton_repo",
@@ -198,7 +198,7 @@ def bench(url: Annotated[Optional[str], typer.Option("--url", help="Triton, HOST
           openai: Annotated[Optional[str], typer.Option("--openai", metavar="URL",
                                                         help="an OpenAI-compatible server, http://HOST:PORT/v1")
                             ] = None,
-          protocol: ProtocolOpt = "grpc",
+          protocol: ProtocolOpt = None,
           prompts: Annotated[Optional[Path], typer.Option("--prompts", help="text (one prompt a line) or JSONL "
                                                           "(text or prompt, optional max_tokens); omitted: built-in set"
                                                           )] = None,
@@ -255,7 +255,7 @@ def bench(url: Annotated[Optional[str], typer.Option("--url", help="Triton, HOST
     else:
         load, levels = "concurrency", _numbers("--concurrency", concurrency or "1,2,4,8", int, 1)
     ks = _numbers("--draft-len", draft_len, int, 1) if draft_len is not None else None
-    requester = OpenAIRequester(openai) if openai is not None else TritonRequester(url, protocol)  # type: ignore[arg-type]
+    requester = OpenAIRequester(openai) if openai is not None else TritonRequester(url, protocol.value if protocol else None)  # type: ignore[arg-type]
     try:
         results = run_bench(requester, workload, levels, load=load, draft_lens=ks, baseline=not no_baseline,
                             chat=not raw, requests_per_level=requests or None, seed=seed,

@@ -50,13 +50,13 @@ class TritonRequester:
 
     protocol: str
 
-    def __init__(self, url: str, protocol: str = "grpc") -> None:
+    def __init__(self, url: str, protocol: str | None = None) -> None:
         from trtspec.serving.client import TritonLLMClient
 
-        self.url, self.protocol = url, protocol
         self._make = lambda: TritonLLMClient(url, protocol=protocol)
         self._pool: queue.SimpleQueue = queue.SimpleQueue()
         first = self._make()
+        self.url, self.protocol = url, first.protocol  # None: the URL's scheme, else gRPC
         first.check_ready()
         self.contract = first.contract or "ensemble"
         self._pool.put(first)
