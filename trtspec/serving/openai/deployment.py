@@ -31,6 +31,7 @@ class ServedDeployment:
     max_seq_len: int
     max_draft_len: int
     route_threshold: int
+    draft_target_model: str | None = None  # ensemble repositories: the model the frontend sends token requests to
 
     @property
     def per_request_draft_len(self) -> bool:
@@ -63,7 +64,9 @@ class ServedDeployment:
             pre = _params(configs.get("preprocessing"))
             from trtspec.triton_repo.names import DRAFT_TARGET_MODELS, draft_target_params
 
-            bls = draft_target_params({m: _params(configs.get(m)) for m in DRAFT_TARGET_MODELS})
+            params_of = {m: _params(configs.get(m)) for m in DRAFT_TARGET_MODELS}
+            bls = draft_target_params(params_of)
+            middle = next((m for m in DRAFT_TARGET_MODELS if "max_draft_len" in params_of[m]), None)
             if "tokenizer_dir" not in pre:
                 raise ServerError(f"{repo}: its preprocessing model names no tokenizer_dir",
                                   hint="rewrite the repository with `trtspec repo`")
@@ -76,7 +79,7 @@ class ServedDeployment:
                        max_input_len=int(pre.get("max_input_len", 0) or 0),
                        max_seq_len=int(pre.get("max_seq_len", 0) or bls.get("max_seq_len", 0) or 0),
                        max_draft_len=int(bls.get("max_draft_len", 0) or 0),
-                       route_threshold=int(bls.get("route_threshold", 0) or 0))
+                       route_threshold=int(bls.get("route_threshold", 0) or 0), draft_target_model=middle)
         if LLMAPI_MODEL in configs and (repo / LLMAPI_MODEL / "1" / "model.yaml").is_file():
             import yaml
 

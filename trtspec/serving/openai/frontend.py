@@ -24,7 +24,7 @@ def build_service(repo: Path, triton_grpc_url: str, served_model_name: str | Non
     for module in ("starlette", "uvicorn", "tritonclient"):
         require(module, "serve")
     from trtspec.serving.openai.app import OpenAIService
-    from trtspec.serving.openai.backend import TritonBackend
+    from trtspec.serving.openai.backend import DirectBackend, TritonBackend
     from trtspec.serving.openai.deployment import ServedDeployment
     from trtspec.serving.openai.text import PromptTokenizer
 
@@ -33,7 +33,11 @@ def build_service(repo: Path, triton_grpc_url: str, served_model_name: str | Non
     if tokenizer.has_chat_template:  # load the template engine now, not on the first request
         require("transformers", "torch")  # renders chat templates (as the preprocessing model does)
         tokenizer.chat_prompt([{"role": "user", "content": "hello"}])
-    backend = TritonBackend(triton_grpc_url, deployment.entry_model, deployment.contract)
+    if deployment.draft_target_model:  # ensemble repositories: straight to the draft-target model (cancellable)
+        backend: TritonBackend = DirectBackend(triton_grpc_url, deployment.draft_target_model,
+                                               deployment.tokenizer_dir, deployment.add_special_tokens)
+    else:
+        backend = TritonBackend(triton_grpc_url, deployment.entry_model, deployment.contract)
     return OpenAIService(deployment, backend, tokenizer)
 
 
