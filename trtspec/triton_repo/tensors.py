@@ -14,9 +14,14 @@ SCALAR = (1,)
 NO_SHAPE = ()  # TRT-LLM's `reshape: { shape: [ ] }`
 
 # -- ensemble (what clients see) -----------------------------------------------------------------------------------
+# text_input and max_tokens are required, but declared optional (trtspec; upstream declares them required): Triton
+# 2.51 admits a request that lacks a required input whenever its input count is within range, and the ensemble then
+# never runs the step that needs the input: a stream gets an empty final response (or nothing), HTTP generate_stream
+# an empty 200. Declared optional, the request reaches preprocessing, which answers it with an error on every protocol.
+REQUIRED_ENSEMBLE_INPUTS = ("text_input", "max_tokens")
 ENSEMBLE_INPUTS = [
-    T("text_input", "STRING", SCALAR),
-    T("max_tokens", "INT32", SCALAR),
+    T("text_input", "STRING", SCALAR, optional=True),
+    T("max_tokens", "INT32", SCALAR, optional=True),
     T("bad_words", "STRING", (-1,), optional=True),
     T("stop_words", "STRING", (-1,), optional=True),
     T("exclude_input_in_output", "BOOL", SCALAR, optional=True),
@@ -46,8 +51,8 @@ ENSEMBLE_OUTPUTS = [T("text_output", "STRING", (-1,)), *STAT_OUTPUTS]
 
 # -- preprocessing -------------------------------------------------------------------------------------------------
 PRE_INPUTS = [
-    T("QUERY", "STRING", SCALAR),
-    T("REQUEST_OUTPUT_LEN", "INT32", SCALAR),
+    T("QUERY", "STRING", SCALAR, optional=True),  # required: see REQUIRED_ENSEMBLE_INPUTS
+    T("REQUEST_OUTPUT_LEN", "INT32", SCALAR, optional=True),
     T("BAD_WORDS_DICT", "STRING", (-1,), optional=True),
     T("STOP_WORDS_DICT", "STRING", (-1,), optional=True),
     T("END_ID", "INT32", SCALAR, optional=True),

@@ -38,6 +38,12 @@ class TritonPythonModel:
         return responses
 
     def _one(self, x):
+        # Declared optional so that a request without them reaches us (trtspec.triton_repo.tensors): refuse it here.
+        missing = [field for name, field in (("QUERY", "text_input"), ("REQUEST_OUTPUT_LEN", "max_tokens"))
+                   if name not in x]
+        if missing:
+            raise GenerationError(f"missing required input(s) {', '.join(missing)}",
+                                  hint="send text_input (the prompt) and max_tokens")
         query = x["QUERY"].reshape(x["QUERY"].shape[0], -1)
         batch = query.shape[0]
         out_len = scalar_rows(x.get("REQUEST_OUTPUT_LEN"), batch, None)
