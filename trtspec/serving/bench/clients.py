@@ -57,6 +57,7 @@ class TritonRequester:
         self._pool: queue.SimpleQueue = queue.SimpleQueue()
         first = self._make()
         self.url, self.protocol = url, first.protocol  # None: the URL's scheme, else gRPC
+        self._address = first.url  # host:port, without the scheme
         first.check_ready()
         self.contract = first.contract or "ensemble"
         self._pool.put(first)
@@ -88,13 +89,15 @@ class TritonRequester:
                 return client.get_model_config(model, as_json=True).get("config")
             finally:
                 client.close()
-        except Exception:  # noqa: BLE001 - an unknown model: nothing to describe
+        except (OSError, ValueError, KeyError):  # an unknown model (HTTP 400): nothing to describe
             return None
+        except Exception as exc:  # noqa: BLE001 - tritonclient's InferenceServerException for an unknown model
+            if type(exc).__name__ == "InferenceServerException":
+                return None
+            raise
 
     def _host(self) -> str:
-        from trtspec.serving.client import _split_url
-
-        return _split_url(self.url)
+        return self._address
 
     def send(self, prompt: str, max_tokens: int, k: int | None, chat: bool) -> Record:
         try:
