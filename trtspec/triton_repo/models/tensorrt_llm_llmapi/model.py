@@ -12,9 +12,13 @@ zeroed in every release up to 1.2 (TensorRT-LLM PR #17082 fixed it later), so a 
 tokens carries no acceptance outputs at all: unavailable, never reported as an acceptance of 0.
 
 Decoupled (``triton_config.decoupled``): each request runs on its own thread and streams one response per step when
-``streaming`` is true; a watch thread aborts the LLM API request of a client that cancelled or went away (as
-upstream's llmapi model does: ``request.is_cancelled()`` every 100 ms, then ``RequestOutput.abort()``). Otherwise
-execute() submits every request of the batch before waiting for any, so the LLM API batches them in flight.
+``streaming`` is true; the model's control watcher (trtspec.triton_repo.control: ``request.is_cancelled()`` every
+100 ms, as upstream's llmapi model polls) answers a cancelled request CANCELLED and aborts its LLM API request
+(``RequestOutput.abort()``), and the same control refuses new requests while the server drains. Every response goes
+through the control's per-request lock, so no request is asked ``is_cancelled()`` after its final response: asked
+then, Triton 2.51's server process dereferences the freed response factory and dies (SIGSEGV, seen in this model's
+own watch thread before). Otherwise execute() submits every request of the batch before waiting for any, so the LLM
+API batches them in flight.
 """
 
 import os
@@ -27,14 +31,14 @@ for _path in reversed(os.environ.get("TRTSPEC_PYTHONPATH", "").split(os.pathsep)
 
 import json
 import threading
-import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 import yaml
 
+from trtspec.triton_repo.control import ModelControl
+
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-CANCEL_CHECK_PERIOD_S = 0.1  # upstream's cancellation_check_period_ms default
 # request input -> (SamplingParams field, type)
 SAMPLING_INPUTS = {
     "sampling_param_temperature": ("temperature", float),
@@ -88,21 +92,8 @@ class TritonPythonModel:
         self.llm = LLM(**update_llm_args_with_extra_dict({}, llm_args))
         self._threads = set()
         self._lock = threading.Lock()
-        self._inflight = {}  # id(request) -> [request, RequestOutput, cancelled]
-        self._running = True
-        self._watch = threading.Thread(target=self._watch_cancellation, daemon=True)
-        self._watch.start()
-
-    def _watch_cancellation(self):
-        """Abort the LLM API request of every Triton request its client cancelled."""
-        while self._running:
-            time.sleep(CANCEL_CHECK_PERIOD_S)
-            with self._lock:
-                entries = list(self._inflight.values())
-            for entry in entries:
-                if not entry[2] and entry[0].is_cancelled():
-                    entry[2] = True
-                    entry[1].abort()
+        # Cancellation (100 ms polls: upstream's cancellation_check_period_ms default) and drain.
+        self.control = ModelControl(pb_utils, args["model_name"])
 
     # -- requests ------------------------------------------------------------------------------------------------
     def _parse(self, request):
@@ -177,22 +168,31 @@ class TritonPythonModel:
     def execute(self, requests):
         if not self.decoupled:
             pending = []
-            for request in requests:  # submit all first: the LLM API batches them in flight
+            tracked = [self.control.admit(r, decoupled=False) for r in requests]
+            for request, t in zip(requests, tracked):  # submit all first: the LLM API batches them in flight
+                if t.closed:  # refused while draining
+                    pending.append((t.response, ""))
+                    continue
                 try:
                     prompt, sampling, _, echo = self._parse(request)
                     pending.append((self.llm.generate_async(prompt, sampling), prompt if echo else ""))
                 except Exception as exc:  # noqa: BLE001 - answered as this request's error
                     pending.append((exc, ""))
             responses = []
-            for result, prefix in pending:
-                if isinstance(result, Exception):
-                    responses.append(self._error(result))
+            for (result, prefix), t in zip(pending, tracked):
+                if isinstance(result, pb_utils.InferenceResponse):
+                    responses.append(result)
                     continue
-                try:
-                    result.result()
-                    responses.append(self._response(result, prefix + result.outputs[0].text))
-                except Exception as exc:  # noqa: BLE001
-                    responses.append(self._error(exc))
+                if isinstance(result, Exception):
+                    response = self._error(result)
+                else:
+                    try:
+                        result.result()
+                        response = self._response(result, prefix + result.outputs[0].text)
+                    except Exception as exc:  # noqa: BLE001
+                        response = self._error(exc)
+                t.send(response, flags=FINAL)  # closes it: the watcher no longer asks about it
+                responses.append(response)
             return responses
         for request in requests:
             thread = threading.Thread(target=self._serve_decoupled, args=(request,), daemon=True)
@@ -202,43 +202,36 @@ class TritonPythonModel:
         return None
 
     def _serve_decoupled(self, request):
-        sender = request.get_response_sender()
+        sender = self.control.admit(request)  # its send() drops what is due once the request is closed
         try:
+            if sender.closed:
+                return  # refused while draining (answered)
             prompt, sampling, stream, echo = self._parse(request)
             result = self.llm.generate_async(prompt, sampling, streaming=stream)
-            entry = [request, result, False]
-            with self._lock:
-                self._inflight[id(request)] = entry
+            sender.on_cancel = result.abort  # cancelled (answered CANCELLED by the watcher) or cut at a drain
             if stream:
                 sent = False
                 if echo:
                     sender.send(self._tensors(prompt))
                 for step in result:  # one RequestOutput per step; text_diff is what this step added
-                    if entry[2]:
+                    if sender.cancelled:
                         break  # aborted: the client is gone
                     final = bool(step.finished)
                     sender.send(self._response(step, step.outputs[0].text_diff), flags=FINAL if final else 0)
                     sent = final
-                if entry[2]:
-                    sender.send(_cancelled(), flags=FINAL)
-                elif not sent:
-                    sender.send(flags=FINAL)
+                if not sent:
+                    sender.send(flags=FINAL)  # nothing, once the watcher has answered
             else:
                 result.result()
-                if entry[2]:
-                    sender.send(_cancelled(), flags=FINAL)
-                else:
-                    sender.send(self._response(result, (prompt if echo else "") + result.outputs[0].text),
-                                flags=FINAL)
+                sender.send(self._response(result, (prompt if echo else "") + result.outputs[0].text), flags=FINAL)
         except Exception as exc:  # noqa: BLE001 - the client gets the error, the model keeps serving
             sender.send(self._error(exc), flags=FINAL)
         finally:
             with self._lock:
-                self._inflight.pop(id(request), None)
                 self._threads.discard(threading.current_thread())
 
     def finalize(self):
-        self._running = False
+        self.control.close()
         with self._lock:
             threads = list(self._threads)
         for thread in threads:
@@ -247,9 +240,3 @@ class TritonPythonModel:
         if llm is not None:
             llm.shutdown()
 
-
-def _cancelled():
-    code = getattr(pb_utils.TritonError, "CANCELLED", None)
-    message = "Request cancelled by client"
-    error = pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
-    return pb_utils.InferenceResponse(error=error)
