@@ -28,6 +28,9 @@ serve() {
   # The repository's launch (trtspec.serving.launch): for two TensorRT-LLM engines upstream's launch_triton_server.py
   # --multi-model (mpirun, --disable-auto-complete-config, per-rank shm prefixes, TRTLLM_ORCHESTRATOR=1 and
   # TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES), plain tritonserver otherwise. Extra arguments go to rank 0.
+  # It supervises the launch: SIGTERM drains (TRTSPEC_DRAIN_TIMEOUT s, default 30: new requests refused, in-flight ones
+  # finish or get a final error) before the server stops; a dead model stub is reported and its model reloaded
+  # (TRTSPEC_STUB_WATCH=0: neither the watch nor rank 0's explicit model control).
   local triton_cmd=(python3 -m trtspec.serving.launch "$repo" "$@")
   if [ "$openai" = "0" ]; then
     exec "${triton_cmd[@]}"
@@ -37,11 +40,12 @@ serve() {
   # The OpenAI-compatible frontend next to it; it answers /health with 503 until Triton is ready.
   python3 -m trtspec.serving.openai --repo "$repo" --triton 127.0.0.1:8001 --host 0.0.0.0 --port "$openai" &
   local front=$!
-  trap 'kill -TERM "$triton" "$front" 2>/dev/null || true' TERM INT
+  # SIGTERM: Triton drains first (the frontend keeps relaying the streams in flight), then the frontend stops.
+  trap 'kill -TERM "$triton" 2>/dev/null || true' TERM INT
   local status=0
   wait -n "$triton" "$front" || status=$?
-  kill -TERM "$triton" "$front" 2>/dev/null || true
-  wait "$triton" 2>/dev/null || true
+  while kill -0 "$triton" 2>/dev/null; do wait "$triton" 2>/dev/null || true; done
+  kill -TERM "$front" 2>/dev/null || true
   wait "$front" 2>/dev/null || true
   exit "$status"
 }

@@ -81,6 +81,14 @@ class FakeRequest:
         return False
 
 
+def _poll(request: FakeRequest, lock: threading.Lock):
+    """What trtspec.triton_repo.control.Tracked.poll_cancelled does for an open request: one serialized round trip."""
+    def poll() -> bool:
+        with lock:
+            return request.is_cancelled()
+    return poll
+
+
 def _serve_requests(stub: FakeStub, janitor: IteratorJanitor | None, n_threads: int = 4, calls: int = 25) -> None:
     def worker() -> None:
         request, lock = FakeRequest(stub), threading.Lock()
@@ -91,7 +99,7 @@ def _serve_requests(stub: FakeStub, janitor: IteratorJanitor | None, n_threads: 
             if janitor is not None:
                 janitor.retire(it)
                 del it
-                janitor.barrier(request, lock)
+                janitor.barrier(_poll(request, lock))
             else:
                 del it  # what the orchestrator did before: Python's reference goes right away
 
@@ -130,7 +138,9 @@ def test_a_cancelled_request_proves_nothing_and_its_iterators_wait_for_a_later_b
     it = stub.new_iterator(1)
     janitor.retire(it)
     del it
-    assert janitor.barrier(Cancelled(stub), threading.Lock()) is True
+    assert janitor.barrier(_poll(Cancelled(stub), threading.Lock())) is True
     assert janitor.parked == 1 and not stub.destroyed_on
-    assert janitor.barrier(FakeRequest(stub), threading.Lock()) is False
+    assert janitor.barrier(lambda: None) is True  # a closed request is not asked: nothing proven either
+    assert janitor.parked == 1 and not stub.destroyed_on
+    assert janitor.barrier(_poll(FakeRequest(stub), threading.Lock())) is False
     assert janitor.parked == 0 and stub.destroyed_on == ["MainThread"]

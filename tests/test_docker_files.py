@@ -73,11 +73,19 @@ def test_kubernetes_manifests_serve_on_gpus_with_probes_pdb_and_queue_autoscalin
     assert container["image"] == OUR_IMAGE
     assert container["resources"]["limits"]["nvidia.com/gpu"] >= 1
     assert {p["containerPort"] for p in container["ports"]} == WANT_PORTS
-    # Ready when both are: the OpenAI frontend's /health answers 200 only while Triton is ready.
-    assert container["readinessProbe"]["httpGet"] == {"path": "/health", "port": "openai"}
     assert {p["name"]: p["containerPort"] for p in container["ports"]}["openai"] == PORTS["openai"]
     assert {e["name"]: e["value"] for e in container["env"]}["TRTSPEC_OPENAI_PORT"] == str(PORTS["openai"])
-    assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    # Generation, not only the port: Triton's health endpoints stay 200 after a model stub died.
+    for probe in ("readinessProbe", "livenessProbe"):
+        command = container[probe]["exec"]["command"]
+        assert command[:2] == ["trtspec", "probe"], probe
+        timeout = float(command[command.index("--timeout") + 1])
+        assert timeout < container[probe]["timeoutSeconds"], probe  # the probe reports before the kubelet kills it
+    assert container["startupProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    # SIGTERM drains: the grace period covers preStop, the drain and the server's stop.
+    drain_s = float({e["name"]: e["value"] for e in container["env"]}["TRTSPEC_DRAIN_TIMEOUT"])
+    pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[0] == "sleep" and pod["terminationGracePeriodSeconds"] >= float(pre_stop[1]) + drain_s + 30
     labels = dep["spec"]["template"]["metadata"]["labels"]
     assert dep["spec"]["selector"]["matchLabels"] == labels
 

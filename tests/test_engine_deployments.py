@@ -174,8 +174,8 @@ def test_plan_json_shows_the_build_and_launch_commands_upstream_takes(tmp_path, 
 
 
 def test_the_image_entrypoint_execs_the_same_launch(tmp_path, tiny_pair, monkeypatch):
-    """docker/entrypoint.sh serves through `python3 -m trtspec.serving.launch`: it execs the repository's launch with
-    its environment (a recording `mpirun` stands in for Open MPI here)."""
+    """docker/entrypoint.sh serves through `python3 -m trtspec.serving.launch`: it runs the repository's launch with
+    its environment and supervises it (a recording `mpirun` stands in for Open MPI here)."""
     import os
     import subprocess
     import sys
@@ -195,13 +195,21 @@ def test_the_image_entrypoint_execs_the_same_launch(tmp_path, tiny_pair, monkeyp
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": os.getcwd()}
     env.pop("TRTLLM_ORCHESTRATOR", None)
     r = subprocess.run([sys.executable, "-m", "trtspec.serving.launch", str(result["path"]), "--log-verbose=1"],
-                       env=env, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
+                       env={**env, "TRTSPEC_STUB_WATCH": "0"}, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stderr  # the recording mpirun exits at once: the server never got ready
+    assert "exited with code 0 before it was ready" in r.stdout
     seen = json.loads(record.read_text())
     argv, expected_env = _expected_launch(world=4, spawn=False, gpus=2, repo=str(result["path"]))
     rank0_end = argv.index(":")
     argv = argv[:rank0_end - 2] + ["--log-verbose=1"] + argv[rank0_end - 2:]  # extra arguments go to rank 0
     assert ["mpirun", *seen["argv"]] == argv
+    assert seen["env"]["TRTSPEC_CONTROL_DIR"]  # drain and cancellation reach the models (trtspec.triton_repo.control)
+    # With the stub watch (the default), rank 0 alone gets explicit model control behind a per-pod key.
+    r = subprocess.run([sys.executable, "-m", "trtspec.serving.launch", str(result["path"])], env=env,
+                       capture_output=True, text=True, timeout=120)
+    ranks = " ".join(json.loads(record.read_text())["argv"]).split(" : ")
+    assert "--model-control-mode=explicit --load-model=*" in ranks[0]
+    assert "trtspec-repository-key=" in ranks[0] and all("repository-key" not in r for r in ranks[1:])
     assert {k: seen["env"].get(k) for k in expected_env} == expected_env
 
 

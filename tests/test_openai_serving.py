@@ -29,8 +29,10 @@ def _spec(kind: str, root: Path, target: Path, draft: Path):
     if kind == "ensemble":
         from trtspec.spec import spec_from_dict
 
+        # BLS: the target is a model of its own, so Triton's statistics count its steps (see _work).
         data = torch_spec_dict(target, draft, name=NAME, engine={"max_seq_len": MAX_SEQ_LEN,
-                                                                  "max_input_len": MAX_INPUT_LEN})
+                                                                  "max_input_len": MAX_INPUT_LEN},
+                               triton={"orchestration": "bls"})
         return spec_from_dict(data, base_dir=root, environ={}), {}
     from engine_helpers import engine_spec
 
@@ -245,37 +247,22 @@ def _settled(served, deadline_s: float = 60.0) -> int:
     raise AssertionError(f"the server kept working for {deadline_s:.0f} s")
 
 
-def test_client_that_disconnects_mid_stream_frees_its_request(served, reference, request):
-    if served.kind == "ensemble":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "the frontend cancels the ensemble request (asserted below), but Triton's ensemble scheduler does not "
-            "cancel the running tensorrt_llm_bls step and the orchestrator does not stop on its own (issue 16)")))
+def test_client_that_disconnects_mid_stream_frees_its_request(served, reference):
     n = MAX_SEQ_LEN - 64
     body = {"model": NAME, "messages": _chat(QUESTIONS[5]), "max_tokens": n, "temperature": 0, "stream": True}
     before = _settled(served)
-    failures = _failures(served)
     with httpx.stream("POST", served.base_url + "/chat/completions", json=body, timeout=60) as r:
         assert r.status_code == 200
         lines = r.iter_lines()
         assert any('"content":"' in next(lines) for _ in range(8))  # text is flowing: the request is running
     after = _settled(served) - before
-    if served.kind == "ensemble":
-        assert _failures(served) == failures + 1  # Triton saw the request cancelled
+    # (Triton's request metrics cannot tell: a decoupled model's request counts as a success when execute returns.)
     # A finished request would have taken at least n / (K + 1) target steps.
     assert after < n / (1 + 4) / 4, f"{after} target steps after the client left"
     # The next request is served alone and right.
     text = _client(served).chat.completions.create(model=NAME, messages=_chat(QUESTIONS[6]), max_tokens=12,
                                                    temperature=0).choices[0].message.content
     assert text == reference.chat(_chat(QUESTIONS[6]), 12)[0]
-
-
-def _failures(served) -> int:
-    """Failed (cancelled included) requests of the ensemble, from Triton's metrics."""
-    import urllib.request
-
-    text = urllib.request.urlopen(f"http://127.0.0.1:{served.ports['metrics']}/metrics").read().decode()
-    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith('nv_inference_request_failure{model="ensemble"')))
 
 
 def _bench(*args, timeout=600):

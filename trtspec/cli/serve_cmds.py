@@ -64,8 +64,13 @@ def serve(repo_path: RepoArg = None,
           openai_port: Annotated[Optional[int], typer.Option(
               "--openai-port", help="also serve the OpenAI-compatible API (/v1) on this port; 0 picks a free port")
           ] = None,
+          drain_timeout: Annotated[float, typer.Option("--drain-timeout", help="on Ctrl-C / SIGTERM: seconds "
+                                                       "in-flight requests may take to finish")] = 30.0,
+          stub_watch: Annotated[bool, typer.Option("--stub-watch/--no-stub-watch", help="notice a dead model stub, "
+                                                   "report it and reload its model")] = True,
           ) -> None:
-    """Serve a model repository with tritonserver until Ctrl-C (or SIGTERM); the server never outlives this."""
+    """Serve a model repository with tritonserver until Ctrl-C (or SIGTERM), then drain: new requests are refused,
+    in-flight ones finish (cut with an error at --drain-timeout). The server never outlives this."""
     path = (repo_path or Path("triton_repo")).resolve()
     _require_repository(path)  # before anything is started or written (the log included)
     if docker is not None:
@@ -74,13 +79,22 @@ def serve(repo_path: RepoArg = None,
                               "frontend)", hint="run the trtspec image (docker/), which serves the OpenAI API on 9000")
         _serve_docker(path, docker, http_port or 8000, grpc_port or 8001, metrics_port or 8002, dry_run)
         return
+    from trtspec.serving.lifecycle import supervise
     from trtspec.serving.server import TritonServer
 
+    if drain_timeout < 0:
+        raise ServerError(f"--drain-timeout must be >= 0, got {drain_timeout:g}", hint="0 cuts in-flight requests")
     server = TritonServer(path, http_port=http_port or None, grpc_port=grpc_port or None,
                           metrics_port=metrics_port or None, log_file=log_file, ready_timeout_s=ready_timeout,
-                          host=host)
+                          host=host, model_control=stub_watch)
     stop = threading.Event()
-    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    signals: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        signals.append(signum)
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     front = None  # the OpenAI-compatible frontend (trtspec.serving.openai): port bound first, serving once Triton is
     try:
         if openai_port is not None:
@@ -91,17 +105,20 @@ def serve(repo_path: RepoArg = None,
             server.start()
             if front is not None:
                 front.start()
-        console.print(f"ready: gRPC {server.grpc_url}, HTTP {server.http_url}, metrics {server.metrics_url}"
-                      + (f", OpenAI {front.base_url}" if front is not None else ""))
-        console.print(f"try: trtspec generate 'What is speculative decoding?' --url {server.grpc_url}")
-        console.print("Ctrl-C stops the server")
-        while not stop.wait(1.0):
-            code = server.exit_code()
-            if code is not None:
-                raise ServerError(f"tritonserver exited with code {code}; log "
-                                  f"{server.log_file}:\n{server.log_tail()}", hint="the log says why")
-            if front is not None:
-                front.check()
+
+        def say_ready() -> None:
+            console.print(f"ready: gRPC {server.grpc_url}, HTTP {server.http_url}, metrics {server.metrics_url}"
+                          + (f", OpenAI {front.base_url}" if front is not None else ""))
+            console.print(f"try: trtspec generate 'What is speculative decoding?' --url {server.grpc_url}")
+            console.print(f"Ctrl-C drains (up to {drain_timeout:g} s) and stops the server")
+
+        supervise(server, stop, lambda line: err_console.print(line, highlight=False, soft_wrap=True),
+                  watch=stub_watch, check=front.check if front is not None else None, started=say_ready)
+        if server.exit_code() is None:
+            err_console.print(f"draining: new requests are refused, in-flight ones have {drain_timeout:g} s "
+                              "(Ctrl-C again stops now)")
+            result = server.drain(drain_timeout, abort=lambda: len(signals) > 1)
+            err_console.print(result.line() if len(signals) < 2 else "stopping now (second signal)")
     finally:
         if front is not None:
             front.stop()

@@ -13,6 +13,11 @@ and its own ``--backend-config=python,shm-region-prefix-name=prefix<rank>_``, in
 
 The same argument list serves ``trtspec serve --docker``, the image's entrypoint (``python3 -m trtspec.serving.launch``)
 and the Kubernetes pods; the repository's manifest carries the settings (``launch``) it is built from.
+
+In the image the entrypoint does not exec the launch: it supervises it as ``trtspec serve`` supervises a local server
+(trtspec.serving.lifecycle): SIGTERM drains (``TRTSPEC_DRAIN_TIMEOUT`` seconds, default 30) before the launch gets
+SIGTERM, and a dead model stub is reported and its model reloaded (rank 0 runs with explicit model control behind a
+per-pod key; ``TRTSPEC_STUB_WATCH=0`` turns that off and launches exactly upstream's command).
 """
 
 from __future__ import annotations
@@ -99,22 +104,33 @@ def repo_launch(repo: Path, in_container: str, **kwargs: Any) -> Launch:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python3 -m trtspec.serving.launch REPO [tritonserver args...]``: exec the launch (the image's entrypoint)."""
+    """``python3 -m trtspec.serving.launch REPO [tritonserver args...]``: run and supervise the launch (the image's
+    entrypoint); returns the launch's exit code (0 after a drain)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:
         sys.stderr.write("usage: python3 -m trtspec.serving.launch REPO [extra tritonserver arguments]\n")
         return 2
     repo, extra = args[0], args[1:]
+    watch = os.environ.get("TRTSPEC_STUB_WATCH", "1") not in ("0", "false", "")
     try:
+        drain_s = float(os.environ.get("TRTSPEC_DRAIN_TIMEOUT", "30"))
+        key = ""
+        if watch:
+            import secrets
+
+            from trtspec.serving.lifecycle import model_control_args
+
+            key = secrets.token_hex(16)
+            extra = [*model_control_args(key), *extra]
         launch = repo_launch(Path(repo), repo, extra=extra)
-    except ServerError as exc:
-        sys.stderr.write(f"error: {exc.message}\nhint: {exc.hint}\n")
+    except (ServerError, ValueError) as exc:
+        sys.stderr.write(f"error: {getattr(exc, 'message', exc)}\nhint: {getattr(exc, 'hint', '')}\n")
         return 1
-    env = {**os.environ, **launch.env}
     sys.stdout.write(" ".join(launch.argv) + "\n")
     sys.stdout.flush()
-    os.execvpe(launch.argv[0], launch.argv, env)
-    return 0  # not reached
+    from trtspec.serving.launched import run_supervised
+
+    return run_supervised(Path(repo), launch, drain_timeout_s=drain_s, repository_key=key, watch=watch)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from trtspec.errors import ServerError
 
@@ -205,9 +206,13 @@ class TritonServer:
     extra_args: Sequence[str] = ()
     host: str = "127.0.0.1"
     env: Mapping[str, str] = field(default_factory=dict)  # applied last to the server's environment
+    # Explicit model control, its repository API behind a per-server key: what lets the stub watch reload a model.
+    model_control: bool = False
     ports: Ports = field(init=False)
     _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
     _log: object = field(default=None, init=False, repr=False)
+    control: Any = field(default=None, init=False, repr=False)  # lifecycle.ControlDir shared with the models
+    repository_key: str = field(default="", init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.repo = Path(self.repo).resolve()
@@ -256,6 +261,14 @@ class TritonServer:
         # The Python backend names its shared-memory regions from this prefix; two servers on one machine with the
         # default prefix collide (seen: boost::interprocess::lock_exception at start while another server ran).
         cmd.append(f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}")
+        if self.model_control:
+            from trtspec.serving.lifecycle import model_control_args
+
+            if not self.repository_key:
+                import secrets
+
+                self.repository_key = secrets.token_hex(16)
+            cmd += model_control_args(self.repository_key)
         return cmd + list(self.extra_args)
 
     @property
@@ -278,6 +291,10 @@ class TritonServer:
         from trtspec.serving.docker import repo_mounts
 
         env.update(repo_mounts(self.repo)[1])  # e.g. TRTLLM_ORCHESTRATOR=1 for two engines in one server
+        from trtspec.serving.lifecycle import ControlDir
+
+        self.control = ControlDir()
+        env.update(self.control.env())  # drain and cancellation (trtspec.triton_repo.control)
         env.update(self.env)
         self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                       env=env, preexec_fn=_set_pdeathsig, cwd=self.repo,
@@ -330,8 +347,31 @@ class TritonServer:
                           f"{self.load_errors()}",
                           hint="a model may still be loading: raise the timeout, or read the log")
 
+    def drain(self, timeout_s: float, abort: Any = None) -> Any:
+        """Stop admitting, let in-flight requests finish for up to ``timeout_s``, then cut the rest with a final error
+        (trtspec.serving.lifecycle); ``abort()`` true ends the wait early. The server keeps running: ``stop()`` it."""
+        from trtspec.serving.lifecycle import drain
+
+        if self.control is None or self._proc is None:
+            raise ServerError("this server is not running", hint="start() it first")
+        return drain(self.control, timeout_s,
+                     exited=lambda: self.exit_code() is not None or bool(abort and abort()))
+
+    def reload_model(self, model: str, timeout_s: float = 300.0) -> None:
+        """Unload and load ``model`` through the repository API (``model_control`` servers): new stubs for it."""
+        from trtspec.serving.lifecycle import reload_model
+
+        if not self.model_control:
+            raise ServerError("this server runs without model control", hint="start it with model_control=True")
+        reload_model(self.http_url, model, self.repository_key, timeout_s)
+
+    def restart(self) -> TritonServer:
+        """Stop the server (its stubs with it) and start it again on the same ports."""
+        self.stop()
+        return self.start()
+
     def stop(self) -> int | None:
-        """SIGINT (Triton drains in-flight requests), then SIGTERM, then SIGKILL to the whole process group."""
+        """SIGINT (Triton waits for what is still in flight), then SIGTERM, then SIGKILL to the whole process group."""
         proc, self._proc = self._proc, None
         if proc is None:
             return None
@@ -350,6 +390,9 @@ class TritonServer:
             if self._log is not None:
                 self._log.close()  # type: ignore[attr-defined]
                 self._log = None
+            if self.control is not None:
+                self.control.remove()
+                self.control = None
         return proc.returncode
 
     def __enter__(self) -> TritonServer:

@@ -19,16 +19,19 @@ How we know the erase is done: ``request.is_cancelled()`` on the request being s
 ``IsRequestCancelled`` message to the same stub-to-parent thread and waits for its answer. The queue is FIFO, so when
 the call returns, every cleanup queued before it has been processed. A finished iterator is therefore *parked*
 (strong reference kept) with a sequence number, and released by the first barrier that started after it was parked.
-Two caveats, both handled: concurrent ``is_cancelled()`` calls on one request share one in-flight message (so
-barriers on one request are serialized by a per-request lock), and a cancelled request answers from a cache without
-queueing anything (so its barrier releases nothing; its iterators wait for a later barrier of another request).
+Three caveats, all handled: concurrent ``is_cancelled()`` calls on one request share one in-flight message (so
+every ``is_cancelled()`` on a request -- barriers and the cancellation watcher's polls -- goes through one per-request
+lock: ``trtspec.triton_repo.control.Tracked.poll_cancelled``); a cancelled request answers from a cache without
+queueing anything; and a request already closed (its final response sent: cancelled, or cut at the drain deadline)
+must not be asked at all. In the last two cases the barrier releases nothing and its iterators wait, parked, for a
+later barrier of another request.
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
@@ -55,15 +58,16 @@ class IteratorJanitor:
         with self._lock:
             self._parked.append((next(self._seq), iterator))
 
-    def barrier(self, request: Any, request_lock: threading.Lock) -> bool:
+    def barrier(self, poll_cancelled: Callable[[], bool | None]) -> bool:
         """Wait until the stub has processed every cleanup queued so far (see module docstring), then release the
-        iterators parked before this call. Blocks (run it off the event loop). Returns whether ``request`` has been
-        cancelled (its client went away): the answer the barrier gets for free."""
-        with request_lock:
-            with self._lock:
-                mark = next(self._seq)
-            cancelled = bool(request.is_cancelled())
-        if cancelled:  # answered from a cache: nothing was queued, so nothing is proven
+        iterators parked before this call. Blocks (run it off the event loop). ``poll_cancelled`` makes one
+        ``request.is_cancelled()`` round trip of its own on the request being served (serialized with every other
+        call on that request), or returns None without one when the request is closed. Returns whether the request
+        is cancelled or closed: the answer the barrier gets for free, and the orchestrator's cue to stop."""
+        with self._lock:
+            mark = next(self._seq)  # taken before the round trip is queued: every iterator parked so far is covered
+        cancelled = poll_cancelled()
+        if cancelled is None or cancelled:  # nothing queued (closed, or answered from a cache): nothing is proven
             return True
         with self._lock:
             done = [it for seq, it in self._parked if seq < mark]

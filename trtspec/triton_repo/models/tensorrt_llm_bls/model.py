@@ -17,8 +17,8 @@ for _path in reversed(os.environ.get("TRTSPEC_PYTHONPATH", "").split(os.pathsep)
         sys.path.insert(0, _path)
 
 import asyncio
+import contextlib
 import json
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -27,6 +27,7 @@ import triton_python_backend_utils as pb_utils
 from trtspec.engines.inflight.contract import engine_inputs, parse_request
 from trtspec.errors import GenerationError, RequestCancelled
 from trtspec.triton_repo.bls_lifetime import IteratorJanitor
+from trtspec.triton_repo.control import INTERNAL_PARAMETERS, ModelControl
 from trtspec.triton_repo.orchestrator import Deployment, generate, plan_request
 from trtspec.triton_repo.runtime_utils import as_bool, error_message, model_params, request_inputs
 from trtspec.triton_repo.stream_output import RowsOutput
@@ -40,22 +41,22 @@ class BlsEngines:
     Every BLS response iterator is retired through the model's IteratorJanitor and released only after a barrier
     on the served request (trtspec.triton_repo.bls_lifetime explains the stub bug this avoids)."""
 
-    def __init__(self, executor, janitor, served_request):
+    def __init__(self, executor, janitor, served):
         self.executor = executor
         self.janitor = janitor
-        self.served = served_request
-        self.lock = threading.Lock()  # barriers on one request must not share an is_cancelled() message
+        self.served = served  # trtspec.triton_repo.control.Tracked: its is_cancelled() calls are serialized
 
     async def barrier(self):
-        """True when the served request has been cancelled (checked for free by the lifetime barrier)."""
+        """True when the served request is cancelled or closed (the lifetime barrier's answer, for free)."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, self.janitor.barrier, self.served, self.lock)
+        return await loop.run_in_executor(self.executor, self.janitor.barrier, self.served.poll_cancelled)
 
     async def generate(self, model, row):
         t = [pb_utils.Tensor(name, value) for name, value in engine_inputs(row).items()]
         want_logits = row.return_logits
         names = ["output_ids", "sequence_length"] + (["generation_logits"] if want_logits else [])
-        request = pb_utils.InferenceRequest(model_name=model, inputs=t, requested_output_names=names)
+        request = pb_utils.InferenceRequest(model_name=model, inputs=t, requested_output_names=names,
+                                            parameters=INTERNAL_PARAMETERS)  # served while draining
         loop = asyncio.get_running_loop()
         responses = await request.async_exec(decoupled=True)
         cancelled = False
@@ -105,14 +106,14 @@ class TritonPythonModel:
         # Each in-flight engine call parks one thread while it waits: size the pool for many concurrent requests.
         self.executor = ThreadPoolExecutor(max_workers=256, thread_name_prefix="trtspec-bls")
         self.janitor = IteratorJanitor()
+        self.control = ModelControl(pb_utils, args["model_name"])  # drain, cancellation (trtspec.triton_repo.control)
 
     async def execute(self, requests):
         loop = asyncio.get_running_loop()
         loop.set_default_executor(self.executor)  # async_exec runs its blocking part on the default executor
-        if self.decoupled:
-            await asyncio.gather(*[self._serve(r, r.get_response_sender()) for r in requests])
-            return None
-        return await asyncio.gather(*[self._serve(r, None) for r in requests])
+        senders = [self.control.admit(r, self.decoupled) for r in requests]  # closed: refused while draining
+        await asyncio.gather(*[self._serve(r, s) for r, s in zip(requests, senders) if not s.closed])
+        return None if self.decoupled else [s.response for s in senders]
 
     async def _serve(self, request, sender):
         try:
@@ -120,21 +121,25 @@ class TritonPythonModel:
             for row in rows:  # every row is servable before any starts
                 plan_request(row, self.deployment)
             streaming = any(r.stream for r in rows)
-            if streaming and sender is None:
+            if streaming and not self.decoupled:
                 raise GenerationError("streaming needs the decoupled transaction policy",
                                       hint="set triton.decoupled: true in the spec and rewrite the repository")
             state = RowsOutput(rows, self.context)
-            engines = BlsEngines(self.executor, self.janitor, request)
+            engines = BlsEngines(self.executor, self.janitor, sender)
 
             def send_partial():
                 out = [pb_utils.Tensor(k, v) for k, v in state.tensors(True, False).items()]
                 sender.send(pb_utils.InferenceResponse(output_tensors=out))
 
             async def run(b):
-                async for tokens in generate(rows[b], engines, self.deployment, state.stats[b]):
-                    state.out[b] += tokens
-                    if streaming:
-                        send_partial()
+                # aclosing: leaving early closes the steps now, so their iterators are retired before we answer.
+                async with contextlib.aclosing(generate(rows[b], engines, self.deployment, state.stats[b])) as steps:
+                    async for tokens in steps:
+                        if sender.cancelled:  # by the client, or cut at the drain deadline: answered already
+                            raise RequestCancelled("the request was cancelled", hint="the client cancelled it")
+                        state.out[b] += tokens
+                        if streaming:
+                            send_partial()
 
             # return_exceptions: every row (and its iterators' barriers) ends before the final response is sent.
             outcomes = await asyncio.gather(*[run(b) for b in range(len(rows))], return_exceptions=True)
@@ -145,7 +150,7 @@ class TritonPythonModel:
             response = pb_utils.InferenceResponse(output_tensors=out)
         except Exception as exc:  # noqa: BLE001 - an error response; the model keeps serving
             response = pb_utils.InferenceResponse(error=pb_utils.TritonError(error_message(exc)))
-        if sender is None:
-            return response
         sender.send(response, flags=FINAL)
-        return None
+
+    def finalize(self):
+        self.control.close()

@@ -25,6 +25,7 @@ import triton_python_backend_utils as pb_utils
 
 from trtspec.engines.inflight.contract import job_from_row, parse_request
 from trtspec.errors import GenerationError
+from trtspec.triton_repo.control import ModelControl
 from trtspec.triton_repo.orchestrator import Deployment, plan_request
 from trtspec.triton_repo.runtime_utils import as_bool, error_message, model_params, request_inputs
 from trtspec.triton_repo.stream_output import RowsOutput
@@ -33,11 +34,11 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
 class _Request:
-    """One Triton request's rows: their tokens accumulate on the engine thread; answered through ``sender``."""
+    """One Triton request's rows: their tokens accumulate on the engine thread; answered through ``tracked``
+    (trtspec.triton_repo.control.Tracked: drops what is due after a cancellation or a drain cut)."""
 
-    def __init__(self, sender, rows, context):
-        self.sender = sender  # None: not decoupled, the response is kept for execute() to return
-        self.response = None
+    def __init__(self, tracked, rows, context):
+        self.tracked = tracked
         self.done = threading.Event()
         self.state = RowsOutput(rows, context)
         self.streaming = any(r.stream for r in rows)
@@ -69,13 +70,20 @@ class _Request:
         out = [pb_utils.Tensor(k, v) for k, v in tensors.items()]
         self._answer(pb_utils.InferenceResponse(output_tensors=out), flags)
 
+    @property
+    def response(self):
+        return self.tracked.response  # not decoupled: the one response, for execute() to return
+
     def _answer(self, response, flags):
-        if self.sender is not None:
-            self.sender.send(response, flags=flags)
-        elif flags == FINAL:
-            self.response = response
+        self.tracked.send(response, flags=flags)
         if flags == FINAL:
             self.done.set()
+
+    def cancel(self):
+        """Cancelled by the client or cut at the drain deadline (answered already): stop the rows, free their slots."""
+        for job in self.jobs:
+            job.cancel()
+        self.done.set()
 
     def error(self, exc):
         with self.lock:
@@ -113,21 +121,27 @@ class TritonPythonModel:
             capacity=int(p["max_seq_len"]),
             max_queue_delay_s=int(p.get("max_queue_delay_microseconds") or 0) / 1e6,
             name=args["model_name"]).start()
+        self.control = ModelControl(pb_utils, args["model_name"])  # drain, cancellation (trtspec.triton_repo.control)
         print(f"[trtspec] {args['model_name']}: target {p['model_dir']} + draft {p['draft_model_dir']}, "
               f"pid {os.getpid()}, {torch.get_num_threads()} threads", flush=True)
 
     def execute(self, requests):
         states = []
         for request in requests:
-            sender = request.get_response_sender() if self.decoupled else None
+            tracked = self.control.admit(request, self.decoupled)
+            if tracked.closed:  # refused while draining (answered)
+                state = _Request(tracked, [], self.context)
+                state.done.set()
+                states.append(state)
+                continue
             state = None
             try:
                 rows = parse_request(request_inputs(request), exclude_input_default=self.exclude_default)
                 plans = [plan_request(row, self.deployment) for row in rows]  # all rows are valid before any starts
-                if sender is None and any(r.stream for r in rows):
+                if not self.decoupled and any(r.stream for r in rows):
                     raise GenerationError("streaming needs the decoupled transaction policy",
                                           hint="set triton.decoupled: true in the spec and rewrite the repository")
-                state = _Request(sender, rows, self.context)
+                state = _Request(tracked, rows, self.context)
                 for b, (row, plan) in enumerate(zip(rows, plans)):
                     job = job_from_row(row, lambda new, lg, final, b=b, s=state: s.tokens(b, new, lg, final),
                                        state.error, num_draft_tokens=plan.k)
@@ -135,10 +149,11 @@ class TritonPythonModel:
                     job.stats.routed_to_target = plan.routed
                     self.engine.validate(job)
                     state.jobs.append(job)
+                tracked.on_cancel = state.cancel  # runs at once if the request was cancelled meanwhile
                 for job in state.jobs:
                     self.engine.submit(job)
             except Exception as exc:  # noqa: BLE001 - answer this request, keep serving the others
-                state = _Request(sender, [], self.context)
+                state = _Request(tracked, [], self.context)
                 state.error(exc)
             states.append(state)
         if self.decoupled:
@@ -148,4 +163,5 @@ class TritonPythonModel:
         return [state.response for state in states]
 
     def finalize(self):
+        self.control.close()
         self.engine.stop()

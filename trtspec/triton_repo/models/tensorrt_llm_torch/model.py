@@ -20,6 +20,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from trtspec.engines.inflight.contract import format_output, job_from_row, parse_request
+from trtspec.triton_repo.control import ModelControl
 from trtspec.triton_repo.runtime_utils import as_bool, error_message, model_params, request_inputs
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -117,12 +118,15 @@ class TritonPythonModel:
             capacity=int(p["max_seq_len"]),
             max_queue_delay_s=int(p.get("max_queue_delay_microseconds") or 0) / 1e6,
             name=args["model_name"]).start()
+        self.control = ModelControl(pb_utils, args["model_name"])  # drain, cancellation (trtspec.triton_repo.control)
         print(f"[trtspec] {args['model_name']}: {p['model_dir']} ({p.get('dtype')}), pid {os.getpid()}, "
               f"{torch.get_num_threads()} threads", flush=True)
 
     def execute(self, requests):
         for request in requests:
-            sender = request.get_response_sender()
+            sender = self.control.admit(request)  # its send() replaces the response sender's
+            if sender.closed:
+                continue  # refused while draining (answered)
             try:
                 rows = parse_request(request_inputs(request), exclude_input_default=self.exclude_default)
                 state = _Request(sender, rows)
@@ -130,6 +134,8 @@ class TritonPythonModel:
                                      state.error) for b, row in enumerate(rows)]
                 for job in jobs:  # all rows are valid before any starts
                     self.engine.validate(job)
+                # Cancelled or cut: the engine stops a cancelled job at its next pass and frees its slot.
+                sender.on_cancel = lambda jobs=jobs: [job.cancel() for job in jobs]
                 for job in jobs:
                     self.engine.submit(job)
             except Exception as exc:  # noqa: BLE001 - answer this request, keep serving the others
@@ -138,4 +144,5 @@ class TritonPythonModel:
         return None
 
     def finalize(self):
+        self.control.close()
         self.engine.stop()
