@@ -51,6 +51,14 @@ class Quantization(str, Enum):
     NVFP4 = "nvfp4"
 
 
+class DrafterKind(str, Enum):
+    """What proposes the draft tokens (``speculative.drafter``)."""
+
+    MODEL = "model"
+    NGRAM = "ngram"
+    HYBRID = "hybrid"
+
+
 class KVCacheFormat(str, Enum):
     """KV-cache storage format; ``auto`` keeps the model dtype."""
 
@@ -84,6 +92,13 @@ class SpeculativeSpec(_Section):
     )
     route_threshold: int = Field(
         100, ge=0, description="requests asking fewer max_tokens than this go straight to the target"
+    )
+    drafter: DrafterKind = Field(
+        DrafterKind.MODEL, description="model: the draft model; ngram: prompt lookup + the n-gram pool; hybrid: "
+        "n-gram on a >= 2-token match, else the draft model"
+    )
+    ngram_pool: Path | None = Field(
+        None, description="n-gram pool (ngram_pool.npz from trtspec distill); empty: the one in the draft's directory"
     )
 
 
@@ -193,6 +208,12 @@ class BuildSpec(_Section):
     def model_path(self, role: str) -> Path:
         """Local directory of the target or draft model (hub ids are not downloaded by trtspec)."""
         return self.resolve(getattr(self, role).model)
+
+    @property
+    def ngram_pool_path(self) -> Path:
+        """The n-gram pool the ngram and hybrid drafters read (resolved against the spec's directory)."""
+        pool = self.speculative.ngram_pool
+        return self.model_path("draft") / "ngram_pool.npz" if pool is None else self.resolve(pool)
 
     @property
     def build_dir(self) -> Path:

@@ -10,9 +10,14 @@ from trtspec.build.tokenizers import TokenizerInfo, first_vocab_difference, read
 from trtspec.build.toolchain import Toolchain, detect_toolchain
 from trtspec.errors import TrtspecError
 from trtspec.families import NormalizedConfig, known_families, read_config
-from trtspec.spec import BuildSpec, Quantization, Runtime
+from trtspec.spec import BuildSpec, DrafterKind, Quantization, Runtime
 
 BLOCK_SIZE_4BIT = 128
+# Which drafters each runtime serves. The torch runtime and the orchestrator (trtllm-engine) feed n-gram proposals
+# as draft_input_ids once their decoding core calls trtspec.engines.drafters (issue 15, phase 2); the LLM API maps
+# ngram to TensorRT-LLM's own NGram drafter and has no hybrid of a draft model and n-grams.
+DRAFTERS_SERVED = {Runtime.TORCH: {DrafterKind.MODEL}, Runtime.TRTLLM_ENGINE: {DrafterKind.MODEL},
+                   Runtime.TRTLLM_LLMAPI: {DrafterKind.MODEL, DrafterKind.NGRAM}}
 CUDA_ONLY_FORMATS = (Quantization.NVFP4,)
 
 
@@ -155,6 +160,38 @@ def _check_speculative(report: CheckReport, spec: BuildSpec, t: NormalizedConfig
                    "use_draft_logits applies to the trtllm-engine runtime")
 
 
+def _check_drafter(report: CheckReport, spec: BuildSpec, t: NormalizedConfig, tt: TokenizerInfo) -> None:
+    kind = spec.speculative.drafter
+    if kind is DrafterKind.MODEL:
+        report.add("drafter", Level.OK, "model: the draft model proposes")
+        return
+    if kind not in DRAFTERS_SERVED[spec.runtime]:
+        served = ", ".join(sorted(k.value for k in DRAFTERS_SERVED[spec.runtime]))
+        report.add("drafter", Level.ERROR, f"runtime {spec.runtime.value} does not serve drafter '{kind.value}' yet "
+                   f"(it serves: {served})", "use speculative.drafter: model, or runtime trtllm-llmapi for ngram")
+    pool = spec.ngram_pool_path
+    try:
+        from trtspec.engines.drafters.ngram import read_pool_meta, vocab_fingerprint
+
+        meta = read_pool_meta(pool)
+    except (OSError, KeyError, ValueError) as exc:
+        level = Level.WARN if spec.runtime is Runtime.TRTLLM_LLMAPI else Level.ERROR
+        report.add("n-gram pool", level, f"{pool}: {'missing' if not pool.is_file() else f'not a pool ({exc})'}",
+                   "trtspec distill writes ngram_pool.npz next to the draft; set speculative.ngram_pool to one")
+        return
+    if int(meta["vocab_size"]) != t.vocab_size or meta.get("tokenizer_sha256") not in (None, vocab_fingerprint(tt.vocab)):
+        report.add("n-gram pool", Level.ERROR, f"{pool}: built with another tokenizer than the target's",
+                   "rebuild it with trtspec distill for this target")
+        return
+    detail = f"{pool.name}: {meta['tokens']:,} tokens ({meta.get('source', 'unknown source')})"
+    if spec.runtime is Runtime.TRTLLM_LLMAPI:
+        report.add("n-gram pool", Level.WARN, detail + "; TensorRT-LLM's NGram drafter builds its own pool from the "
+                   "requests it serves (public pool) and cannot be pre-seeded from this file",
+                   "its acceptance starts at prompt lookup's and grows with traffic")
+    else:
+        report.add("n-gram pool", Level.OK, detail)
+
+
 def _check_memory(report: CheckReport, spec: BuildSpec, t: NormalizedConfig, d: NormalizedConfig) -> None:
     plan = plan_memory(spec, t, d)
     report.memory = plan
@@ -207,6 +244,7 @@ def run_check(spec: BuildSpec, toolchain: Toolchain | None = None) -> CheckRepor
             _check_context(report, spec, role, cfg)
             _check_quantization(report, spec, role, cfg, tools)
         _check_speculative(report, spec, t[0], d[0])
+        _check_drafter(report, spec, t[0], t[1])
         _check_memory(report, spec, t[0], d[0])
     _check_toolchain(report, spec, tools)
     return report
