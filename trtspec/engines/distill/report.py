@@ -43,6 +43,7 @@ class DraftReport:
     per_position: list[float] = field(default_factory=list)  # alpha_1..alpha_K_MAX
     full_head_agreement: float | None = None  # positions where the plain full head's argmax is the frequent head's
     drafters: dict[str, Any] = field(default_factory=dict)  # ngram / prompt_lookup / hybrid: tokens per step, speedup
+    costs: dict[str, Any] | None = None  # the measured StepCosts (body per K, head, prefills), for `trtspec tune`
 
     def to_dict(self) -> dict[str, Any]:
         def r(v: Any) -> Any:
@@ -119,7 +120,8 @@ def measure(target: Any, draft: Any, prompts: Sequence[Sequence[int]], *, k: int
         tokens_per_step=sim.tokens_per_step, c=step_costs.c, v=v,
         bound_s=leviathan_bound(sim.a, k, step_costs.c, v), predicted_speedup=sim.speedup,
         head_coverage=coverage, identical_greedy=identical, measured_speedup=measured,
-        per_position=profile.per_position(), full_head_agreement=full_head_agreement(draft, refs))
+        per_position=profile.per_position(), full_head_agreement=full_head_agreement(draft, refs),
+        costs=step_costs.to_dict() if step_costs.measured else None)
     if pool is not None:
         report.drafters = drafter_figures(pool, profile, refs, step_costs, k)
     return report
