@@ -15,7 +15,7 @@ from trtspec.cli._options import JsonOpt, SpecArg
 
 def _table(result) -> Table:
     table = Table(title=f"trtspec tune: drafter {result.drafter}, {result.source}")
-    for col in ("K", "tokens/step", "a", "v", "predicted speedup", "measured speedup"):
+    for col in ("K", "tokens/step", "a", "v", "predicted speedup", "measured speedup", "c, v in the loop"):
         table.add_column(col, justify="right")
     for row in result.rows:
         def cell(key: str) -> str:
@@ -23,8 +23,9 @@ def _table(result) -> Table:
             return "-" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))
 
         style = "bold green" if row["k"] == result.k else None
+        loop = "-" if row.get("v_in_loop") is None else f"{cell('c_in_loop')}, {cell('v_in_loop')}"
         table.add_row(str(row["k"]), cell("tokens_per_step"), cell("a"), cell("v"), cell("predicted_speedup"),
-                      cell("measured_speedup"), style=style)
+                      cell("measured_speedup"), loop, style=style)
     return table
 
 

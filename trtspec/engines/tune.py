@@ -89,7 +89,7 @@ def tune_in_process(spec: BuildSpec, prompts: Sequence[str], *, ks: Sequence[int
     from trtspec.engines.distill.data import encode_prompt
     from trtspec.engines.torch_runtime.costs import measure_step_costs
     from trtspec.engines.torch_runtime.decoder import SpeculativeDecoder
-    from trtspec.engines.torch_runtime.profiling import Reference, time_decoder
+    from trtspec.engines.torch_runtime.profiling import Reference, loop_costs, time_decoder
     from trtspec.engines.torch_runtime.session import TorchSession
 
     def say(text: str) -> None:
@@ -120,6 +120,7 @@ def tune_in_process(spec: BuildSpec, prompts: Sequence[str], *, ks: Sequence[int
     sims = sweep(profile, costs, ks)
     rows = [_row(s, costs) for s in sims]
     measured: dict[int, float] = {}
+    in_loop: dict[int, tuple[float | None, float | None]] = {}
     if costs.measured and measure_top and spec.speculative.drafter is DrafterKind.MODEL:
         top = sorted(sims, key=lambda s: -s.speedup)[:measure_top]
         for s in sorted(top, key=lambda s: s.k):
@@ -129,11 +130,15 @@ def tune_in_process(spec: BuildSpec, prompts: Sequence[str], *, ks: Sequence[int
                 raise GenerationError(f"K={s.k}: speculative output differs from target-only",
                                       hint="this is a bug in the decoder; report it")
             measured[s.k] = base["seconds"] / run["seconds"] if run["seconds"] else 0.0
+            in_loop[s.k] = loop_costs(run, base)
     elif spec.speculative.drafter is not DrafterKind.MODEL:
         notes.append("the in-process decoder feeds model drafts only today: n-gram and hybrid speedups are "
                      "predicted (exact simulation), not measured")
     for row in rows:
         row["measured_speedup"] = round(measured[row["k"]], 4) if row["k"] in measured else None
+        c_loop, v_loop = in_loop.get(row["k"], (None, None))
+        row["c_in_loop"] = round(c_loop, 4) if c_loop is not None else None
+        row["v_in_loop"] = round(v_loop, 4) if v_loop is not None else None
     k = best_k(sims, measured)
     chosen = next(s for s in sims if s.k == k)
     threshold = route_threshold(chosen, costs, spec.engine.max_seq_len)

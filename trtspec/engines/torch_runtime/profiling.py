@@ -134,8 +134,9 @@ def hybrid_profile(ngram: MatchProfile, matches: Sequence[Sequence[int]], model:
 
 
 def time_decoder(decoder: Any, prompts: Sequence[Sequence[int]], max_tokens: int, k: int) -> dict[str, float]:
-    """Wall time and counts of ``decoder.generate`` over the prompts one at a time at draft length K (0: target-only)."""
-    seconds = 0.0
+    """Wall time, counts and the decoder's own timers (draft, target) of ``decoder.generate`` over the prompts one at
+    a time at draft length K (0: target-only)."""
+    seconds = draft_s = target_s = 0.0
     tokens = steps = drafted = accepted = 0
     outputs = []
     for p in prompts:
@@ -147,6 +148,19 @@ def time_decoder(decoder: Any, prompts: Sequence[Sequence[int]], max_tokens: int
         steps += r.stats.target_steps
         drafted += d
         accepted += a
+        draft_s += float(getattr(r.stats, "draft_s", 0.0) or 0.0)
+        target_s += float(getattr(r.stats, "target_s", 0.0) or 0.0)
         outputs.append(r.token_ids)
     return {"seconds": seconds, "tokens": tokens, "steps": steps, "drafted": drafted, "accepted": accepted,
-            "outputs": outputs}
+            "draft_s": draft_s, "target_s": target_s, "outputs": outputs}
+
+
+def loop_costs(run: dict[str, float], base: dict[str, float]) -> tuple[float | None, float | None]:
+    """(c, v) as the decoder's own timers saw them at one K: a draft step and a verification, each over a
+    target-only step of the same prompts (None where the decoder reports no timers)."""
+    t_step = base["target_s"] / base["steps"] if base.get("steps") and base.get("target_s") else None
+    if not t_step:
+        return None, None
+    c = run["draft_s"] / run["drafted"] / t_step if run.get("drafted") and run.get("draft_s") else None
+    v = run["target_s"] / run["steps"] / t_step if run.get("steps") and run.get("target_s") else None
+    return c, v
