@@ -22,9 +22,10 @@ PY
 
 serve() {
   link_mounts
-  # One Triton process drives both engines (orchestrator mode, TRTLLM_ORCHESTRATOR=1 from the image).
-  exec tritonserver --model-repository="${TRTSPEC_SPEC__OUTPUT__REPO_DIR:-/models}" \
-    --http-port=8000 --grpc-port=8001 --metrics-port=8002 "$@"
+  # The repository's launch (trtspec.serving.launch): for two TensorRT-LLM engines upstream's launch_triton_server.py
+  # --multi-model (mpirun, --disable-auto-complete-config, per-rank shm prefixes, TRTLLM_ORCHESTRATOR=1 and
+  # TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES), plain tritonserver otherwise. Extra arguments go to rank 0.
+  exec python3 -m trtspec.serving.launch "${TRTSPEC_SPEC__OUTPUT__REPO_DIR:-/models}" "$@"
 }
 
 case "${1:-serve}" in

@@ -13,7 +13,7 @@ from trtspec.triton_repo.engine_definitions import config_text, engine_model_con
 
 # What TensorRT-LLM's tensorrt_llm/config.pbtxt template needs filled (FACTS.md "Mandatory template values"),
 # as they appear in the written config.
-_MANDATORY_PARAMETERS = ("gpt_model_type", "gpt_model_path", "max_beam_width", "kv_cache_free_gpu_mem_fraction",
+_MANDATORY_PARAMETERS = ("gpt_model_type", "gpt_model_path", "max_beam_width", "max_tokens_in_paged_kv_cache",
                          "gpu_device_ids", "enable_kv_cache_reuse", "batch_scheduler_policy")
 
 
@@ -41,8 +41,8 @@ def test_both_engine_models_parse_and_have_every_mandatory_value(tmp_path, tiny_
         assert params["gpt_model_type"] == "inflight_fused_batching"
         assert params["gpt_model_path"] == f"/engines/{role}"
         assert params["gpu_device_ids"] == "0"
-        fraction = plan.target_kv_fraction if role == "target" else plan.draft_kv_fraction
-        assert float(params["kv_cache_free_gpu_mem_fraction"]) == pytest.approx(fraction, abs=1e-4)
+        assert int(params["max_tokens_in_paged_kv_cache"]) == plan.kv_tokens_capacity  # absolute, order-independent
+        assert "kv_cache_free_gpu_mem_fraction" not in params
         assert "participant_ids" not in params and "speculative_decoding_fast_logits" not in params
         inputs = {i.name: i for i in cfg.input}
         assert inputs["encoder_input_features"].data_type == pb.TYPE_FP16  # the models' dtype

@@ -54,16 +54,15 @@ def test_llmapi_repository_has_one_model_with_model_yaml(tmp_path, tiny_pair):
                                                   str(tiny_pair[1]): "/checkpoints/draft"}
 
 
-@pytest.fixture(scope="module")
-def llmapi_served(tiny_pair, tmp_path_factory):
+def _serve(tiny_pair, root: Path, spec_metrics: str):
     from trtspec.serving.server import TritonServer
     from trtspec.triton_repo.writer import write_repo
 
-    root = tmp_path_factory.mktemp("llmapi")
     draft = make_noisy_draft(tiny_pair[0], root / "draft")  # accepts part of the time
     spec = _llmapi_spec(root, tiny_pair[0], draft)
     write_repo(spec)
     env = {"TRTSPEC_EXTRA_PYTHONPATH": str(STANDIN), "TRTLLM_STANDIN_VERSION": "1.1.0",
+           "TRTLLM_STANDIN_SPEC_METRICS": spec_metrics,
            "TRTLLM_STANDIN_MOUNTS": f"/checkpoints/target={tiny_pair[0]};/checkpoints/draft={draft}"}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
@@ -73,6 +72,12 @@ def llmapi_served(tiny_pair, tmp_path_factory):
     finally:
         for k, v in saved.items():
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+
+
+@pytest.fixture(scope="module")
+def llmapi_served(tiny_pair, tmp_path_factory):
+    """Perf metrics filled, as a TensorRT-LLM release with PR #17082 would report them."""
+    yield from _serve(tiny_pair, tmp_path_factory.mktemp("llmapi"), "filled")
 
 
 @pytest.fixture(scope="module")
@@ -140,3 +145,15 @@ def test_llmapi_model_reports_bad_requests_and_keeps_serving(llmapi_served, hf_g
         with pytest.raises(GenerationError, match="top_p must be in"):
             client.generate(PROMPTS[0], MAX_TOKENS, top_p=1.5)
         assert client.generate(PROMPTS[0], MAX_TOKENS).text == hf_greedy(PROMPTS[0])
+
+
+def test_zeroed_speculative_metrics_are_reported_as_unavailable_never_as_zero(tiny_pair, tmp_path, hf_greedy):
+    """Releases up to 1.2 leave the PyTorch flow's speculative-decoding perf section zeroed even when drafting ran
+    (TensorRT-LLM PR #17082; tests/upstream/llm_api.json): the model then sends no acceptance outputs at all."""
+    for server in _serve(tiny_pair, tmp_path, "zeroed"):
+        with TritonLLMClient(server.grpc_url) as client:
+            for stream in (False, True):
+                r = client.generate(PROMPTS[0], MAX_TOKENS, stream=stream)
+                assert r.text == hf_greedy(PROMPTS[0])
+                assert not {"acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens"} & set(r.stats)
+                assert 0 < r.stats["num_output_tokens"] <= MAX_TOKENS

@@ -47,11 +47,13 @@ def test_quantize_builds_both_models_with_manifests_and_quality_then_skips_them(
         assert m["calibration"]["source"].startswith("shipped corpus")
         assert m["timings"]["total_s"] > 0 and m["inputs_hash"]
         assert 0 <= m["quality"]["top1_agreement"] <= 1 and m["quality"]["perplexity_after"] > 1
+        assert m["device"] == "cpu" and m["placement"] == {"cpu": 1}  # where the model was calibrated
     quality = json.loads((tmp_path / "build" / "quality.json").read_text())
     assert set(quality["models"]) == {"target", "draft"}
     assert quality["draft_target_top1_agreement"]["before"] is not None
     flat = " ".join(out.split())  # rich wraps lines at the terminal width
     assert "(built in" in flat and "draft vs" in flat and "quantization quality" in flat
+    assert flat.count("calibrated on cpu") == 2
     first = manifest(tmp_path, "target")["finished_at"]
 
     code, out, _ = run(capsys, "quantize", spec)

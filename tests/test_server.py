@@ -167,3 +167,21 @@ def test_cli_serve_runs_until_ctrl_c_or_sigterm_and_takes_the_server_down(tmp_pa
         assert not any(_alive(p) for p in children)
     finally:
         proc.kill()
+
+
+def test_two_servers_on_one_machine_use_their_own_python_backend_shared_memory(tmp_path):
+    import numpy as np
+    import tritonclient.http as httpclient
+
+    repo = echo_repo(tmp_path)
+    with TritonServer(repo, log_file=tmp_path / "a.log") as a, TritonServer(repo, log_file=tmp_path / "b.log") as b:
+        assert a.shm_prefix != b.shm_prefix
+        for server in (a, b):
+            assert f"--backend-config=python,shm-region-prefix-name={server.shm_prefix}" in server.command()
+            regions = [p.name for p in Path("/dev/shm").iterdir() if p.name.startswith(server.shm_prefix)]
+            assert regions, f"no shared-memory region named {server.shm_prefix}*"
+            client = httpclient.InferenceServerClient(server.http_url)
+            x = httpclient.InferInput("X", [2], "INT32")
+            x.set_data_from_numpy(np.array([4, 5], dtype=np.int32))
+            assert client.infer("echo", [x]).as_numpy("Y").tolist() == [4, 5]
+            client.close()

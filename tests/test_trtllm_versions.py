@@ -16,6 +16,7 @@ from trtspec.engines.trtllm_versions import (
     image_trtllm_version,
     ngc_image,
     normalize_version,
+    release_line,
 )
 from trtspec.errors import EngineBuildError
 
@@ -71,7 +72,7 @@ def test_generated_commands_use_only_documented_flags(tmp_path, tiny_pair, line,
         if role == "target":
             assert ns.speculative_decoding_mode == "draft_tokens_external"
             assert ns.max_draft_len == spec.speculative.max_draft_len
-            assert ns.gather_generation_logits is False
+            assert ns.gather_generation_logits is spec.speculative.use_draft_logits  # both engines (run_dtm_pld.py)
         else:
             assert ns.speculative_decoding_mode is None and ns.max_draft_len is None
             assert ns.gather_generation_logits is spec.speculative.use_draft_logits
@@ -109,7 +110,11 @@ def test_ngc_tags_map_to_trtllm_releases():
     assert ngc_image("1.0.0") == "nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3"
     assert ngc_image("0.20.0") == "nvcr.io/nvidia/tritonserver:25.07-trtllm-python-py3"
     assert ngc_image("1.0.3") == "nvcr.io/nvidia/tritonserver:25.11-trtllm-python-py3"
-    assert ngc_image("1.1.0") == "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"  # verified before 26.02
+    assert ngc_image("1.1.0") == "nvcr.io/nvidia/tritonserver:26.02-trtllm-python-py3"  # newest that ships it
+    assert ngc_image("1.2.0rc8") == "nvcr.io/nvidia/tritonserver:26.03-trtllm-python-py3"
+    assert ngc_image("1.2.1") == "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"
+    with pytest.raises(EngineBuildError, match="no NGC tritonserver image"):
+        ngc_image("1.2.0")  # 26.03 ships the release candidate, not 1.2.0
     assert image_trtllm_version("nvcr.io/nvidia/tritonserver:25.08-trtllm-python-py3") == "0.21.0"
     assert image_trtllm_version("registry.example/trtspec:latest") is None
     with pytest.raises(EngineBuildError, match="tag 24.01"):
@@ -120,12 +125,13 @@ def test_ngc_tags_map_to_trtllm_releases():
         ngc_image("0.19.0")
     for t in NGC_TAGS:
         assert normalize_version(t.trtllm_version) in {normalize_version(v) for v in VERSIONS.values()} | {
-            "1.0.3", "1.2.1"}
+            "1.0.3", "1.2.0rc8", "1.2.1"}
 
 
 def test_versions_normalize_to_the_release():
     assert normalize_version("1.0.3.2510") == "1.0.3"
-    assert normalize_version("v1.1.0rc5") == "1.1.0"
+    assert normalize_version("v1.1.0rc5") == "1.1.0rc5"  # a release candidate is a release of its own
+    assert release_line("1.2.0rc8") == "1.2"
     assert normalize_version("1.2") == "1.2.0"
     with pytest.raises(EngineBuildError):
         normalize_version("latest")

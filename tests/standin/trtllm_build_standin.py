@@ -1,7 +1,8 @@
 """STAND-IN for TensorRT-LLM's `trtllm-build`, for tests only (TensorRT-LLM cannot be installed here).
 
-It accepts exactly the flags and choices trtspec's version table records for ``TRTLLM_STANDIN_VERSION`` (argparse
-rejects anything else with exit code 2, as the real tool does), checks the checkpoint the way the real builder reads
+It accepts exactly the flags and choices recorded from upstream's build.py and plugin.py for the release line of
+``TRTLLM_STANDIN_VERSION`` (tests/upstream/trtllm_build.json, not trtspec's own version table; argparse rejects anything
+else with exit code 2, as the real tool does), checks the checkpoint the way the real builder reads
 it (config.json with architecture/dtype/mapping/quantization, rank<i>.safetensors), and writes an engine directory
 shaped like the real one: config.json {version, pretrained_config, build_config} and rank<i>.engine placeholders.
 It computes nothing: tests assert on what trtspec does around it (commands, manifests, resume, guards).
@@ -21,24 +22,26 @@ import time
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the trtspec checkout, for the version table
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for the recorded upstream facts
 
-from trtspec.engines.trtllm_versions import SPECULATIVE_MODE_VALUES, get_release  # noqa: E402
+from upstream.facts import load, trtllm_build_flags  # noqa: E402
+
+SPECULATIVE_MODE_VALUES = load("trtllm_build")["speculative_decoding_mode_values"]["values"]
+_TYPES = {"str": str, "int": int}
 
 
 def make_parser(version: str) -> argparse.ArgumentParser:
-    """An argparse parser with exactly the table's flags for ``version``."""
-    release = get_release(version)
+    """An argparse parser with exactly upstream's recorded flags for ``version``'s release line."""
     parser = argparse.ArgumentParser(prog="trtllm-build", allow_abbrev=False)
-    for flag in release.flags:
-        names = [flag.name, *flag.aliases]
-        dest = flag.name[2:]
-        if flag.kind == "switch":
+    for flag in trtllm_build_flags(version):
+        names = [flag["name"], *flag.get("aliases", [])]
+        dest = flag["name"][2:]
+        if flag["kind"] == "switch":
             parser.add_argument(*names, dest=dest, action="store_true", default=False)
-        elif flag.kind == "list":
+        elif flag["kind"] == "list":
             parser.add_argument(*names, dest=dest, nargs="+", default=None)
         else:
-            parser.add_argument(*names, dest=dest, type=flag.type, choices=flag.choices, default=None)
+            parser.add_argument(*names, dest=dest, type=_TYPES[flag["type"]], choices=flag.get("choices"), default=None)
     return parser
 
 
@@ -78,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[TensorRT-LLM] TensorRT-LLM version: {version} (trtspec test stand-in)", flush=True)
     if args.checkpoint_dir is None:
         _fail("--checkpoint_dir is required by this stand-in")
+    if args.gather_all_token_logits:
+        args.gather_context_logits = args.gather_generation_logits = True
     if args.gather_context_logits and (args.max_draft_len or 0) > 0:
         _fail("RuntimeError: Gather context logits is not support with draft len > 0.")
     if args.max_input_len is not None and args.max_seq_len is not None and args.max_input_len >= args.max_seq_len:

@@ -86,5 +86,14 @@ def build_plan(spec: BuildSpec) -> list[Stage]:
     else:
         image = spec.triton.image or ngc_image(spec.engine.trtllm_version)
         serve = ["trtspec", "serve", repo, "--docker", image]
-    stages.append(Stage("serve", "tritonserver on gRPC :8001, HTTP :8000, metrics :8002", [repo], [], [serve]))
+    commands = [serve]
+    if spec.runtime is Runtime.TRTLLM_ENGINE:
+        from trtspec.engines.container import REPO_MOUNT
+        from trtspec.serving.launch import launch_command, launch_settings
+
+        launch = launch_command(launch_settings(spec), REPO_MOUNT)
+        commands.append(["env", *(f"{k}={v}" for k, v in sorted(launch.env.items())), *launch.argv])
+    stages.append(Stage("serve", "tritonserver on gRPC :8001, HTTP :8000, metrics :8002" +
+                        (" (in the container: upstream's multi-model launch)" if len(commands) > 1 else ""),
+                        [repo], [], commands))
     return stages

@@ -116,6 +116,46 @@ def export_dtype(spec: BuildSpec, role: str) -> tuple[Any, list[str]]:
     return getattr(torch, dtype.value), []
 
 
+def load_for_calibration(src: Path, dtype: Any, cuda: bool,
+                         log_lines: list[str] | None = None) -> tuple[Any, dict[str, int]]:
+    """Load a model where it is calibrated; return it (eval mode) and where its modules went (device -> count).
+
+    On a GPU machine, as ModelOpt's examples/llm_ptq/hf_ptq.py does: ``device_map="auto"`` spreads the layers over every
+    visible GPU and keeps what does not fit in CPU memory (accelerate moves activations between them); calibration then
+    runs on the devices. Without a GPU the whole model stays in CPU memory, as before."""
+    from transformers import AutoModelForCausalLM
+
+    kwargs: dict[str, Any] = {"dtype": dtype}
+    if cuda:
+        kwargs["device_map"] = "auto"
+    try:
+        with quiet_libraries(log_lines if log_lines is not None else []):
+            model = AutoModelForCausalLM.from_pretrained(src, **kwargs)
+    except ValueError as exc:
+        if "offload" not in str(exc):
+            raise
+        raise QuantizationError(f"{src}: the model fits neither the GPUs nor CPU memory ({exc})",
+                                hint="use a machine with more GPU or CPU memory for the quantize stage") from None
+    return model.eval(), placement_of(model)
+
+
+def placement_of(model: Any) -> dict[str, int]:
+    """Device -> number of top-level modules there: from accelerate's ``hf_device_map``, else the parameters' device."""
+    device_map = getattr(model, "hf_device_map", None)
+    if not device_map:
+        return {str(next(model.parameters()).device): 1}
+    counts: dict[str, int] = {}
+    for device in device_map.values():
+        name = f"cuda:{device}" if isinstance(device, int) else str(device)
+        counts[name] = counts.get(name, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def placement_summary(placement: dict[str, int]) -> str:
+    """``cuda:0`` / ``cuda:0+cuda:1+cpu``: where a model was calibrated (CPU memory only holds offloaded layers)."""
+    return "+".join(placement)
+
+
 @dataclass
 class Calibrated:
     """A model after calibration (ModelOpt fake-quant modules in place) and what was learned on the way."""
@@ -130,12 +170,13 @@ class Calibrated:
     modelopt_log: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     device: str = "cpu"
+    placement: dict[str, int] = field(default_factory=lambda: {"cpu": 1})
 
 
 def calibrate(spec: BuildSpec, role: str, progress: Progress | None = None) -> Calibrated:
     """Load one role's model and quantize it with ModelOpt (fake quantization), with quality figures before/after."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from trtspec.build import quality
     from trtspec.build.calibration import forward_loop, load_calibration
@@ -150,12 +191,15 @@ def calibrate(spec: BuildSpec, role: str, progress: Progress | None = None) -> C
     calibrating = needs_calibration(spec, role)
     data = load_calibration(spec, AutoTokenizer.from_pretrained(src)) if calibrating else None
     check_blocks(src, q, cuda)
-    device = "cuda" if cuda else "cpu"
     # CPUs calibrate in float32 (bfloat16 matmuls are slow there); GPUs in the spec's dtype, as ModelOpt's examples do.
     load_dtype = getattr(torch, model_spec.dtype.value) if cuda else torch.float32
-    out = Calibrated(role, None, raw_cfg, data, warnings=warnings_out, device=device)
-    with quiet_libraries(out.modelopt_log):
-        out.model = AutoModelForCausalLM.from_pretrained(src, dtype=load_dtype).to(device).eval()
+    out = Calibrated(role, None, raw_cfg, data, warnings=warnings_out)
+    out.model, out.placement = load_for_calibration(src, load_dtype, cuda, out.modelopt_log)
+    out.device = placement_summary(out.placement)
+    if cuda and any(not d.startswith("cuda") for d in out.placement):
+        out.warnings.append(f"{role}: the GPUs hold only part of the model ({out.device}); the rest runs from CPU "
+                            "memory, so calibration is slower")
+    log.info("%s: placed on %s", role, out.device)
     out.timings["load_s"] = time.monotonic() - t0
     if not calibrating:
         return out
@@ -221,6 +265,7 @@ def export_calibrated(spec: BuildSpec, c: Calibrated, out_dir: Path, progress: P
         "role": role, "source": str(src), "source_hash": hash_dir(src), "format": q.value,
         "trtllm_quant_algo": get_format(q).trtllm_algo, "kv_cache": model_spec.kv_cache.value,
         "export": export_kind(spec), "dtype": str(dtype).removeprefix("torch."), "device": c.device,
+        "placement": c.placement,
         "versions": tool_versions("nvidia-modelopt", "transformers", "torch"),
         "calibration": c.data.summary if c.data is not None else None, "quality": metrics,
         "fixes": fixes, "warnings": c.warnings + dtype_notes, "tokenizer_files": copied,

@@ -67,8 +67,9 @@ def quantize(spec_path: SpecArg = None, only: OnlyOpt = None, force: ForceOpt = 
             continue
         t = m.get("timings", {}).get("total_s")
         took = f" in {t:.1f} s" if o.status == "built" and t is not None else ""
+        placed = f", calibrated on {m['device']}" if m.get("device") else ""  # where the model went
         console.print(f"{o.role}: {m.get('format')} (KV {m.get('kv_cache')}) -> {m.get('export')} {o.path} "
-                      f"({o.status}{took})", markup=False, highlight=False)
+                      f"({o.status}{took}){placed}", markup=False, highlight=False)
         for fix in m.get("fixes", []) if o.status == "built" else []:
             console.print(f"  fixed: {fix}", markup=False, highlight=False)
         for warning in m.get("warnings", []):

@@ -114,8 +114,8 @@ def verify_engine(path: Path, spec: BuildSpec, role: str) -> EngineInfo:
         if info.speculative_decoding_mode != "draft_tokens_external":
             problems.append(f"speculative_decoding_mode {info.speculative_decoding_mode}, "
                             "draft-target needs draft_tokens_external")
-    elif spec.speculative.use_draft_logits and not info.gather_generation_logits:
-        problems.append("built without gather_generation_logits, which use_draft_logits needs")
+    if spec.speculative.use_draft_logits and not info.gather_generation_logits:
+        problems.append("built without gather_generation_logits, which use_draft_logits needs on both engines")
     for name in ("max_batch_size", "max_input_len", "max_seq_len"):
         got, want = getattr(info, name), getattr(spec.engine, name)
         if got is not None and got != want:

@@ -73,4 +73,7 @@ def model_yaml_text(spec: BuildSpec) -> str:
 
     header = (f"# Written by trtspec for TensorRT-LLM {spec.engine.trtllm_version} (LLM API, PyTorch backend).\n"
               "# Paths are as mounted in the serving container (trtspec.engines.container).\n")
+    if not get_release(spec.engine.trtllm_version).llmapi.verified:
+        header += ("# speculative_config names for this release are not verified against its llm_args.py: a later\n"
+                   "# llm_args.py accepts only decoding_type Draft_Target and speculative_model (see the README).\n")
     return header + yaml.safe_dump(model_yaml(spec), sort_keys=False)

@@ -50,8 +50,10 @@ def trtllm_build_command(spec: BuildSpec, role: str, checkpoint_dir: Path, outpu
         # tokens (0)", tensorrtllm_backend #473).
         cmd += ["--speculative_decoding_mode", "draft_tokens_external",
                 "--max_draft_len", str(spec.speculative.max_draft_len)]
-    elif spec.speculative.use_draft_logits:
-        cmd += ["--gather_generation_logits"]  # without it the target waits for logits that never come (TRT-LLM #2798)
+    if spec.speculative.use_draft_logits:
+        # Both engines (run_dtm_pld.py asserts it for draft and target); without it on the draft the target waits for
+        # logits that never come (TRT-LLM #2798).
+        cmd += ["--gather_generation_logits"]
     if model.quantization is Quantization.FP8 and model.kv_cache is KVCacheFormat.FP8:
         cmd += ["--use_fp8_context_fmha", "enable"]
     if model.tp_size > 1:

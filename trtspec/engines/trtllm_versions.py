@@ -1,24 +1,26 @@
 """What each TensorRT-LLM release line accepts, and which NGC Triton image ships which release.
 
-Sources (read with the search tool, 2026-11):
-- ``tensorrt_llm/commands/build.py`` at two commits of NVIDIA/TensorRT-LLM: one with the auto-parallel group
-  (``--auto_parallel``, ``--gpus_per_node``, ``--cluster_key``), one after PR #8329 "Remove auto_parallel module"
-  (merged 2025-10-16, on main after the 1.1 branch, so first released in 1.2). Every other flag and choice is the
-  same in both.
-- ``tensorrt_llm/plugin/plugin.py`` (``cli_plugin_args``, ``PLUGIN_DTYPE_OPTIONS_MAP``): the plugin flags, identical
-  in the dataclass (<= 1.1) and pydantic (1.2) versions of PluginConfig.
+The upstream facts behind this table are recorded with their sources in tests/upstream/ (trtllm_build.json,
+llm_api.json, ngc_images.json), and the tests compare this table and every command built from it with those records.
+In short:
+- ``tensorrt_llm/commands/build.py`` + ``tensorrt_llm/plugin/plugin.py``: two stored readings, one with the
+  auto-parallel group (``--auto_parallel``, ``--gpus_per_node``, ``--cluster_key``; releases up to 1.1) and one
+  without (1.2: PR #8329 "Remove auto_parallel module", merged 2025-10-16 after the 1.1 branch). Every other flag and
+  choice is the same.
 - ``SpeculativeDecodingMode`` (tensorrt_llm/models/modeling_utils.py): the int an engine's config.json records.
-- Triton's compatibility matrix (docs.nvidia.com, trtllm-python-py3): 25.06/25.07 -> 0.20.0, 25.08 -> 0.21.0,
-  25.09/25.10 -> 1.0.0, 25.11 -> 1.0.3, 25.12 -> 1.1.0. Later tags are from third-party write-ups only
-  (26.02 -> 1.1.0, 26.03 -> 1.2.0, 26.04 -> 1.2.1) and marked ``verified=False``.
-- LLM API ``DecodingBaseConfig``: ``speculative_model`` (0.2x, plain BaseModel), ``speculative_model_dir``
-  (1.0, 1.1: StrictBaseModel, so the other name is rejected). PR #10099 (2025-12-18) renamed it back to
-  ``speculative_model`` and kept ``speculative_model_dir`` as an alias; whether 1.2.0 contains it is not verified,
-  so 1.2 uses ``speculative_model_dir``, which every 1.x release accepts.
+- NGC images: Triton's compatibility matrix for 25.06-25.12 (25.11 ships 1.0.3), the tensorrtllm_backend ``r<yy.mm>``
+  branch Dockerfiles (``TENSORRTLLM_VER``) after it: 26.01/26.02 -> 1.1.0, 26.03 -> 1.2.0rc8, 26.04-26.07 -> 1.2.1.
+  Pre-releases are releases of their own here: engines built by 1.2.0rc8 load only in 1.2.0rc8.
+- LLM API ``DecodingBaseConfig``: ``speculative_model`` (0.2x, plain BaseModel), ``speculative_model_dir`` (1.0, 1.1:
+  StrictBaseModel, so the other name is rejected); ``decoding_type`` is dispatched by ``from_dict`` on the key
+  ``DraftTarget``. A later llm_args.py (a pydantic discriminated union) accepts only ``Draft_Target`` and takes
+  ``speculative_model`` (``speculative_model_dir`` as an alias). Which one 1.2 ships is not verified: 1.2 keeps the 1.1
+  names, marked ``verified=False``.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
@@ -59,7 +61,7 @@ def _build_py_flags(auto_parallel: bool) -> tuple[Flag, ...]:
         Flag("--profiling_verbosity", v, str, ("layer_names_only", "detailed", "none")),
         Flag("--strip_plan", s), Flag("--weight_sparsity", s), Flag("--weight_streaming", s), Flag("--fast_build", s),
         Flag("--workers", v, int),
-        Flag("--log_level", v, str, ("internal_error", "error", "warning", "info", "verbose", "debug", "trace")),
+        Flag("--log_level", v, str, ("internal_error", "error", "warning", "info", "verbose")),
         Flag("--enable_debug_output", s), Flag("--visualize_network"), Flag("--dry_run", s), Flag("--monitor_memory", s),
         # Logits arguments
         Flag("--logits_dtype", v, str, ("float16", "float32")),
@@ -105,6 +107,7 @@ class LlmApiFields:
     decoding_type: str  # key DecodingBaseConfig.from_dict dispatches on
     draft_model_field: str  # speculative_model | speculative_model_dir
     supported: bool = True  # the Triton llmapi model serves draft-target on the PyTorch backend
+    verified: bool = True  # False: read in no source known to belong to this release (see the module docstring)
 
 
 @dataclass(frozen=True)
@@ -144,11 +147,12 @@ class NgcTag:
 
     tag: str
     trtllm_version: str
-    verified: bool  # True: NVIDIA's Triton compatibility matrix; False: third-party reports only
+    source: str  # "support matrix" (Triton's compatibility matrix) | "backend branch Dockerfile" (backend r<tag>)
 
 
 _OLD_LLMAPI = LlmApiFields("DraftTarget", "speculative_model", supported=False)  # llmapi runtime needs >= 1.0
 _NEW_LLMAPI = LlmApiFields("DraftTarget", "speculative_model_dir")
+_UNVERIFIED_LLMAPI = LlmApiFields("DraftTarget", "speculative_model_dir", verified=False)
 
 RELEASES: dict[str, TrtllmRelease] = {
     r.line: r
@@ -157,21 +161,26 @@ RELEASES: dict[str, TrtllmRelease] = {
         TrtllmRelease("0.21", _build_py_flags(auto_parallel=True), _OLD_LLMAPI),
         TrtllmRelease("1.0", _build_py_flags(auto_parallel=True), _NEW_LLMAPI),
         TrtllmRelease("1.1", _build_py_flags(auto_parallel=True), _NEW_LLMAPI),
-        TrtllmRelease("1.2", _build_py_flags(auto_parallel=False), _NEW_LLMAPI),
+        TrtllmRelease("1.2", _build_py_flags(auto_parallel=False), _UNVERIFIED_LLMAPI),
     )
 }
 
+_MATRIX, _DOCKERFILE = "support matrix", "backend branch Dockerfile"
 NGC_TAGS: tuple[NgcTag, ...] = (
-    NgcTag("25.06", "0.20.0", True),
-    NgcTag("25.07", "0.20.0", True),
-    NgcTag("25.08", "0.21.0", True),
-    NgcTag("25.09", "1.0.0", True),
-    NgcTag("25.10", "1.0.0", True),
-    NgcTag("25.11", "1.0.3", True),
-    NgcTag("25.12", "1.1.0", True),
-    NgcTag("26.02", "1.1.0", False),
-    NgcTag("26.03", "1.2.0", False),
-    NgcTag("26.04", "1.2.1", False),
+    NgcTag("25.06", "0.20.0", _MATRIX),
+    NgcTag("25.07", "0.20.0", _MATRIX),
+    NgcTag("25.08", "0.21.0", _MATRIX),
+    NgcTag("25.09", "1.0.0", _MATRIX),
+    NgcTag("25.10", "1.0.0", _MATRIX),
+    NgcTag("25.11", "1.0.3", _MATRIX),  # matrix: 1.0.3.2510 (its branch Dockerfile's 1.2.0rc2 is not what shipped)
+    NgcTag("25.12", "1.1.0", _MATRIX),
+    NgcTag("26.01", "1.1.0", _DOCKERFILE),
+    NgcTag("26.02", "1.1.0", _DOCKERFILE),
+    NgcTag("26.03", "1.2.0rc8", _DOCKERFILE),
+    NgcTag("26.04", "1.2.1", _DOCKERFILE),
+    NgcTag("26.05", "1.2.1", _DOCKERFILE),
+    NgcTag("26.06", "1.2.1", _DOCKERFILE),
+    NgcTag("26.07", "1.2.1", _DOCKERFILE),
 )
 
 NGC_REPOSITORY = "nvcr.io/nvidia/tritonserver"
@@ -183,29 +192,23 @@ SPECULATIVE_MODE_VALUES = {"none": 1, "draft_tokens_external": 2, "medusa": 4, "
                            "explicit_draft_tokens": 16, "eagle": 32}
 
 
+_VERSION = re.compile(r"v?(\d+)\.(\d+)(?:\.(\d+))?(?:\.\d+)*((?:rc|a|b|\.?post|\.?dev)\d+)?")
+
+
 def normalize_version(version: str) -> str:
-    """``1.0.3.2510`` / ``1.0.3rc1`` / ``v1.0.3`` -> ``1.0.3``: the release an engine or image is tied to."""
-    v = version.strip().lstrip("v")
-    parts = []
-    for piece in v.split(".")[:3]:
-        digits = ""
-        for ch in piece:
-            if not ch.isdigit():
-                break
-            digits += ch
-        if not digits:
-            break
-        parts.append(digits)
-    if len(parts) < 2:
-        raise EngineBuildError(f"'{version}' is not a TensorRT-LLM version", hint="expected e.g. 1.0.0")
-    while len(parts) < 3:
-        parts.append("0")
-    return ".".join(parts)
+    """``1.0.3.2510`` / ``v1.0.3`` -> ``1.0.3``; ``1.2.0rc8`` stays ``1.2.0rc8``: the release an engine or image is tied
+    to (a pre-release is a release of its own: engines load only in the build that made them)."""
+    m = _VERSION.fullmatch(version.strip())
+    if m is None:
+        raise EngineBuildError(f"'{version}' is not a TensorRT-LLM version", hint="expected e.g. 1.0.0 or 1.2.0rc8")
+    major, minor, patch, pre = m.groups()
+    return f"{int(major)}.{int(minor)}.{int(patch or 0)}" + (pre.lstrip(".") if pre else "")
 
 
 def release_line(version: str) -> str:
-    """``1.0.3`` -> ``1.0``."""
-    return ".".join(normalize_version(version).split(".")[:2])
+    """``1.0.3`` -> ``1.0``; ``1.2.0rc8`` -> ``1.2``."""
+    major, minor = _VERSION.fullmatch(normalize_version(version)).groups()[:2]  # type: ignore[union-attr]
+    return f"{major}.{minor}"
 
 
 def get_release(version: str) -> TrtllmRelease:
@@ -218,10 +221,9 @@ def get_release(version: str) -> TrtllmRelease:
 
 
 def ngc_tags_for(version: str) -> list[NgcTag]:
-    """NGC tags that ship exactly this release: NVIDIA-verified ones first, newest first."""
+    """NGC tags that ship exactly this release, newest first."""
     v = normalize_version(version)
-    newest_first = sorted((t for t in NGC_TAGS if t.trtllm_version == v), key=lambda t: t.tag, reverse=True)
-    return sorted(newest_first, key=lambda t: not t.verified)
+    return sorted((t for t in NGC_TAGS if t.trtllm_version == v), key=lambda t: t.tag, reverse=True)
 
 
 def ngc_image(version: str) -> str:

@@ -14,7 +14,8 @@ def docker_command(repo: Path, image: str, *, http_port: int = 8000, grpc_port: 
                    gpus: bool = True, with_trtspec: bool = True) -> list[str]:
     """``docker run`` for serving ``repo`` in a tritonserver image: the repository at /models, every directory its
     configs reference mounted read-only (``mounts``: host path -> path in the container, as the configs name it), and
-    this trtspec package mounted and announced in TRTSPEC_PYTHONPATH for the Python models."""
+    this trtspec package mounted and announced in TRTSPEC_PYTHONPATH for the Python models. The server command is the
+    repository's launch (``trtspec.serving.launch``): for two TensorRT-LLM engines, upstream's ``--multi-model`` one."""
     from trtspec.engines.container import DOCKER_GPU_FLAGS, REPO_MOUNT
 
     repo = Path(repo).resolve()
@@ -31,9 +32,15 @@ def docker_command(repo: Path, image: str, *, http_port: int = 8000, grpc_port: 
         environment.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     for key, value in sorted(environment.items()):
         cmd += ["-e", f"{key}={value}"]
-    cmd += [image, "tritonserver", f"--model-repository={REPO_MOUNT}", "--http-port=8000", "--grpc-port=8001",
-            "--metrics-port=8002"]
-    return cmd
+    # The server command inside the container: upstream's multi-model launch for two engines (trtspec.serving.launch),
+    # plain tritonserver otherwise. Its environment (TRTLLM_ORCHESTRATOR ...) comes with it.
+    from trtspec.serving.launch import repo_launch
+
+    launch = repo_launch(repo, REPO_MOUNT)
+    for key, value in sorted(launch.env.items()):
+        if key not in environment:
+            cmd += ["-e", f"{key}={value}"]
+    return cmd + [image, *launch.argv]
 
 
 def repo_mounts(repo: Path) -> tuple[list[tuple[Path, str]], dict[str, str]]:

@@ -252,7 +252,15 @@ class TritonServer:
                "--log-verbose=0"]
         if backend_dir is not None:
             cmd.append(f"--backend-directory={backend_dir}")
+        # The Python backend names its shared-memory regions from this prefix; two servers on one machine with the
+        # default prefix collide (seen: boost::interprocess::lock_exception at start while another server ran).
+        cmd.append(f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}")
         return cmd + list(self.extra_args)
+
+    @property
+    def shm_prefix(self) -> str:
+        """This server's Python-backend shared-memory prefix: unique per process and HTTP port."""
+        return f"trtspec_{os.getpid()}_{self.ports.http}_"
 
     def start(self) -> TritonServer:
         """Start the server and wait until it is ready (or raise ServerError with the log's tail)."""

@@ -79,12 +79,21 @@ def postprocessing(spec: BuildSpec) -> ModelDefinition:
     return ModelDefinition(POST, c, _python_files(POST), [tokenizer_dir(spec)])
 
 
+def engine_capabilities(spec: BuildSpec) -> dict[str, Any]:
+    """What the two engine-backed models can do, for the orchestrator to check requests against: the target's
+    ``max_draft_len`` (TensorRT-LLM's ``LlmRequest::validate`` rejects more draft tokens) and whether both return
+    generation logits (engines: built with ``--gather_generation_logits``, which draft logits need on both)."""
+    logits = True if spec.runtime is Runtime.TORCH else spec.speculative.use_draft_logits
+    return {"engine_max_draft_len": spec.speculative.max_draft_len, "engine_generation_logits": logits}
+
+
 def orchestrator(spec: BuildSpec) -> ModelDefinition:
     sp = spec.speculative
     c = new_config(BLS, backend="python", max_batch_size=spec.engine.max_batch_size,
                    decoupled=spec.triton.decoupled, instances=spec.triton.orchestrator_instances, parameters={
                        "tensorrt_llm_model_name": TARGET, "tensorrt_llm_draft_model_name": DRAFT,
                        "max_draft_len": sp.max_draft_len, "use_draft_logits": sp.use_draft_logits,
+                       **engine_capabilities(spec),
                        "route_threshold": sp.route_threshold, "max_seq_len": spec.engine.max_seq_len,
                        "exclude_input_in_output": False, "stream_context_tokens": STREAM_CONTEXT_TOKENS,
                    })

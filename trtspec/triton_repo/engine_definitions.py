@@ -5,8 +5,12 @@ parameter keys follow TensorRT-LLM's triton_backend/all_models/inflight_batcher_
 ``${...}`` of that template that the backend needs gets a value here, the optional ones are left out (the backend
 then uses its default) instead of being left as placeholders. Draft-target settings follow
 examples/draft_target_model/README.md: both models in one server in orchestrator (multi-model) mode, KV-cache reuse
-on, each with its share of GPU memory for KV cache; fast logits (``speculative_decoding_fast_logits`` with MPI
-``participant_ids``) when the target is tensor-parallel.
+on, each engine's KV cache sized in absolute tokens (``max_tokens_in_paged_kv_cache``) so that the load order of the two
+models does not matter; fast logits (``speculative_decoding_fast_logits`` with MPI ``participant_ids``) when the target is
+tensor-parallel. Every parameter the backend reads without a fallback (model_instance_state.cc: ``gpt_model_type``,
+``tokenizer_dir``, ``xgrammar_tokenizer_info_path``, ``guided_decoding_backend``) is written, and every output the backend
+writes unasked (the perf metrics of ``return_perf_metrics``) is declared. The upstream facts are recorded in
+tests/upstream/.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from trtspec.engines.container import engine_path_in_container
+from trtspec.errors import SpecError
 from trtspec.spec import BuildSpec, DType
 
 if TYPE_CHECKING:
@@ -25,9 +30,14 @@ if TYPE_CHECKING:
 MODEL_NAMES = {"target": "tensorrt_llm", "draft": "tensorrt_llm_draft"}
 LOGITS_DATATYPE = "TYPE_FP32"  # trtllm_build.LOGITS_DTYPE: both engines are built with float32 logits
 EXECUTOR_WORKER = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
-# Multi-model (orchestrator) mode: one Triton process drives both engines' executors (spawned workers).
+# Multi-model (orchestrator) mode: one Triton process drives both engines' executors (trtspec.serving.launch sets the
+# rest of upstream's launch: spawning on or off, mpirun ranks).
 SERVER_ENV = {"TRTLLM_ORCHESTRATOR": "1"}
+# Read by the backend with GetParameter and no fallback: a missing key fails the model instance. Empty strings turn guided
+# decoding off (the C++ workflow ignores tokenizer_dir's value).
+GUIDED_DECODING_PARAMETERS = {"tokenizer_dir": "", "xgrammar_tokenizer_info_path": "", "guided_decoding_backend": ""}
 
+INT32_MAX = 2**31 - 1
 _DTYPE_TYPES = {DType.FLOAT16: "TYPE_FP16", DType.BFLOAT16: "TYPE_BF16", DType.FLOAT32: "TYPE_FP32"}
 _SCALAR = "scalar"  # dims [1] reshaped to []
 
@@ -90,6 +100,22 @@ _OUTPUTS: tuple[tuple[str, str, tuple[int, ...]], ...] = (
     ("generation_logits", "${logits}", (-1, -1, -1)),
     ("batch_index", "TYPE_INT32", (1,)),
     ("sequence_index", "TYPE_INT32", (1,)),
+    ("context_phase_params", "TYPE_UINT8", (-1,)),
+    # Written into every response of a request with return_perf_metrics, asked for or not: undeclared, Triton fails the
+    # response ("unexpected inference output").
+    ("kv_cache_alloc_new_blocks", "TYPE_INT32", (1,)),
+    ("kv_cache_reused_blocks", "TYPE_INT32", (1,)),
+    ("kv_cache_alloc_total_blocks", "TYPE_INT32", (1,)),
+    ("arrival_time_ns", "TYPE_INT64", (1,)),
+    ("first_scheduled_time_ns", "TYPE_INT64", (1,)),
+    ("first_token_time_ns", "TYPE_INT64", (1,)),
+    ("last_token_time_ns", "TYPE_INT64", (1,)),
+    ("acceptance_rate", "TYPE_FP32", (1,)),
+    ("total_accepted_draft_tokens", "TYPE_INT32", (1,)),
+    ("total_draft_tokens", "TYPE_INT32", (1,)),
+    # return_num_input_tokens / return_num_output_tokens
+    ("num_input_tokens", "TYPE_INT32", (1,)),
+    ("num_output_tokens", "TYPE_INT32", (1,)),
 )
 
 
@@ -126,8 +152,8 @@ def _ids(values: tuple[int, ...]) -> str:
     return ",".join(str(v) for v in values)
 
 
-def engine_model_config(spec: BuildSpec, role: str, *, kv_fraction: float, layout: ServingLayout,
-                        decoupled: bool = False) -> model_config_pb2.ModelConfig:
+def engine_model_config(spec: BuildSpec, role: str, *, kv_tokens: int, layout: ServingLayout,
+                        kv_fraction: float | None = None, decoupled: bool = False) -> model_config_pb2.ModelConfig:
     """One engine-backed model (`tensorrt_llm` for the target, `tensorrt_llm_draft` for the draft)."""
     from tritonclient.grpc import model_config_pb2 as pb
 
@@ -159,12 +185,17 @@ def engine_model_config(spec: BuildSpec, role: str, *, kv_fraction: float, layou
         "gpt_model_type": "inflight_fused_batching",
         "gpt_model_path": engine_path_in_container(role),
         "batch_scheduler_policy": "guaranteed_no_evict",
-        "kv_cache_free_gpu_mem_fraction": f"{kv_fraction:.4f}",
+        # Absolute tokens: each executor would otherwise take a fraction of whatever is free when it allocates, and
+        # Triton loads the two models in no fixed order.
+        "max_tokens_in_paged_kv_cache": str(kv_tokens),
         "enable_kv_cache_reuse": "true",  # draft-target reuses the prefix every step
         "exclude_input_in_output": "true",
         "gpu_device_ids": _ids(layout.gpu_device_ids[role]),
         "executor_worker_path": EXECUTOR_WORKER,
+        **GUIDED_DECODING_PARAMETERS,
     }
+    if kv_fraction is not None:  # an explicit cap from the spec; the backend uses the smaller of the two
+        params["kv_cache_free_gpu_mem_fraction"] = f"{kv_fraction:.4f}"
     if layout.fast_logits:
         params["speculative_decoding_fast_logits"] = "1"
         params["participant_ids"] = _ids(layout.participant_ids[role])
@@ -175,12 +206,18 @@ def engine_model_config(spec: BuildSpec, role: str, *, kv_fraction: float, layou
 
 def engine_model_configs(spec: BuildSpec, plan: MemoryPlan | None = None,
                          decoupled: bool = False) -> dict[str, model_config_pb2.ModelConfig]:
-    """Both engine-backed models, keyed by Triton model name, KV fractions from the memory plan."""
+    """Both engine-backed models, keyed by Triton model name. Both KV caches hold the same sequences, so each gets the
+    memory plan's token capacity (target + draft bytes per token fit on GPU 0)."""
     plan = plan or _memory_plan(spec)
+    if plan.kv_tokens_capacity <= 0:
+        raise SpecError("the target and draft leave no GPU memory for KV cache",
+                        hint="run `trtspec check`; use a smaller quantization format, more GPUs (target.tp_size) or "
+                             "a larger gpu.memory_gib")
+    tokens = min(plan.kv_tokens_capacity, INT32_MAX)  # the backend parses it with std::stoi
     layout = serving_layout(spec)
-    fractions = {"target": plan.target_kv_fraction, "draft": plan.draft_kv_fraction}
-    return {MODEL_NAMES[r]: engine_model_config(spec, r, kv_fraction=fractions[r], layout=layout,
-                                                decoupled=decoupled) for r in ("target", "draft")}
+    caps = {"target": spec.triton.target_kv_cache_fraction, "draft": spec.triton.draft_kv_cache_fraction}
+    return {MODEL_NAMES[r]: engine_model_config(spec, r, kv_tokens=tokens, kv_fraction=caps[r],
+                                                layout=layout, decoupled=decoupled) for r in ("target", "draft")}
 
 
 def config_text(cfg: model_config_pb2.ModelConfig) -> str:

@@ -38,6 +38,8 @@ def repo_inputs(spec: BuildSpec) -> tuple[dict[str, Path | None], dict]:
         "speculative": spec.speculative.model_dump(mode="json"),
         "engine": spec.engine.model_dump(mode="json"),
         "triton": spec.triton.model_dump(mode="json"),
+        "gpu": spec.gpu.model_dump(mode="json"),  # the memory plan sizes the engines' KV caches
+        "parallel": {r: getattr(spec, r).tp_size for r in ("target", "draft")},
     }
     from trtspec.engines.engine_dir import version_guard_settings
 
@@ -86,7 +88,9 @@ def write_repo_into(spec: BuildSpec, out_dir: Path) -> dict:
     # Host directory -> its path inside a serving container (the same path unless a definition says otherwise).
     mounts = {str(p): m.container_paths.get(p, str(p)) for m in models for p in m.external_paths}
     server_env = {k: v for m in models for k, v in m.server_env.items()}
-    return {"models": [m.name for m in models], "external_paths": external, "entry_model": ENSEMBLE if ENSEMBLE in {m.name for m in models} else models[0].name,
+    from trtspec.serving.launch import launch_settings
+
+    return {"launch": launch_settings(spec), "models": [m.name for m in models], "external_paths": external, "entry_model": ENSEMBLE if ENSEMBLE in {m.name for m in models} else models[0].name,
             "container_mounts": sorted(mounts.items()), "server_env": server_env}
 
 

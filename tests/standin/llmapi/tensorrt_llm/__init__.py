@@ -7,6 +7,10 @@ TRTLLM_STANDIN_VERSION, ``SamplingParams`` fields, ``generate_async`` / ``Reques
 anything else. The tokens come from trtspec's torch SpeculativeDecoder on the real checkpoints, so a test's expected
 text is computed independently (transformers' own greedy generate), never by this stand-in.
 
+Perf metrics: as in every release up to 1.2 (TensorRT-LLM PR #17082), the PyTorch flow's
+``request_perf_metrics.speculative_decoding`` comes back zeroed; TRTLLM_STANDIN_SPEC_METRICS=filled fills it, as a release
+with that fix would.
+
 Container paths (``/checkpoints/target``) are mapped to host directories by TRTLLM_STANDIN_MOUNTS
 (``/checkpoints/target=/host/dir;/checkpoints/draft=/other``), as the container's volume mounts would.
 """
@@ -29,24 +33,30 @@ LLM_ARGS = {"model", "tokenizer", "backend", "tensor_parallel_size", "pipeline_p
 KV_CACHE_FIELDS = {"free_gpu_memory_fraction", "enable_block_reuse", "max_tokens", "dtype", "host_cache_size"}
 
 
-def _draft_fields(version: str) -> set[str]:
-    """DraftTargetDecodingConfig's fields by release: ``speculative_model_dir`` in 1.0 and 1.1 (StrictBaseModel);
-    1.2 accepts both names (PR #10099 made ``speculative_model`` the name, ``speculative_model_dir`` an alias)."""
-    base = {"decoding_type", "max_draft_len", "num_extra_kv_tokens", "max_concurrency"}
-    major_minor = tuple(int(x) for x in version.split(".")[:2])
+def _api(version: str) -> dict:
+    """The LLM API reading recorded for this release line (tests/upstream/llm_api.json), not trtspec's own table."""
+    import sys
+    from pathlib import Path
+
+    tests_dir = str(Path(__file__).resolve().parents[3])
+    if tests_dir not in sys.path:
+        sys.path.insert(0, tests_dir)
+    from upstream.facts import llm_api, release_line
+
+    major_minor = tuple(int(x) for x in release_line(version).split("."))
     if major_minor < (1, 0):
         raise RuntimeError(f"stand-in: the LLM API's PyTorch backend draft-target needs >= 1.0, not {version}")
-    names = {"speculative_model_dir", "speculative_model"} if major_minor >= (1, 2) else {"speculative_model_dir"}
-    return base | names
+    return llm_api(version)
 
 
 class DraftTargetDecodingConfig:
     def __init__(self, **kwargs: Any) -> None:
-        allowed = _draft_fields(__version__)
-        unknown = set(kwargs) - allowed
-        if unknown:
+        base = _api(__version__)["decoding_base_config"]
+        names = set(base["fields"]) | {a for v in base.get("aliases", {}).values() for a in v}
+        unknown = set(kwargs) - names
+        if unknown and "Strict" in base["model"]:
             raise ValueError(f"DraftTargetDecodingConfig: extra fields not permitted: {sorted(unknown)}")
-        if "max_draft_len" not in kwargs:
+        if not kwargs.get("max_draft_len"):
             raise ValueError("DraftTargetDecodingConfig: max_draft_len is required")
         self.max_draft_len = int(kwargs["max_draft_len"])
         self.speculative_model = kwargs.get("speculative_model_dir") or kwargs.get("speculative_model")
@@ -192,7 +202,10 @@ class LLM:
                         steps.put((self.tokenizer.decode(out, skip_special_tokens=True), list(out), None, None))
                     else:
                         s = event.stats
-                        stats = _PerfMetrics(_SpecStats(s.acceptance_rate, s.accepted_tokens, s.draft_tokens))
+                        filled = os.environ.get("TRTLLM_STANDIN_SPEC_METRICS", "zeroed") == "filled"
+                        spec_stats = _SpecStats(s.acceptance_rate, s.accepted_tokens, s.draft_tokens) if filled \
+                            else _SpecStats()  # what the PyTorch flow writes (never updated, PR #17082)
+                        stats = _PerfMetrics(spec_stats)
                         steps.put((self.tokenizer.decode(out, skip_special_tokens=True), list(out),
                                    event.finish_reason, stats if sp.return_perf_metrics else None))
         except BaseException as exc:  # noqa: BLE001 - handed to the waiting RequestOutput

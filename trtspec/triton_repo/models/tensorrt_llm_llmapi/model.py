@@ -7,6 +7,10 @@ statistics out. ``model.yaml`` holds the ``LLM(**args)`` arguments (``speculativ
 ``triton_config`` section, which Triton's settings in config.pbtxt were written from. tensorrt_llm is imported in
 initialize(): this model only loads where TensorRT-LLM is installed (the NGC trtllm image).
 
+Acceptance statistics come from ``request_perf_metrics.speculative_decoding``. The PyTorch flow leaves that section
+zeroed in every release up to 1.2 (TensorRT-LLM PR #17082 fixed it later), so a response whose section shows no draft
+tokens carries no acceptance outputs at all: unavailable, never reported as an acceptance of 0.
+
 Decoupled (``triton_config.decoupled``): each request runs on its own thread and streams one response per step when
 ``streaming`` is true. Otherwise execute() submits every request of the batch before waiting for any, so the LLM
 API batches them in flight.
@@ -118,23 +122,35 @@ class TritonPythonModel:
         return tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
 
     @staticmethod
-    def _tensors(text, reason="", rate=0.0, accepted=0, drafted=0, generated=0):
-        return pb_utils.InferenceResponse(output_tensors=[
+    def _tensors(text, reason="", acceptance=None, generated=0):
+        tensors = [
             pb_utils.Tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_)),
             pb_utils.Tensor("finish_reason", np.array([reason.encode("utf-8")], dtype=np.object_)),
-            pb_utils.Tensor("acceptance_rate", np.array([rate], dtype=np.float32)),
-            pb_utils.Tensor("total_accepted_draft_tokens", np.array([accepted], dtype=np.int32)),
-            pb_utils.Tensor("total_draft_tokens", np.array([drafted], dtype=np.int32)),
             pb_utils.Tensor("num_output_tokens", np.array([generated], dtype=np.int32)),
-        ])
+        ]
+        if acceptance is not None:
+            rate, accepted, drafted = acceptance
+            tensors += [pb_utils.Tensor("acceptance_rate", np.array([rate], dtype=np.float32)),
+                        pb_utils.Tensor("total_accepted_draft_tokens", np.array([accepted], dtype=np.int32)),
+                        pb_utils.Tensor("total_draft_tokens", np.array([drafted], dtype=np.int32))]
+        return pb_utils.InferenceResponse(output_tensors=tensors)
+
+    @staticmethod
+    def acceptance(out):
+        """(acceptance rate, accepted, drafted) from the speculative-decoding perf section, or None when it reports no
+        draft tokens: zeroed by the PyTorch flow (see the module docstring), or nothing was drafted yet."""
+        spec = getattr(getattr(out, "request_perf_metrics", None), "speculative_decoding", None)
+        drafted = int(getattr(spec, "total_draft_tokens", 0) or 0)
+        if spec is None or drafted <= 0:
+            return None
+        accepted = int(getattr(spec, "total_accepted_draft_tokens", 0) or 0)
+        rate = getattr(spec, "acceptance_rate", None)
+        return float(rate) if rate is not None else accepted / drafted, accepted, drafted
 
     def _response(self, result, text):
         out = result.outputs[0]
-        spec = getattr(getattr(out, "request_perf_metrics", None), "speculative_decoding", None)
         reason = str(out.finish_reason) if getattr(out, "finish_reason", None) is not None else ""
-        return self._tensors(text, reason, float(getattr(spec, "acceptance_rate", 0.0) or 0.0),
-                             int(getattr(spec, "total_accepted_draft_tokens", 0) or 0),
-                             int(getattr(spec, "total_draft_tokens", 0) or 0), len(out.token_ids or []))
+        return self._tensors(text, reason, self.acceptance(out), len(out.token_ids or []))
 
     @staticmethod
     def _error(exc):

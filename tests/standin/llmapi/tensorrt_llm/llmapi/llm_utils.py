@@ -7,19 +7,21 @@ from __future__ import annotations
 
 from typing import Any
 
+import tensorrt_llm
 from tensorrt_llm import KV_CACHE_FIELDS, DraftTargetDecodingConfig
-
-DECODING_TYPES = {"DraftTarget": DraftTargetDecodingConfig}
 
 
 def update_llm_args_with_extra_dict(llm_args: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     args = {**llm_args, **extra}
     spec = args.get("speculative_config")
     if isinstance(spec, dict):
-        kind = spec.get("decoding_type")
-        if kind not in DECODING_TYPES:
-            raise ValueError(f"speculative_config: unknown decoding_type {kind!r}")
-        args["speculative_config"] = DECODING_TYPES[kind](**spec)
+        # The decoding_type keys the recorded reading of this release dispatches on (tests/upstream/llm_api.json).
+        types = tensorrt_llm._api(tensorrt_llm.__version__)["decoding_types"]
+        data = dict(spec)
+        kind = data.pop("decoding_type", None)
+        if types.get(kind) != "DraftTargetDecodingConfig":
+            raise ValueError(f"Invalid decoding type: {kind}")
+        args["speculative_config"] = DraftTargetDecodingConfig(**data)
     kv = args.get("kv_cache_config")
     if isinstance(kv, dict):
         unknown = set(kv) - KV_CACHE_FIELDS

@@ -1,0 +1,121 @@
+"""How tritonserver is launched for a repository with two TensorRT-LLM engines, as upstream launches them.
+
+TensorRT-LLM's triton_backend/scripts/launch_triton_server.py ``--multi-model`` (recorded in tests/upstream/
+launch_triton_server.json) runs every rank under ``mpirun --allow-run-as-root`` with ``--disable-auto-complete-config``
+and its own ``--backend-config=python,shm-region-prefix-name=prefix<rank>_``, in orchestrator mode
+(``TRTLLM_ORCHESTRATOR=1``):
+
+- spawning (the orchestrator starts the engines' workers, ``TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=1``): world size 1, and
+  for Triton > 24.06 ``--pinned-memory-pool-byte-size=0 --enable-peer-access=false``
+  ``--cuda-memory-pool-byte-size=<gpu>:0``;
+- fast logits (``TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=0``): one rank per participant (1 orchestrator + draft ranks +
+  target ranks); ranks after 0 load only the engine models (``--model-control-mode=explicit --load-model=...``).
+
+The same argument list serves ``trtspec serve --docker``, the image's entrypoint (``python3 -m trtspec.serving.launch``)
+and the Kubernetes pods; the repository's manifest carries the settings (``launch``) it is built from.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trtspec.errors import ServerError
+
+TRITONSERVER = "tritonserver"
+DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The command that starts the server, and the environment it needs on top of the container's."""
+
+    argv: list[str]
+    env: dict[str, str]
+
+
+def launch_settings(spec: Any) -> dict[str, Any]:
+    """What the launch depends on, for the repository manifest: {} unless the repository serves two engines."""
+    from trtspec.spec import Runtime
+
+    if spec.runtime is not Runtime.TRTLLM_ENGINE:
+        return {}
+    from trtspec.triton_repo.engine_definitions import MODEL_NAMES, serving_layout
+
+    layout = serving_layout(spec)
+    gpus = max(spec.gpu.count, *(max(ids) + 1 for ids in layout.gpu_device_ids.values()))
+    return {"kind": "trtllm-multi-model", "world_size": layout.world_size, "spawn_processes": not layout.fast_logits,
+            "gpus": gpus, "engine_models": [MODEL_NAMES["target"], MODEL_NAMES["draft"]]}
+
+
+def _ports(ports: Mapping[str, int] | None) -> list[str]:
+    p = {**DEFAULT_PORTS, **(ports or {})}
+    return [f"--grpc-port={p['grpc']}", f"--http-port={p['http']}", f"--metrics-port={p['metrics']}"]
+
+
+def launch_command(settings: Mapping[str, Any], repo: str, *, ports: Mapping[str, int] | None = None,
+                   tritonserver: str = TRITONSERVER, extra: Sequence[str] = ()) -> Launch:
+    """The server command for a repository whose manifest says ``settings`` (``launch_settings``); ``extra`` goes to
+    rank 0 (the rank that serves clients). Without engine settings: one plain tritonserver."""
+    if not settings:
+        return Launch([tritonserver, f"--model-repository={repo}", *_ports(ports), *extra], {})
+    if settings.get("kind") != "trtllm-multi-model":
+        raise ServerError(f"this trtspec cannot launch a '{settings.get('kind')}' repository",
+                          hint="rewrite the repository with this trtspec (`trtspec repo --force`)")
+    world, spawn = int(settings["world_size"]), bool(settings["spawn_processes"])
+    if spawn and world != 1:  # upstream asserts it: the orchestrator spawns the multi-GPU workers itself
+        raise ServerError(f"multi-model launch with spawned workers needs world size 1, the manifest says {world}",
+                          hint="rewrite the repository with `trtspec repo --force`")
+    argv = ["mpirun", "--allow-run-as-root"]
+    for rank in range(world):
+        argv += ["-n", "1", tritonserver, f"--model-repository={repo}", *_ports(ports)]
+        if rank == 0:
+            argv += list(extra)
+        else:
+            argv += ["--model-control-mode=explicit", *(f"--load-model={m}" for m in settings["engine_models"])]
+        if spawn:
+            argv += ["--pinned-memory-pool-byte-size=0", "--enable-peer-access=false",
+                     *(f"--cuda-memory-pool-byte-size={gpu}:0" for gpu in range(int(settings["gpus"])))]
+        argv += ["--disable-auto-complete-config", f"--backend-config=python,shm-region-prefix-name=prefix{rank}_", ":"]
+    env = {"TRTLLM_ORCHESTRATOR": "1", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "1" if spawn else "0"}
+    return Launch(argv, env)
+
+
+def repo_launch(repo: Path, in_container: str, **kwargs: Any) -> Launch:
+    """The launch for a written repository (its manifest's ``launch`` settings), with the repository at
+    ``in_container``. A trtllm-engine repository written before trtspec recorded launches is refused."""
+    from trtspec.build.artifacts import read_manifest
+
+    manifest = read_manifest(Path(repo)) or {}
+    settings = manifest.get("launch")
+    if settings is None and (manifest.get("settings") or {}).get("runtime") == "trtllm-engine":
+        raise ServerError(f"{repo}: the manifest does not say how to launch its two engines",
+                          hint="rewrite the repository with this trtspec (`trtspec repo --force`)")
+    return launch_command(settings or {}, in_container, **kwargs)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python3 -m trtspec.serving.launch REPO [tritonserver args...]``: exec the launch (the image's entrypoint)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args:
+        sys.stderr.write("usage: python3 -m trtspec.serving.launch REPO [extra tritonserver arguments]\n")
+        return 2
+    repo, extra = args[0], args[1:]
+    try:
+        launch = repo_launch(Path(repo), repo, extra=extra)
+    except ServerError as exc:
+        sys.stderr.write(f"error: {exc.message}\nhint: {exc.hint}\n")
+        return 1
+    env = {**os.environ, **launch.env}
+    sys.stdout.write(" ".join(launch.argv) + "\n")
+    sys.stdout.flush()
+    os.execvpe(launch.argv[0], launch.argv, env)
+    return 0  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())
