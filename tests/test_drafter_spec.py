@@ -12,7 +12,8 @@ from trtspec.build.toolchain import Toolchain
 from trtspec.spec import spec_from_dict
 
 NO_TOOLS = Toolchain(None, None, None, None, True, True)
-UPSTREAM = json.loads((Path(__file__).parent / "data" / "trtllm_ngram_decoding_config.json").read_text())
+UPSTREAM = json.loads((Path(__file__).parent / "upstream" / "ngram_decoding.json").read_text())
+LLM_API = json.loads((Path(__file__).parent / "upstream" / "llm_api.json").read_text())
 
 
 def _spec(tiny_pair, runtime: str, drafter: str, pool: Path | None = None):
@@ -77,15 +78,19 @@ def test_spec_rejects_an_unknown_drafter(tiny_pair):
         _spec(tiny_pair, "torch", "eagle")
 
 
-def test_llmapi_maps_ngram_to_tensorrt_llm_s_ngram_decoding_config(tiny_pair, pool_file):
+@pytest.mark.parametrize("version", ["1.0.0", "1.1.0", "1.2.0"])
+def test_llmapi_maps_ngram_to_tensorrt_llm_s_ngram_decoding_config(tiny_pair, pool_file, version):
+    """Every key of the NGram speculative_config is a field of the release's recorded NGramDecodingConfig (strict
+    there), the dispatch key is the recorded one, and the match size is set (its 1.0-era default is 0)."""
     from trtspec.engines.llmapi import model_yaml
 
-    config = model_yaml(_spec(tiny_pair, "trtllm-llmapi", "ngram", pool_file))["speculative_config"]
-    assert config["decoding_type"] == UPSTREAM["decoding_type"]
-    assert set(config) - {"decoding_type"} <= set(UPSTREAM["fields"])
-    assert config["max_draft_len"] == 4 and config["is_public_pool"] is True
-    draft_target = model_yaml(_spec(tiny_pair, "trtllm-llmapi", "model"))["speculative_config"]
-    assert draft_target["decoding_type"] == "DraftTarget"
+    spec = _spec(tiny_pair, "trtllm-llmapi", "ngram", pool_file)
+    spec.engine.trtllm_version = version
+    reading = UPSTREAM["readings"][LLM_API["releases"][".".join(version.split(".")[:2])]]
+    config = model_yaml(spec)["speculative_config"]
+    assert config["decoding_type"] == reading["dispatch_key"]
+    assert set(config) - {"decoding_type"} <= set(reading["fields"])
+    assert config["max_draft_len"] == 4 and config["max_matching_ngram_size"] >= 1 and config["is_public_pool"]
 
 
 def test_llmapi_refuses_hybrid(tiny_pair, pool_file):
