@@ -1,35 +1,37 @@
-"""Serving on a CPU through a real Triton server, measured side by side in one run on the same prompts.
+"""Serving on a CPU through a real Triton server: orchestrations side by side in one run, same prompts, same machine.
 
-1. Overhead at concurrency 1: output tok/s of the ensemble (preprocessing -> draft-target orchestrator over BLS ->
-   postprocessing, gRPC streaming) against in-process decoding of the same prompts with the same greedy settings:
-   (a) the same orchestrator and engines called in process (isolates what Triton adds), and (b) the in-process
-   `trtspec generate` decoder (TorchSession). Runs alternate (Triton, a, b, Triton, a, b ...) so that load from other
-   processes on the machine hits all sides alike; medians are reported.
-2. Scaling: output tok/s through Triton at concurrency 1, 4 and 8 (different prompts in flight together), with the
-   draft and target-only (num_draft_tokens 0).
+    python benchmarks/serving_cpu.py [--pair example|self] [--max-tokens 48] [--levels 1,8] [--requests 16]
+        [--old-root DIR] [--json out.json]
 
-    python benchmarks/serving_cpu.py [--max-tokens 48] [--repeats 3] [--pair example|self] [--json out.json]
+For each served repository, in turn (one server at a time): output tok/s at each concurrency level, with the draft
+and target-only (num_draft_tokens 0), streamed gRPC requests through the ensemble, and the acceptance rate.
+Repositories: the torch runtime's in-process draft-target model (orchestration in_process, the default), the BLS
+orchestrator over two torch engine models (orchestration bls: the path runtime trtllm-engine takes), and, with
+``--old-root`` (a checkout of an older trtspec, e.g. ``git worktree add ../old db558e7``), that checkout's repository
+served by that checkout's code. Then Triton's overhead at concurrency 1: the in-process model through Triton against
+the same engine in this process (``trtspec generate``'s decoder), same prompts and settings.
 
 ``--pair self`` serves the target as its own draft (acceptance 1): the orchestration overhead with every draft
-accepted. The default is the embedded example (SmolLM2-135M-Instruct, truncated 4-layer draft).
+accepted. The default is the embedded example (SmolLM2-135M-Instruct and its distilled draft).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 # The same OpenMP setting as the server's model processes (trtspec.serving.server.server_environment), so that the
-# in-process baselines are not penalized by spinning threads on a shared machine; must precede importing torch.
+# in-process baseline is not penalized by spinning threads on a shared machine; must precede importing torch.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -42,132 +44,123 @@ QUESTIONS = [
     "How does a refrigerator work?",
 ]
 
+WRITE = """
+import sys
+from pathlib import Path
+from trtspec.example import example_models, example_spec_dict
+from trtspec.spec import spec_from_dict
+from trtspec.triton_repo.writer import write_repo
+root, pair, orchestration = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+paths = example_models()
+data = example_spec_dict(paths.target, paths.target if pair == "self" else paths.draft)
+data["triton"] = {"orchestrator_instances": 1}
+if orchestration != "default":
+    data["triton"]["orchestration"] = orchestration
+spec = spec_from_dict(data, base_dir=root, environ={})
+write_repo(spec, force=True)
+print(spec.repo_dir, spec.speculative.max_draft_len)
+"""
 
-def triton_c1(client, prompts, max_tokens):
+
+def write_repo(root: Path, pair: str, orchestration: str, trtspec_root: Path | None) -> tuple[Path, int]:
+    """A repository written by the given checkout of trtspec (this one by default), in a child process."""
+    env = dict(os.environ, PYTHONPATH=str(trtspec_root or ROOT))
+    out = subprocess.run([sys.executable, "-c", WRITE, str(root), pair, orchestration], capture_output=True,
+                         text=True, env=env, timeout=1800)
+    if out.returncode != 0:
+        sys.exit(f"writing the {orchestration} repository failed:\n{out.stderr[-3000:]}")
+    repo, k = out.stdout.split()[-2:]
+    return Path(repo), int(k)
+
+
+def measure(url: str, prompts: list[str], concurrency: int, n_requests: int, max_tokens: int,
+            target_only: bool) -> dict:
+    from trtspec.serving import soak
+
+    options = (("apply_chat_template", True),) + ((("num_draft_tokens", 0),) if target_only else ())
+    requests = [soak.SoakRequest("good", prompts[i % len(prompts)], max_tokens, True, options)
+                for i in range(n_requests)]
+    r = soak.run_soak(url, 0, "", requests, concurrency, {}, timeout_s=600)
+    return {"tok_s": round(r.tokens_per_s, 2), "acceptance": round(r.acceptance_rate, 3),
+            "errors": len(r.errors_on_good) + r.hangs, "tokens": r.output_tokens}
+
+
+def session_c1(session, prompts, max_tokens, use_draft):
     t0 = time.perf_counter()
     tokens = 0
     for p in prompts:
-        r = client.generate(p, max_tokens, stream=True, apply_chat_template=True)
-        tokens += int(r.stats["num_output_tokens"])
-    return tokens / (time.perf_counter() - t0), tokens
-
-
-def local_c1(engines, deployment, tokenizer, prompts, max_tokens):
-    from trtspec.triton_repo.orchestrator import GenRequest, StepParams, generate
-
-    async def one(ids):
-        n = 0
-        async for chunk in generate(GenRequest(ids, max_tokens, StepParams(end_id=tokenizer.eos_token_id)),
-                                    engines, deployment):
-            n += len(chunk)
-        return n
-
-    encoded = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                             tokenize=True)["input_ids"] for p in prompts]
-    t0 = time.perf_counter()
-    tokens = sum(asyncio.run(one(ids)) for ids in encoded)
-    return tokens / (time.perf_counter() - t0), tokens
-
-
-def session_c1(session, prompts, max_tokens):
-    t0 = time.perf_counter()
-    tokens = 0
-    for p in prompts:
-        r = session.generate(p, max_tokens, chat=True)
+        r = session.generate(p, max_tokens, chat=True, use_draft=use_draft)
         tokens += len([t for t in r.token_ids if t not in session.decoder.eos_ids])
-    return tokens / (time.perf_counter() - t0), tokens
+    return tokens / (time.perf_counter() - t0)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--max-tokens", type=int, default=48)
-    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--pair", choices=["example", "self"], default="example")
-    ap.add_argument("--levels", default="1,4,8")
+    ap.add_argument("--levels", default="1,8")
+    ap.add_argument("--requests", type=int, default=16, help="requests per level and mode")
+    ap.add_argument("--repeats", type=int, default=3, help="concurrency-1 overhead runs")
+    ap.add_argument("--old-root", type=Path, help="a checkout of an older trtspec to serve side by side")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
 
     from rich.console import Console
     from rich.table import Table
 
-    from trtspec.engines.inflight.engine import InflightEngine
-    from trtspec.engines.inflight.local import LocalEngines
-    from trtspec.engines.torch_runtime.loading import load_model, load_tokenizer
     from trtspec.engines.torch_runtime.session import TorchSession
-    from trtspec.example import example_models, example_spec_dict
-    from trtspec.serving.bench import run_level
-    from trtspec.serving.client import TritonLLMClient
+    from trtspec.example import example_models
     from trtspec.serving.server import TritonServer
-    from trtspec.spec import spec_from_dict
-    from trtspec.triton_repo.orchestrator import Deployment
-    from trtspec.triton_repo.writer import write_repo
 
     console = Console()
-    paths = example_models()
-    draft_dir = paths.target if args.pair == "self" else paths.draft
-    data = example_spec_dict(paths.target, draft_dir)
-    data["triton"] = {"orchestrator_instances": 1}
-    root = Path(tempfile.mkdtemp(prefix="trtspec-bench-"))
-    spec = spec_from_dict(data, base_dir=root, environ={})
-    write_repo(spec)
-    k = spec.speculative.max_draft_len
-    prompts = QUESTIONS[:4]
     levels = [int(x) for x in args.levels.split(",")]
+    console.print(f"load {os.getloadavg()[0]:.2f}; pair {args.pair}; max_tokens {args.max_tokens}; "
+                  f"{args.requests} requests per level; levels {levels}")
+    root = Path(tempfile.mkdtemp(prefix="trtspec-bench-"))
+    configs = [("in_process", "in_process", None), ("bls", "bls", None)]
+    if args.old_root:
+        configs.append((f"old BLS ({args.old_root.name})", "default", args.old_root.resolve()))
+    results: dict = {"pair": args.pair, "max_tokens": args.max_tokens, "levels": levels, "servers": {}}
+    c1_triton: list[float] = []
+    for name, orchestration, code in configs:
+        repo, k = write_repo(root / name.split()[0], args.pair, orchestration, code)
+        env = {"TRTSPEC_PYTHONPATH": str(code)} if code else {}
+        with TritonServer(repo, log_file=root / f"{name.split()[0]}.log", env=env) as server:
+            measure(server.grpc_url, QUESTIONS[:2], 1, 2, 8, False)  # warm up both paths
+            measure(server.grpc_url, QUESTIONS[:2], 1, 2, 8, True)
+            rows = {}
+            for c in levels:
+                console.print(f"{name}: concurrency {c}")
+                spec_r = measure(server.grpc_url, QUESTIONS, c, args.requests, args.max_tokens, False)
+                base_r = measure(server.grpc_url, QUESTIONS, c, args.requests, args.max_tokens, True)
+                rows[c] = {"speculative": spec_r, "target_only": base_r,
+                           "speedup": round(spec_r["tok_s"] / base_r["tok_s"], 3) if base_r["tok_s"] else None}
+            if orchestration == "in_process":
+                for _ in range(args.repeats):
+                    c1_triton.append(measure(server.grpc_url, QUESTIONS[:4], 1, 4, args.max_tokens, False)["tok_s"])
+        results["servers"][name] = {"k": k, "levels": rows}
 
-    console.print(f"pair: {args.pair} (target {paths.target.name}, draft {draft_dir.name}), K={k}, "
-                  f"max_tokens={args.max_tokens}, {len(prompts)} prompts x {args.repeats} repeats")
-    tok = load_tokenizer(paths.target)
-    local = LocalEngines({"tensorrt_llm": InflightEngine(load_model(paths.target)).start(),
-                          "tensorrt_llm_draft": InflightEngine(load_model(draft_dir)).start()})
-    deployment = Deployment(max_draft_len=k, route_threshold=spec.speculative.route_threshold)
-    session = TorchSession(paths.target, draft_dir, max_draft_len=k)
-    results: dict = {"pair": args.pair, "max_tokens": args.max_tokens, "k": k}
-    with TritonServer(spec.repo_dir, log_file=root / "server.log") as server:
-        with TritonLLMClient(server.grpc_url) as client:
-            client.generate(prompts[0], 8, apply_chat_template=True)  # warm up every path
-            local_c1(local, deployment, tok, prompts[:1], 8)
-            session_c1(session, prompts[:1], 8)
-            runs: dict[str, list[float]] = {"triton": [], "in_process_same_engines": [], "in_process_generate": []}
-            for r in range(args.repeats):
-                console.print(f"concurrency 1, repeat {r + 1}/{args.repeats}")
-                runs["triton"].append(triton_c1(client, prompts, args.max_tokens)[0])
-                runs["in_process_same_engines"].append(local_c1(local, deployment, tok, prompts, args.max_tokens)[0])
-                runs["in_process_generate"].append(session_c1(session, prompts, args.max_tokens)[0])
-        med = {name: statistics.median(v) for name, v in runs.items()}
-        results["concurrency_1"] = {"runs": runs, "median_tok_s": med,
-                                    "overhead_vs_same_engines": 1 - med["triton"] / med["in_process_same_engines"],
-                                    "overhead_vs_generate": 1 - med["triton"] / med["in_process_generate"]}
-        scaling = []
-        for c in levels:
-            row = {"concurrency": c}
-            for mode, kk in (("speculative", None), ("target_only", 0)):
-                console.print(f"concurrency {c}: {mode}")
-                row[mode] = run_level(server.grpc_url, QUESTIONS, c, args.max_tokens, max(2 * c, 4),
-                                      {"apply_chat_template": True, "num_draft_tokens": kk})
-            scaling.append(row)
-        results["scaling"] = scaling
-    for e in local.engines.values():
-        e.stop()
+    paths = example_models()
+    session = TorchSession(paths.target, paths.target if args.pair == "self" else paths.draft,
+                           max_draft_len=results["servers"]["in_process"]["k"])
+    session_c1(session, QUESTIONS[:1], 8, True)
+    in_proc = [session_c1(session, QUESTIONS[:4], args.max_tokens, True) for _ in range(args.repeats)]
+    results["overhead_c1"] = {"triton_in_process_model_tok_s": c1_triton, "in_process_decoder_tok_s": in_proc,
+                              "overhead": round(1 - statistics.median(c1_triton) / statistics.median(in_proc), 3)}
 
-    t = Table(title="concurrency 1: output tok/s (median of repeats)")
-    for col in ("Triton ensemble", "in process, same engines", "in process, trtspec generate",
-                "overhead vs same engines", "overhead vs generate"):
+    t = Table(title=f"output tok/s through Triton ({args.pair}, max_tokens {args.max_tokens}, load "
+                    f"{os.getloadavg()[0]:.2f})")
+    for col in ("server", "conc.", "speculative", "target-only", "speedup", "acceptance", "errors"):
         t.add_column(col, justify="right")
-    c1 = results["concurrency_1"]
-    t.add_row(f"{med['triton']:.2f}", f"{med['in_process_same_engines']:.2f}", f"{med['in_process_generate']:.2f}",
-              f"{100 * c1['overhead_vs_same_engines']:.1f}%", f"{100 * c1['overhead_vs_generate']:.1f}%")
+    for name, r in results["servers"].items():
+        for c, row in r["levels"].items():
+            t.add_row(name, str(c), f"{row['speculative']['tok_s']:.1f}", f"{row['target_only']['tok_s']:.1f}",
+                      f"{row['speedup']:.2f}x" if row["speedup"] else "-", f"{row['speculative']['acceptance']:.2f}",
+                      str(row["speculative"]["errors"] + row["target_only"]["errors"]))
     console.print(t)
-    t = Table(title="through Triton: output tok/s by concurrency")
-    for col in ("concurrency", "speculative tok/s", "target-only tok/s", "acceptance", "TTFT p50 ms",
-                "spec. vs c=1", "target-only vs c=1"):
-        t.add_column(col, justify="right")
-    base_s, base_t = scaling[0]["speculative"]["output_tok_per_s"], scaling[0]["target_only"]["output_tok_per_s"]
-    for row in scaling:
-        s, to = row["speculative"], row["target_only"]
-        t.add_row(str(row["concurrency"]), f"{s['output_tok_per_s']:.2f}", f"{to['output_tok_per_s']:.2f}",
-                  f"{s['acceptance_rate']:.2f}", f"{(s['ttft_p50_s'] or 0) * 1000:.0f}",
-                  f"{s['output_tok_per_s'] / base_s:.2f}x", f"{to['output_tok_per_s'] / base_t:.2f}x")
-    console.print(t)
+    o = results["overhead_c1"]
+    console.print(f"concurrency 1, speculative: Triton (in-process model) median {statistics.median(c1_triton):.1f} "
+                  f"tok/s vs in process {statistics.median(in_proc):.1f} tok/s: overhead {o['overhead']:.1%}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2, default=str))
 

@@ -85,10 +85,10 @@ def run_methods(target, draft, dec: SpeculativeDecoder, prompts, max_tokens, eos
             seconds[name] += time.perf_counter() - t0
             if not isinstance(out, list):
                 if name == "trtspec":
-                    proposed += out.stats.draft_tokens
-                    accepted += out.stats.accepted_tokens
+                    proposed += out.stats.total_draft_tokens
+                    accepted += out.stats.total_accepted_draft_tokens
                     steps += out.stats.target_steps
-                    emitted += out.stats.output_tokens
+                    emitted += out.stats.num_output_tokens
                 out = out.token_ids
             tokens[name] += len(out)
             outputs[name].append(out)

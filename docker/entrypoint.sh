@@ -2,6 +2,8 @@
 # build       run every stage of the mounted spec (engines into /engines, repository into /models), then exit
 # serve       build (up-to-date stages are skipped), then run tritonserver on the repository
 # serve-only  run tritonserver on an already built repository (Kubernetes pods, artifacts mounted read-only)
+#             Both serve Triton on 8000/8001/8002 and, unless TRTSPEC_OPENAI_PORT=0, the OpenAI-compatible API on
+#             TRTSPEC_OPENAI_PORT (9000): a signal stops both, and either one exiting stops the other.
 # link        only link the artifacts to the container paths the repository's configs name
 # anything else is executed as given
 set -euo pipefail
@@ -22,10 +24,26 @@ PY
 
 serve() {
   link_mounts
+  local repo="${TRTSPEC_SPEC__OUTPUT__REPO_DIR:-/models}" openai="${TRTSPEC_OPENAI_PORT:-9000}"
   # The repository's launch (trtspec.serving.launch): for two TensorRT-LLM engines upstream's launch_triton_server.py
   # --multi-model (mpirun, --disable-auto-complete-config, per-rank shm prefixes, TRTLLM_ORCHESTRATOR=1 and
   # TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES), plain tritonserver otherwise. Extra arguments go to rank 0.
-  exec python3 -m trtspec.serving.launch "${TRTSPEC_SPEC__OUTPUT__REPO_DIR:-/models}" "$@"
+  local triton_cmd=(python3 -m trtspec.serving.launch "$repo" "$@")
+  if [ "$openai" = "0" ]; then
+    exec "${triton_cmd[@]}"
+  fi
+  "${triton_cmd[@]}" &
+  local triton=$!
+  # The OpenAI-compatible frontend next to it; it answers /health with 503 until Triton is ready.
+  python3 -m trtspec.serving.openai --repo "$repo" --triton 127.0.0.1:8001 --host 0.0.0.0 --port "$openai" &
+  local front=$!
+  trap 'kill -TERM "$triton" "$front" 2>/dev/null || true' TERM INT
+  local status=0
+  wait -n "$triton" "$front" || status=$?
+  kill -TERM "$triton" "$front" 2>/dev/null || true
+  wait "$triton" 2>/dev/null || true
+  wait "$front" 2>/dev/null || true
+  exit "$status"
 }
 
 case "${1:-serve}" in

@@ -92,11 +92,11 @@ def test_stats_are_consistent(models, prompts):
     dec = SpeculativeDecoder(target, noisy, max_draft_len=4)
     r = dec.generate([prompts[1]], 40)[0]
     s = r.stats
-    assert s.output_tokens == 40 == len(r.token_ids)
-    assert 0 < s.accepted_tokens <= s.draft_tokens <= 4 * s.target_steps
+    assert s.num_output_tokens == 40 == len(r.token_ids)
+    assert 0 < s.total_accepted_draft_tokens <= s.total_draft_tokens <= 4 * s.target_steps
     # every target step emits the accepted drafts plus one token (the last step may be cut by max_tokens)
-    assert s.output_tokens <= s.accepted_tokens + s.target_steps
-    assert s.acceptance_rate == pytest.approx(s.accepted_tokens / s.draft_tokens)
+    assert s.num_output_tokens <= s.total_accepted_draft_tokens + s.target_steps
+    assert s.acceptance_rate == pytest.approx(s.total_accepted_draft_tokens / s.total_draft_tokens)
     self_dec = SpeculativeDecoder(target, target, max_draft_len=4)
     full = self_dec.generate([prompts[1]], 41)[0].stats
     assert full.acceptance_rate == 1.0 and full.target_steps == 9  # 41 tokens = 8 steps of 5 + 1
@@ -115,7 +115,7 @@ def test_streaming_chunks_concatenate_to_the_result(models, prompts, reference):
 
 
 def test_kv_cache_is_reused_not_recomputed(models, prompts):
-    """Target forward passes see only new tokens: total target input tokens = prompt + (K + 1) per step."""
+    """Target forward passes see only new tokens: the first pass the prompt and K drafts, then at most K + 1."""
     target, _, noisy, _ = models
     seen = []
     hook = target.model.embed_tokens.register_forward_hook(lambda m, i, o: seen.append(i[0].shape[1]))
@@ -123,9 +123,9 @@ def test_kv_cache_is_reused_not_recomputed(models, prompts):
         r = SpeculativeDecoder(target, noisy, max_draft_len=4).generate([prompts[1]], 30)[0]
     finally:
         hook.remove()
-    assert seen[0] == len(prompts[1]) - 1
+    assert seen[0] == len(prompts[1]) + 4
     assert all(n <= 5 for n in seen[1:])
-    assert len(seen) == r.stats.target_steps + 1
+    assert len(seen) == r.stats.target_steps
 
 
 @pytest.mark.parametrize(
@@ -170,7 +170,7 @@ def test_verification_applies_the_head_only_where_logits_are_used(models, prompt
     dec.head = lambda hidden: (rows_seen.append(hidden.shape[0]), head(hidden))[1]
     lazy = dec.generate(prompts, 48)
     assert [r.token_ids for r in lazy] == reference
-    assert sum(rows_seen) == sum(r.stats.accepted_tokens + r.stats.target_steps for r in lazy)
+    assert sum(rows_seen) == sum(r.stats.total_accepted_draft_tokens + r.stats.target_steps for r in lazy)
     assert sum(rows_seen) < sum(5 * r.stats.target_steps for r in lazy)  # fewer than K + 1 per step
     dec.head = None  # full logits for every position, as for model classes without a plain head
     assert [r.token_ids for r in dec.generate(prompts, 48)] == reference

@@ -37,7 +37,9 @@ def test_dockerfile_builds_on_the_version_tables_image_and_exposes_triton_ports(
     assert args["BASE_IMAGE"] == BASE
     assert df["FROM"] == ["${BASE_IMAGE}"]
     assert {int(p) for e in df["EXPOSE"] for p in e.split()} == WANT_PORTS
-    assert "/v2/health/ready" in df["HEALTHCHECK"][0]
+    assert "/v2/health/ready" in df["HEALTHCHECK"][0] and "/health" in df["HEALTHCHECK"][0]
+    assert f"TRTSPEC_OPENAI_PORT={PORTS['openai']}" in " ".join(df["ENV"])
+    assert any("[frontend]" in r for r in df["RUN"])  # the frontend's dependencies are installed
     assert any("pip install" in r and "." in r for r in df["RUN"])
     assert "TRTSPEC_SPEC__OUTPUT__ENGINES_DIR=/engines" in " ".join(df["ENV"])
     assert (DOCKER / "entrypoint.sh").stat().st_mode & 0o111
@@ -71,13 +73,17 @@ def test_kubernetes_manifests_serve_on_gpus_with_probes_pdb_and_queue_autoscalin
     assert container["image"] == OUR_IMAGE
     assert container["resources"]["limits"]["nvidia.com/gpu"] >= 1
     assert {p["containerPort"] for p in container["ports"]} == WANT_PORTS
-    assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    # Ready when both are: the OpenAI frontend's /health answers 200 only while Triton is ready.
+    assert container["readinessProbe"]["httpGet"] == {"path": "/health", "port": "openai"}
+    assert {p["name"]: p["containerPort"] for p in container["ports"]}["openai"] == PORTS["openai"]
+    assert {e["name"]: e["value"] for e in container["env"]}["TRTSPEC_OPENAI_PORT"] == str(PORTS["openai"])
     assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     labels = dep["spec"]["template"]["metadata"]["labels"]
     assert dep["spec"]["selector"]["matchLabels"] == labels
 
     svc = docs["Service/trtspec-triton"]
     assert {p["port"] for p in svc["spec"]["ports"]} == WANT_PORTS and svc["spec"]["selector"] == labels
+    assert {p["name"]: p["targetPort"] for p in svc["spec"]["ports"]}["openai"] == "openai"
 
     pdb = docs["PodDisruptionBudget/trtspec-triton"]
     assert pdb["spec"]["selector"]["matchLabels"] == labels and pdb["spec"]["minAvailable"] >= 1
@@ -121,3 +127,80 @@ def test_entrypoint_links_artifacts_to_the_container_paths_the_configs_name(tmp_
     r = subprocess.run(["bash", str(DOCKER / "entrypoint.sh"), "link"], capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
     assert inside.is_symlink() and inside.resolve() == built.resolve()
+
+
+def _fake_bin(tmp_path, triton_exit: str) -> dict[str, str]:
+    """PATH with a fake tritonserver and a python3 whose ``-m trtspec.serving.openai`` is a fake frontend; both write
+    their pid and arguments, then sleep (or exit, as told)."""
+    import os
+    import sys
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "tritonserver").write_text(f"#!/bin/bash\necho $$ \"$@\" > {tmp_path}/triton\n{triton_exit}\n")
+    (bin_dir / "python3").write_text(
+        "#!/bin/bash\nif [ \"$1 $2\" = \"-m trtspec.serving.openai\" ]; then\n"
+        f"  echo $$ \"$@\" > {tmp_path}/front; exec sleep 300\nfi\nexec {sys.executable} \"$@\"\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    return {"PATH": f"{bin_dir}:/usr/bin:/bin", "TRTSPEC_SPEC__OUTPUT__REPO_DIR": str(tmp_path / "models"),
+            "HOME": os.environ.get("HOME", "/root")}
+
+
+def _wait_for(path, timeout_s: float = 20.0) -> list[str]:
+    import time
+
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if path.exists() and path.read_text().strip():
+            return path.read_text().split()
+        time.sleep(0.05)
+    raise AssertionError(f"{path} was not written")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def test_entrypoint_serves_triton_and_the_openai_frontend_and_sigterm_stops_both(tmp_path):
+    import signal
+    import subprocess
+
+    (tmp_path / "models").mkdir()
+    env = _fake_bin(tmp_path, "exec sleep 300")
+    proc = subprocess.Popen(["bash", str(DOCKER / "entrypoint.sh"), "serve-only", "--log-verbose=1"], env=env)
+    try:
+        triton = _wait_for(tmp_path / "triton")
+        front = _wait_for(tmp_path / "front")
+        assert "--grpc-port=8001" in triton and "--log-verbose=1" in triton
+        assert front[front.index("--triton") + 1] == "127.0.0.1:8001"
+        assert front[front.index("--port") + 1] == str(PORTS["openai"])
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(20)
+    finally:
+        proc.kill()
+    import time
+
+    time.sleep(0.5)
+    assert not _alive(int(triton[0])) and not _alive(int(front[0]))
+
+
+def test_entrypoint_stops_the_frontend_when_triton_exits(tmp_path):
+    import subprocess
+
+    (tmp_path / "models").mkdir()
+    env = _fake_bin(tmp_path, "sleep 1; exit 3")
+    r = subprocess.run(["bash", str(DOCKER / "entrypoint.sh"), "serve-only"], env=env, timeout=30)
+    assert r.returncode == 3  # Triton's exit status
+    import time
+
+    time.sleep(0.5)
+    assert not _alive(int(_wait_for(tmp_path / "front")[0]))
+    (tmp_path / "front").unlink()
+    r = subprocess.run(["bash", str(DOCKER / "entrypoint.sh"), "serve-only"], env={**env, "TRTSPEC_OPENAI_PORT": "0"},
+                       timeout=30)
+    assert r.returncode == 3 and not (tmp_path / "front").exists()  # Triton alone, exec'd

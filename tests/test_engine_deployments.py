@@ -181,7 +181,9 @@ def test_the_image_entrypoint_execs_the_same_launch(tmp_path, tiny_pair, monkeyp
     import sys
 
     entrypoint = (Path(__file__).parents[1] / "docker" / "entrypoint.sh").read_text()
-    assert 'exec python3 -m trtspec.serving.launch "${TRTSPEC_SPEC__OUTPUT__REPO_DIR:-/models}" "$@"' in entrypoint
+    # (next to the OpenAI frontend unless TRTSPEC_OPENAI_PORT=0: tests/test_docker_files.py)
+    assert 'triton_cmd=(python3 -m trtspec.serving.launch "$repo" "$@")' in entrypoint
+    assert 'repo="${TRTSPEC_SPEC__OUTPUT__REPO_DIR:-/models}"' in entrypoint and 'exec "${triton_cmd[@]}"' in entrypoint
     spec, result = _deploy(tmp_path, tiny_pair, monkeypatch, DEPLOYMENTS["c-tp2-target"])
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

@@ -33,7 +33,7 @@ def test_generate_json_speculative_equals_no_draft(spec_file):
     a, b = json.loads(spec.stdout), json.loads(plain.stdout)
     assert set(a) == {"text", "token_ids", "stats"}
     assert a["token_ids"] == b["token_ids"] and a["text"] == b["text"] and len(a["token_ids"]) == 24
-    assert a["stats"]["draft_tokens"] > 0 and b["stats"]["draft_tokens"] == 0
+    assert a["stats"]["total_draft_tokens"] > 0 and b["stats"]["total_draft_tokens"] == 0
     sampled = [json.loads(run("The quick", "--spec", str(spec_file), "-n", "12", "--raw", "--json",
                               "--temperature", "1.0", "--top-k", "20", "--seed", "3").stdout)["token_ids"]
                for _ in range(2)]
@@ -43,10 +43,11 @@ def test_generate_json_speculative_equals_no_draft(spec_file):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["hello", "--draft-len", "17"], "out of range"),
-        (["hello", "--draft-len", "0"], "out of range"),
+        (["hello", "--draft-len", "17"], "num_draft_tokens must be in 0..16, got 17"),
+        (["hello", "--num-draft-tokens", "-1"], "num_draft_tokens must be in 0..16, got -1"),
+        (["hello", "-k", "4", "--no-draft"], "exclude each other"),
         (["", "-n", "4"], "prompt is empty"),
-        (["hello", "--max-tokens", "0"], "--max-tokens must be > 0"),
+        (["hello", "--max-tokens", "0"], "max_tokens must be >= 1, got 0"),
         (["hello " * 3000, "--raw", "-n", "4"], "exceeds the model's context"),
         (["hello", "--top-p", "0"], "top_p must be in (0, 1]"),
     ],

@@ -199,8 +199,8 @@ def test_trtllm_tensor_contract_parse_and_format():
     }
     rows = parse_request(inputs)
     assert rows[0].tokens == [1, 2, 3] and rows[1].tokens == [4, 5, 6, 7]
-    assert rows[0].temperature == 0.0  # top_k 1 means greedy in TRT-LLM
-    assert rows[1].temperature == pytest.approx(0.7) and rows[0].stop_words == words and rows[1].stop_words == []
+    assert rows[0].sampling.temperature == 0.0  # top_k 1 means greedy in TRT-LLM
+    assert rows[1].sampling.temperature == pytest.approx(0.7) and rows[0].stop_words == words and rows[1].stop_words == []
     assert rows[0].stream and not rows[1].stream
     out = format_output([9, 8], prompt=[1, 2, 3])
     assert out["output_ids"].tolist() == [[[1, 2, 3, 9, 8]]] and out["sequence_length"].tolist() == [[5]]

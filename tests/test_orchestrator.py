@@ -11,7 +11,10 @@ from trtspec.engines.inflight.engine import InflightEngine
 from trtspec.engines.inflight.local import LocalEngines
 from trtspec.engines.torch_runtime.decoder import SpeculativeDecoder
 from trtspec.engines.torch_runtime.loading import load_model
-from trtspec.triton_repo.orchestrator import Deployment, GenRequest, GenStats, StepParams, generate
+from trtspec.engines.inflight.contract import RowRequest
+from trtspec.engines.speculation import SamplingParams, SpecStats
+from trtspec.errors import GenerationError
+from trtspec.triton_repo.orchestrator import Deployment, generate
 
 EOS = 2
 PROMPTS = [list(range(10, 10 + 4 * i + 3)) for i in range(6)]
@@ -36,7 +39,7 @@ def target_only(decoder, prompt, n):
 
 
 async def _collect(req, engines, deployment):
-    stats, out, chunks = GenStats(), [], 0
+    stats, out, chunks = SpecStats(), [], 0
     async for tokens in generate(req, engines, deployment, stats):
         out += tokens
         chunks += 1
@@ -53,33 +56,33 @@ def test_greedy_output_equals_target_only_for_concurrent_requests(setup, draft):
     deployment = Deployment(draft_model=draft, max_draft_len=4)
 
     async def all_prompts():
-        return await asyncio.gather(*[_collect(GenRequest(p, 24, StepParams(end_id=EOS)), engines, deployment)
+        return await asyncio.gather(*[_collect(RowRequest(p, 24, end_id=EOS), engines, deployment)
                                       for p in PROMPTS])
 
     results = asyncio.run(all_prompts())
     for p, (out, stats, _) in zip(PROMPTS, results):
         assert out == target_only(decoder, p, 24)
-        assert stats.draft_tokens > 0 and 0 <= stats.accepted_tokens <= stats.draft_tokens
-        assert stats.output_tokens == len(out)
+        assert stats.total_draft_tokens > 0 and 0 <= stats.total_accepted_draft_tokens <= stats.total_draft_tokens
+        assert stats.num_output_tokens == len(out)
     if draft == "tensorrt_llm_draft":  # the noisy copy of the target agrees often (about half the time)
-        assert sum(s.accepted_tokens for _, s, _ in results) / sum(s.draft_tokens for _, s, _ in results) > 0.25
+        assert sum(s.total_accepted_draft_tokens for _, s, _ in results) / sum(s.total_draft_tokens for _, s, _ in results) > 0.25
 
 
 def test_short_requests_and_k0_are_routed_to_the_target_alone(setup):
     engines, decoder = setup
     deployment = Deployment(max_draft_len=4, route_threshold=10)
-    for req in (GenRequest(PROMPTS[1], 9, StepParams(end_id=EOS)),
-                GenRequest(PROMPTS[1], 20, StepParams(end_id=EOS), num_draft_tokens=0)):
+    for req in (RowRequest(PROMPTS[1], 9, end_id=EOS),
+                RowRequest(PROMPTS[1], 20, end_id=EOS, num_draft_tokens=0)):
         out, stats, _ = run(req, engines, deployment)
-        assert stats.routed_to_target and stats.draft_tokens == 0 and stats.acceptance_rate == 0.0
-        assert out == target_only(decoder, PROMPTS[1], req.max_tokens)
-    out, stats, _ = run(GenRequest(PROMPTS[1], 10, StepParams(end_id=EOS)), engines, deployment)
-    assert not stats.routed_to_target and stats.draft_tokens > 0
+        assert stats.routed_to_target and stats.total_draft_tokens == 0 and stats.acceptance_rate == 0.0
+        assert out == target_only(decoder, PROMPTS[1], req.max_new)
+    out, stats, _ = run(RowRequest(PROMPTS[1], 10, end_id=EOS), engines, deployment)
+    assert not stats.routed_to_target and stats.total_draft_tokens > 0
 
 
 def test_streamed_routed_request_arrives_in_several_chunks(setup):
     engines, decoder = setup
-    out, stats, chunks = run(GenRequest(PROMPTS[2], 6, StepParams(end_id=EOS), stream=True), engines,
+    out, stats, chunks = run(RowRequest(PROMPTS[2], 6, end_id=EOS, stream=True), engines,
                              Deployment(route_threshold=100))
     assert out == target_only(decoder, PROMPTS[2], 6) and chunks == len(out) > 1
 
@@ -89,13 +92,41 @@ def test_stop_words_end_generation_on_the_speculative_path(setup):
     ref = target_only(decoder, PROMPTS[4], 24)
     stop = ref[6:8]
     first = next(j for j in range(2, len(ref) + 1) if ref[j - 2: j] == stop)
-    out, _, _ = run(GenRequest(PROMPTS[4], 24, StepParams(end_id=EOS, stop_words=[stop])), engines, Deployment())
+    out, _, _ = run(RowRequest(PROMPTS[4], 24, end_id=EOS, stop_words=[stop]), engines, Deployment())
     assert out == ref[:first]
 
 
 def test_sampled_requests_are_reproducible_with_a_seed(setup):
     engines, _ = setup
-    params = StepParams(end_id=EOS, temperature=0.8, top_k=20, seed=123)
-    a, sa, _ = run(GenRequest(PROMPTS[0], 16, params), engines, Deployment())
-    b, sb, _ = run(GenRequest(PROMPTS[0], 16, params), engines, Deployment())
-    assert a == b and len(a) == 16 and sa.draft_tokens == sb.draft_tokens
+    sampling = SamplingParams(temperature=0.8, top_k=20, seed=123)
+    a, sa, _ = run(RowRequest(PROMPTS[0], 16, end_id=EOS, sampling=sampling), engines, Deployment())
+    b, sb, _ = run(RowRequest(PROMPTS[0], 16, end_id=EOS, sampling=sampling), engines, Deployment())
+    assert a == b and len(a) == 16 and sa.total_draft_tokens == sb.total_draft_tokens
+
+
+def test_requests_the_engines_cannot_serve_are_refused_before_any_engine_call(setup):
+    engines, _ = setup
+    deployment = Deployment(max_draft_len=4, draft_len_limit=4, draft_logits_available=False)
+    with pytest.raises(GenerationError, match=r"num_draft_tokens 8 exceeds this deployment's max_draft_len \(4\)"):
+        run(RowRequest(PROMPTS[0], 16, end_id=EOS, num_draft_tokens=8), engines, deployment)
+    with pytest.raises(GenerationError, match="gather_generation_logits"):
+        run(RowRequest(PROMPTS[0], 16, end_id=EOS, use_draft_logits=True,
+                       sampling=SamplingParams(temperature=1.0)), engines, deployment)
+    with pytest.raises(GenerationError, match="must be in 0..4"):
+        run(RowRequest(PROMPTS[0], 16, end_id=EOS, num_draft_tokens=-1), engines, deployment)
+    # within the limit, fewer draft tokens than the default are served
+    out, stats, _ = run(RowRequest(PROMPTS[0], 16, end_id=EOS, num_draft_tokens=2), engines, deployment)
+    assert stats.total_draft_tokens <= 2 * stats.target_steps
+
+
+def test_accepted_tokens_are_counted_by_prefix_match_of_the_target_output(setup):
+    """A draft equal to the target is accepted whole: every proposal counts; a random draft mostly not."""
+    engines, decoder = setup
+    from trtspec.engines.speculation import accepted_prefix
+
+    assert accepted_prefix([5, 6, 7], [5, 6, 9, 1]) == 2 and accepted_prefix([], [4]) == 0
+    assert accepted_prefix([5, 6], [5, 6]) == 2  # the target stopped at end_id after two accepted tokens
+    out, stats, _ = run(RowRequest(PROMPTS[3], 20, end_id=EOS), engines,
+                        Deployment(draft_model="tensorrt_llm", max_draft_len=4))
+    assert out == target_only(decoder, PROMPTS[3], 20)
+    assert stats.total_accepted_draft_tokens == stats.total_draft_tokens > 0

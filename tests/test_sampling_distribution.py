@@ -13,7 +13,7 @@ import itertools
 import pytest
 import torch
 
-from trtspec.engines.torch_runtime import decoder as decoder_mod
+from trtspec.engines.torch_runtime import acceptance as acceptance_mod
 from trtspec.engines.torch_runtime.decoder import SpeculativeDecoder
 from trtspec.engines.torch_runtime.sampling import SamplingParams, logits_to_probs
 
@@ -112,7 +112,7 @@ def test_the_chi_square_test_rejects_a_broken_acceptance_rule(pair, monkeypatch,
     params = SamplingParams(temperature=1.0)
 
     # accept every draft token: the rule both paths (lazy head or full logits) apply
-    monkeypatch.setattr(decoder_mod, "accepts", lambda u, q, p: torch.ones_like(p, dtype=torch.bool))
+    monkeypatch.setattr(acceptance_mod, "accepts", lambda u, q, p: torch.ones_like(p, dtype=torch.bool))
     p_value = _chi_square_p(_samples(target, draft, params, 2, lazy_head), _exact_joint(target, params))
     assert p_value < ALPHA, p_value
 

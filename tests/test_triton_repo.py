@@ -19,6 +19,7 @@ from trtspec.triton_repo.validate import load_configs, validate_repo
 from trtspec.triton_repo.writer import write_repo
 
 MODELS = {"ensemble", "preprocessing", "postprocessing", "tensorrt_llm_bls", "tensorrt_llm", "tensorrt_llm_draft"}
+IN_PROCESS_MODELS = {"ensemble", "preprocessing", "postprocessing", "tensorrt_llm"}
 
 # Upstream TensorRT-LLM triton_backend/all_models/inflight_batcher_llm/*/config.pbtxt: (type, dims[, reshape]).
 UPSTREAM_ENSEMBLE_INPUTS = {
@@ -53,7 +54,31 @@ UPSTREAM_PRE_OUTPUTS = {"INPUT_ID": ("INT32", [-1]), "REQUEST_INPUT_LEN": ("INT3
 
 @pytest.fixture
 def spec(tiny_pair, tmp_path):
-    return spec_from_dict(torch_spec_dict(*tiny_pair), base_dir=tmp_path, environ={})
+    """The BLS layout (the one runtime trtllm-engine has), with the torch runtime's engine models."""
+    return spec_from_dict(torch_spec_dict(*tiny_pair, triton={"orchestration": "bls"}), base_dir=tmp_path,
+                          environ={})
+
+
+def test_torch_runtime_default_is_one_in_process_draft_target_model(tiny_pair, tmp_path):
+    spec = spec_from_dict(torch_spec_dict(*tiny_pair), base_dir=tmp_path, environ={})
+    configs = validate_repo(write_repo(spec)["path"])
+    assert set(configs) == IN_PROCESS_MODELS
+    model = configs["tensorrt_llm"]
+    params = {k: v.string_value for k, v in model.parameters.items()}
+    assert params["model_dir"] == str(tiny_pair[0]) and params["draft_model_dir"] == str(tiny_pair[1])
+    assert params["max_draft_len"] == "4" and params["route_threshold"] == "8"
+    assert model.backend == "python" and model.model_transaction_policy.decoupled
+    inputs = _io(model.input)
+    assert inputs["num_draft_tokens"] == ("INT32", [1]) and inputs["use_draft_logits"] == ("BOOL", [1])
+    assert {"decoded_length", "is_final", "acceptance_rate", "total_draft_tokens"} <= set(_io(model.output))
+    steps = [s.model_name for s in configs["ensemble"].ensemble_scheduling.step]
+    assert steps == ["preprocessing", "tensorrt_llm", "postprocessing"]
+    ens_in = _io(configs["ensemble"].input)
+    for name, expected in {**UPSTREAM_ENSEMBLE_INPUTS, **UPSTREAM_BLS_SPEC_INPUTS}.items():
+        assert ens_in[name] == expected, name
+    with pytest.raises(SpecError, match="in_process needs runtime torch"):
+        spec_from_dict(torch_spec_dict(*tiny_pair, runtime="trtllm-engine", triton={"orchestration": "in_process"}),
+                       base_dir=tmp_path, environ={})
 
 
 def _io(tensors):
@@ -121,8 +146,8 @@ def test_validation_catches_a_miswired_ensemble(spec):
 def test_up_to_date_repository_is_kept_and_a_changed_spec_rewrites_it(spec, tiny_pair, tmp_path):
     first = write_repo(spec)
     assert write_repo(spec)["skipped"]
-    changed = spec_from_dict(torch_spec_dict(*tiny_pair, speculative={"max_draft_len": 6}), base_dir=tmp_path,
-                             environ={})
+    changed = spec_from_dict(torch_spec_dict(*tiny_pair, speculative={"max_draft_len": 6},
+                                             triton={"orchestration": "bls"}), base_dir=tmp_path, environ={})
     again = write_repo(changed)
     assert not again["skipped"] and again["manifest"]["inputs_hash"] != first["manifest"]["inputs_hash"]
     cfg = load_configs(again["path"])["tensorrt_llm_bls"]
@@ -152,8 +177,8 @@ def test_engine_runtime_swaps_only_the_two_engine_models(tiny_pair, tmp_path):
             {"version": spec.engine.trtllm_version, "build_config": {}, "pretrained_config": {}}))
         (engine_dir(spec, role) / "rank0.engine").write_bytes(b"")
     checkpoint_dir(spec, "target").mkdir(parents=True)
-    torch_configs = load_configs(write_repo(spec_from_dict(torch_spec_dict(*tiny_pair), base_dir=tmp_path / "t",
-                                                           environ={}))["path"])
+    torch_configs = load_configs(write_repo(spec_from_dict(torch_spec_dict(*tiny_pair, triton={"orchestration": "bls"}),
+                                                           base_dir=tmp_path / "t", environ={}))["path"])
     result = write_repo(spec)
     configs = validate_repo(result["path"])
     assert set(configs) == MODELS
@@ -184,7 +209,7 @@ def test_model_sources_are_package_data():
 
     patterns = tomllib.loads(Path("pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["trtspec"]
     sources = sorted(p.relative_to(MODELS_DIR.parent.parent) for p in MODELS_DIR.glob("*/model.py"))
-    assert len(sources) == 5  # pre, post, orchestrator, torch engine, llmapi
+    assert len(sources) == 6  # pre, post, orchestrator, torch engine, torch in-process draft-target, llmapi
     assert all(any(p.match(pattern) for pattern in patterns) for p in sources)
 
 
@@ -198,7 +223,7 @@ def test_cli_repo_writes_and_serve_docker_shows_the_container_command(tiny_pair,
     r = _cli("repo", "trtspec.yaml", "--json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    assert out["path"] == str(tmp_path / "triton_repo") and set(out["models"]) == MODELS
+    assert out["path"] == str(tmp_path / "triton_repo") and set(out["models"]) == IN_PROCESS_MODELS
     r = _cli("serve", "triton_repo", "--docker", "nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3",
              "--http-port", "9000", "--dry-run", cwd=tmp_path)
     assert r.returncode == 0, r.stderr

@@ -48,6 +48,17 @@ class GenerationError(TrtspecError):
     """A generation request is invalid or failed."""
 
 
+class RequestCancelled(GenerationError):
+    """The request was cancelled (its client went away); its generation stopped and freed its resources."""
+
+
+class Interrupted(TrtspecError):
+    """The user interrupted a command (Ctrl-C); the message says where, and what was kept (the CLI prints it after
+    "interrupted:")."""
+
+    exit_code = 130
+
+
 class MissingDependencyError(TrtspecError):
     """An optional dependency that this command needs is not installed."""
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
+from trtspec.engines.speculation import MAX_DRAFT_LEN
 from trtspec.errors import SpecError
 
 ENV_PREFIX = "TRTSPEC_SPEC__"
@@ -74,10 +75,13 @@ class _Section(BaseModel):
 class ModelSpec(_Section):
     """One model of the pair (target or draft)."""
 
-    model: str = Field(description="local HF model directory (config.json, tokenizer, weights) or a hub id")
-    dtype: DType = Field(DType.BFLOAT16, description="dtype of the unquantized parts (float32 is fastest on CPUs)")
+    model: str = Field(description="local HF model directory (config.json, tokenizer, weights), or a Hugging Face "
+                                   "hub id org/name[@revision] (downloaded, or read from the HF cache offline)")
+    dtype: DType = Field(DType.BFLOAT16, description="dtype of the unquantized parts: bfloat16 or float16 on GPUs; "
+                                                     "float32 only on CPUs (the torch runtime), where it is fastest")
     quantization: Quantization | None = Field(
-        None, description="ModelOpt PTQ format; empty: fp8 target + int4_awq draft on GPU runtimes, none on torch"
+        None, description="ModelOpt PTQ format; empty: none on torch; on GPU runtimes the best format that fits the "
+                          "model (target: fp8, int4_awq, int8_sq, int8_wo; draft: int4_awq, fp8, int8_wo, int8_sq)"
     )
     kv_cache: KVCacheFormat = Field(KVCacheFormat.AUTO, description="KV-cache format; fp8 halves KV memory on GPUs")
     tp_size: int = Field(1, ge=1, le=64, description="tensor-parallel GPUs (the draft always runs on one GPU)")
@@ -86,7 +90,7 @@ class ModelSpec(_Section):
 class SpeculativeSpec(_Section):
     """Draft-target decoding settings."""
 
-    max_draft_len: int = Field(4, ge=1, le=16, description="K: draft tokens proposed per target step")
+    max_draft_len: int = Field(4, ge=1, le=MAX_DRAFT_LEN, description="K: draft tokens proposed per target step")
     use_draft_logits: bool = Field(
         False, description="target accepts by rejection sampling on draft logits (needs the draft's generation logits)"
     )
@@ -129,12 +133,23 @@ class EngineSpec(_Section):
         return self
 
 
+class Orchestration(str, Enum):
+    """Where the draft-target loop runs in the Triton repository."""
+
+    AUTO = "auto"  # in_process for the torch runtime, bls for trtllm-engine
+    IN_PROCESS = "in_process"  # torch runtime: target and draft in one model process, one in-flight engine
+    BLS = "bls"  # a BLS orchestrator model calling two engine models (trtllm-engine; torch for testing that path)
+
+
 class TritonSpec(_Section):
     """Triton model repository settings."""
 
     target_instances: int = Field(1, ge=1, le=64, description="instances of the target model")
     draft_instances: int = Field(1, ge=1, le=64, description="instances of the draft model")
     orchestrator_instances: int = Field(4, ge=1, le=256, description="instances of the draft-target orchestrator (BLS)")
+    orchestration: Orchestration = Field(
+        Orchestration.AUTO, description="auto | in_process (torch: draft and target in one model) | bls (two engine "
+        "models and a BLS orchestrator)")
     decoupled: bool = Field(True, description="streaming responses (decoupled transaction policy)")
     max_queue_delay_us: int = Field(100, ge=0, description="dynamic batching queue delay in microseconds")
     target_kv_cache_fraction: float | None = Field(
@@ -167,7 +182,8 @@ class BuildSpec(_Section):
     """Everything a trtspec build needs, validated once."""
 
     name: str = Field("trtspec", pattern=r"^[A-Za-z0-9_.-]+$", description="name of this deployment")
-    runtime: Runtime = Field(Runtime.TORCH, description="trtllm-engine | trtllm-llmapi | torch")
+    runtime: Runtime = Field(Runtime.TORCH, description="where the models run: TensorRT-LLM engines, the LLM API, or "
+                                                        "trtspec's torch runtime (any machine, CPU included)")
     target: ModelSpec
     draft: ModelSpec
     speculative: SpeculativeSpec = Field(default_factory=SpeculativeSpec)
@@ -178,6 +194,7 @@ class BuildSpec(_Section):
     output: OutputSpec = Field(default_factory=OutputSpec)
 
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
+    _notes: dict[str, str] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
     def _fill_runtime_defaults(self) -> BuildSpec:
@@ -188,7 +205,15 @@ class BuildSpec(_Section):
             self.draft.quantization = Quantization.INT4_AWQ if gpu_runtime else Quantization.NONE
         if self.draft.tp_size != 1:
             raise ValueError("draft.tp_size must be 1: the draft runs on one GPU")
+        if self.triton.orchestration is Orchestration.IN_PROCESS and self.runtime is not Runtime.TORCH:
+            raise ValueError(f"triton.orchestration in_process needs runtime torch (runtime {self.runtime.value} "
+                             "serves its engines as separate models): use auto or bls")
         return self
+
+    @property
+    def in_process(self) -> bool:
+        """The torch runtime's in-process draft-target model serves this repository (no BLS orchestrator)."""
+        return self.runtime is Runtime.TORCH and self.triton.orchestration is not Orchestration.BLS
 
     # -- paths --------------------------------------------------------------------------------------------------
     @property
@@ -205,9 +230,17 @@ class BuildSpec(_Section):
         p = Path(os.path.expanduser(str(path)))
         return p if p.is_absolute() else (self._base_dir / p)
 
-    def model_path(self, role: str) -> Path:
-        """Local directory of the target or draft model (hub ids are not downloaded by trtspec)."""
-        return self.resolve(getattr(self, role).model)
+    def model_path(self, role: str, *, weights: bool = True) -> Path:
+        """Local directory of the target or draft model: a path (relative to the spec file), or a hub id's snapshot
+        (downloaded, or from the Hugging Face cache; ``weights=False`` fetches configs and tokenizer files only)."""
+        from trtspec.hub import resolve_model
+
+        return resolve_model(getattr(self, role).model, self._base_dir, weights=weights)
+
+    @property
+    def default_notes(self) -> dict[str, str]:
+        """Why a default was chosen, by field path (e.g. ``draft.quantization``): `trtspec init` writes them."""
+        return dict(self._notes)
 
     @property
     def ngram_pool_path(self) -> Path:
@@ -233,6 +266,27 @@ class BuildSpec(_Section):
 
 
 # -- loading ----------------------------------------------------------------------------------------------------
+def _section_fields(loc: tuple) -> list[str]:
+    """Field names of the section at ``loc`` (a path of field names from the top), for "did you mean"."""
+    model: type[BaseModel] = BuildSpec
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        annotation = field.annotation if field is not None else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return []
+        model = annotation
+    return list(model.model_fields)
+
+
+def _did_you_mean(word: Any, choices: list[str]) -> str:
+    import difflib
+
+    if not isinstance(word, str) or not choices:
+        return ""
+    close = difflib.get_close_matches(word.lower(), choices, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
 def _format_error(source: str, err: Mapping[str, Any]) -> str:
     loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
     kind = err["type"]
@@ -240,9 +294,10 @@ def _format_error(source: str, err: Mapping[str, Any]) -> str:
     if kind == "enum":
         expected = str(err.get("ctx", {}).get("expected", ""))
         allowed = [v.strip().strip("'") for v in expected.replace(" or ", ", ").split(",") if v.strip()]
-        return f"{source}: {loc}: {value!r} is not one of {', '.join(allowed)}"
+        guess = _did_you_mean(str(value).replace("-", "_") if isinstance(value, str) else value, allowed)
+        return f"{source}: {loc}: {value!r} is not one of {', '.join(allowed)}{guess}"
     if kind == "extra_forbidden":
-        return f"{source}: {loc}: unknown field"
+        return f"{source}: {loc}: unknown field{_did_you_mean(err['loc'][-1], _section_fields(err['loc'][:-1]))}"
     if kind == "missing":
         return f"{source}: {loc}: field required"
     msg = str(err["msg"])
@@ -251,11 +306,26 @@ def _format_error(source: str, err: Mapping[str, Any]) -> str:
                                          and not isinstance(value, dict) else "")
 
 
-def _raise_validation(source: str, exc: ValidationError) -> None:
+def _error_source(source: str, loc: tuple, overrides: Mapping[tuple, str]) -> tuple[str, bool]:
+    """Who set the field an error is about: an environment variable (when it set that field or one above it),
+    else ``source``; a section error with an override below it names both. Second value: an override is involved."""
+    for path, var in overrides.items():
+        if tuple(loc[:len(path)]) == path:
+            return f"{var} (environment)", True
+    below = [var for path, var in overrides.items() if tuple(path[:len(loc)]) == tuple(loc)]
+    if below:
+        return f"{source} with {', '.join(below)} from the environment", True
+    return source, False
+
+
+def _raise_validation(source: str, exc: ValidationError, overrides: Mapping[tuple, str] | None = None) -> None:
     errors = exc.errors()
-    first = _format_error(source, errors[0])
+    where, from_env = _error_source(source, tuple(str(p) for p in errors[0]["loc"]), overrides or {})
+    first = _format_error(where, errors[0])
     more = f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
-    raise SpecError(first + more, hint="`trtspec init` writes a commented spec with every field and its allowed values")
+    hint = "fix or unset that environment variable (TRTSPEC_SPEC__SECTION__FIELD=value)" if from_env else \
+        "`trtspec init` writes a commented spec with every field and its allowed values"
+    raise SpecError(first + more, hint=hint)
 
 
 def _parse_scalar(text: str) -> Any:
@@ -264,33 +334,52 @@ def _parse_scalar(text: str) -> Any:
     return yaml.safe_load(text)
 
 
+def env_overrides(environ: Mapping[str, str]) -> dict[tuple, str]:
+    """The field paths that ``TRTSPEC_SPEC__...`` variables set, each with its variable's name."""
+    return {tuple(p.lower() for p in key[len(ENV_PREFIX):].split("__") if p): key
+            for key in sorted(environ) if key.startswith(ENV_PREFIX)}
+
+
 def apply_env_overrides(data: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
     """Override spec fields from ``TRTSPEC_SPEC__SECTION__FIELD=value`` variables (values parsed as YAML scalars)."""
-    for key, raw in sorted(environ.items()):
-        if not key.startswith(ENV_PREFIX):
-            continue
-        path = [p.lower() for p in key[len(ENV_PREFIX):].split("__") if p]
+    for path, key in env_overrides(environ).items():
+        if not path:
+            raise SpecError(f"{key}: names no field", hint="use TRTSPEC_SPEC__SECTION__FIELD=value")
         node = data
         for part in path[:-1]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
-                raise SpecError(f"{key}: {part} is not a section", hint="use TRTSPEC_SPEC__SECTION__FIELD=value")
-        node[path[-1]] = _parse_scalar(raw)
+                raise SpecError(f"{key} (environment): {part} is not a section",
+                                hint="use TRTSPEC_SPEC__SECTION__FIELD=value")
+        try:
+            node[path[-1]] = _parse_scalar(environ[key])
+        except Exception as exc:  # noqa: BLE001 - a YAML error in one variable's value
+            raise SpecError(f"{key} (environment): its value is not a YAML scalar ({exc})",
+                            hint="quote the value, e.g. TRTSPEC_SPEC__NAME='\"my-name\"'") from None
     return data
 
 
 def spec_from_dict(data: Mapping[str, Any], source: str = "spec", base_dir: Path | None = None,
                    environ: Mapping[str, str] | None = None) -> BuildSpec:
-    """Validate a dict into a BuildSpec; errors name ``source``, the field path and the allowed values."""
+    """Validate a dict into a BuildSpec; errors name ``source`` (or the environment variable that set the field),
+    the field path and the allowed values. Empty quantization fields of GPU runtimes get the best format the model
+    takes (read from its config.json), with a note saying why."""
     import copy
 
-    merged = apply_env_overrides(copy.deepcopy(dict(data)), os.environ if environ is None else environ)
+    from trtspec.spec_defaults import fill_gpu_defaults
+
+    environ = os.environ if environ is None else environ
+    overrides = env_overrides(environ)
+    merged = apply_env_overrides(copy.deepcopy(dict(data)), environ)
+    base = Path(base_dir or Path.cwd()).resolve()
+    notes = fill_gpu_defaults(merged, base)
     try:
         spec = BuildSpec.model_validate(merged)
     except ValidationError as exc:
-        _raise_validation(source, exc)
+        _raise_validation(source, exc, overrides)
         raise  # unreachable
-    return spec.with_base_dir(base_dir or Path.cwd())
+    spec._notes = notes
+    return spec.with_base_dir(base)
 
 
 def load_spec(path: Path | str, environ: Mapping[str, str] | None = None) -> BuildSpec:
@@ -299,7 +388,8 @@ def load_spec(path: Path | str, environ: Mapping[str, str] | None = None) -> Bui
 
     path = Path(path)
     if not path.is_file():
-        raise SpecError(f"{path}: no such spec file", hint="`trtspec init` writes one, or omit SPEC for the example")
+        raise SpecError(f"{path}: no such spec file",
+                        hint="`trtspec init` writes one; with no SPEC, ./trtspec.yaml or the embedded example is used")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:

@@ -33,7 +33,7 @@ def _choices(annotation: Any) -> list[str] | None:
     return None
 
 
-def _section_lines(model: BaseModel, indent: int) -> list[str]:
+def _section_lines(model: BaseModel, indent: int, notes: dict[str, str], prefix: str = "") -> list[str]:
     lines: list[str] = []
     pad = "  " * indent
     for name, field in type(model).model_fields.items():
@@ -43,11 +43,14 @@ def _section_lines(model: BaseModel, indent: int) -> list[str]:
             cls_doc = (type(value).__doc__ or "").strip().splitlines()[0]
             lines.append(f"{pad}# {cls_doc}")
             lines.append(f"{pad}{name}:")
-            lines.extend(_section_lines(value, indent + 1))
+            lines.extend(_section_lines(value, indent + 1, notes, f"{prefix}{name}."))
             continue
         choices = _choices(field.annotation)
         if choices:
             doc += f" [{' | '.join(choices)}]"
+        note = notes.get(f"{prefix}{name}")
+        if note:
+            lines.append(f"{pad}# chosen: {note}")
         lines.append(f"{pad}{name}: {_yaml_scalar(value)}" + (f"  # {doc}" if doc else ""))
     return lines
 
@@ -59,4 +62,4 @@ def commented_yaml(spec: BuildSpec) -> str:
         "# Relative paths resolve against this file's directory. Any field can be overridden from the environment:",
         "# TRTSPEC_SPEC__SECTION__FIELD=value (e.g. TRTSPEC_SPEC__DRAFT__QUANTIZATION=fp8).",
     ]
-    return "\n".join(header + _section_lines(spec, 0)) + "\n"
+    return "\n".join(header + _section_lines(spec, 0, spec.default_notes)) + "\n"

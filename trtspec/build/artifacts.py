@@ -138,11 +138,13 @@ def write_manifest(directory: Path, data: Mapping[str, Any]) -> Path:
 
 @contextlib.contextmanager
 def atomic_dir(final: Path) -> Iterator[Path]:
-    """Yield a fresh temporary sibling of ``final``; on success replace ``final`` with it, on any error remove it.
+    """Yield a fresh temporary sibling of ``final``; on success replace ``final`` with it, on any error remove it
+    (and the parent directories it created, when they are left empty).
 
     The rename is atomic on one filesystem; the old output (if any) is moved aside first and deleted after.
     """
     final = Path(final)
+    created = [d for d in final.parents if not d.exists()]  # removed again on failure when left empty
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}-{time.monotonic_ns()}")
     tmp.mkdir()
@@ -150,6 +152,9 @@ def atomic_dir(final: Path) -> Iterator[Path]:
         yield tmp
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        for d in created:
+            with contextlib.suppress(OSError):
+                d.rmdir()
         raise
     old = None
     if final.exists():
@@ -189,23 +194,49 @@ def tool_versions(*packages: str) -> dict[str, str | None]:
 BUILD_LOCK = ".trtspec-build.lock"
 
 
+def _acquire(lock_file: Path) -> int:
+    """An exclusive flock on ``lock_file`` (created), held by the returned descriptor, or -1 when another process
+    holds it. A file the previous holder unlinked while we opened it is retried, so two processes never both hold
+    "the" lock through different inodes."""
+    import fcntl
+
+    while True:
+        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return -1
+        try:
+            same = os.stat(lock_file).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd
+        os.close(fd)  # unlinked by its last holder between our open and flock: take the new file
+
+
 @contextlib.contextmanager
 def build_lock(build_dir: Path) -> Iterator[Path]:
     """Hold the lock of one spec's build directory (`trtspec build` and `trtspec quantize` take it), or raise a
-    one-line SpecError at once when another run holds it. Yields the lock file's path."""
-    from filelock import FileLock, Timeout
-
+    one-line SpecError at once when another run holds it. Yields the lock file's path. On exit the lock file is
+    removed, and so is the build directory when this run created it and left nothing in it."""
     from trtspec.errors import SpecError
 
-    lock_file = Path(build_dir) / BUILD_LOCK
-    lock_file.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(lock_file))
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
+    build_dir = Path(build_dir)
+    created = [d for d in (build_dir, *build_dir.parents) if not d.exists()]
+    build_dir.mkdir(parents=True, exist_ok=True)
+    lock_file = build_dir / BUILD_LOCK
+    fd = _acquire(lock_file)
+    if fd < 0:
         raise SpecError(f"another trtspec build of this spec is running (lock {lock_file})",
-                        hint="wait for it to finish; the lock is released when it exits") from None
+                        hint="wait for it to finish; the lock is released when it exits")
     try:
         yield lock_file
     finally:
-        lock.release()
+        with contextlib.suppress(FileNotFoundError):
+            lock_file.unlink()  # while still held: see _acquire
+        os.close(fd)
+        for d in created:  # deepest first; only directories this run made and left empty
+            with contextlib.suppress(OSError):
+                d.rmdir()

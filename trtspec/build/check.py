@@ -1,14 +1,15 @@
-"""Preflight: draft/target compatibility, the GPU memory plan and the toolchain, from config and tokenizer files only."""
+"""Preflight: draft/target compatibility, the memory plan (GPU, or this machine's RAM for the torch runtime), the
+calibration file and the toolchain, from config, tokenizer and calibration files only (never weights)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 
-from trtspec.build.memory import GIB, MemoryPlan, plan_memory
+from trtspec.build.memory import GIB, HostMemoryPlan, MemoryPlan, plan_host_memory, plan_memory
 from trtspec.build.tokenizers import TokenizerInfo, first_vocab_difference, read_tokenizer
 from trtspec.build.toolchain import Toolchain, detect_toolchain
-from trtspec.errors import TrtspecError
+from trtspec.errors import IncompatibleModelsError, TrtspecError
 from trtspec.families import NormalizedConfig, known_families, read_config
 from trtspec.spec import BuildSpec, DrafterKind, Quantization, Runtime
 
@@ -39,6 +40,7 @@ class Finding:
 class CheckReport:
     findings: list[Finding] = field(default_factory=list)
     memory: MemoryPlan | None = None
+    host_memory: HostMemoryPlan | None = None
     toolchain: Toolchain | None = None
 
     def add(self, check: str, level: Level, detail: str, hint: str | None = None) -> None:
@@ -57,13 +59,14 @@ class CheckReport:
             "ok": self.ok,
             "findings": [{**asdict(f), "level": f.level.value} for f in self.findings],
             "memory": self.memory.to_dict() if self.memory else None,
+            "host_memory": self.host_memory.to_dict() if self.host_memory else None,
             "toolchain": self.toolchain.to_dict() if self.toolchain else None,
         }
 
 
 def _load(report: CheckReport, spec: BuildSpec, role: str) -> tuple[NormalizedConfig, TokenizerInfo] | None:
-    path = spec.model_path(role)
     try:
+        path = spec.model_path(role, weights=False)
         cfg = read_config(path)
         tok = read_tokenizer(path)
     except TrtspecError as exc:
@@ -77,11 +80,13 @@ def _load(report: CheckReport, spec: BuildSpec, role: str) -> tuple[NormalizedCo
 def _check_family(report: CheckReport, spec: BuildSpec, role: str, cfg: NormalizedConfig) -> None:
     if cfg.model_type in known_families():
         report.add(f"{role} family", Level.OK, f"{cfg.model_type} (TRT-LLM decoder {cfg.family.decoder_type})")
+    elif spec.runtime is Runtime.TORCH:
+        # The torch runtime runs any transformers causal LM (trtspec's distilled drafts included): nothing to warn.
+        report.add(f"{role} family", Level.OK, f"{cfg.model_type} (runs on the torch runtime; the TensorRT-LLM "
+                   f"runtimes take {', '.join(known_families())})")
     else:
-        # The torch runtime runs any HF causal LM; the TRT-LLM runtimes need a known checkpoint converter.
-        level = Level.ERROR if spec.runtime is not Runtime.TORCH else Level.WARN
-        report.add(f"{role} family", level, f"model family '{cfg.model_type}' is not supported",
-                   f"supported: {', '.join(known_families())}")
+        report.add(f"{role} family", Level.ERROR, f"model family '{cfg.model_type}' is not supported by "
+                   f"{spec.runtime.value}", f"supported: {', '.join(known_families())}; or use runtime torch")
 
 
 def _check_tokenizers(report: CheckReport, t: tuple[NormalizedConfig, TokenizerInfo],
@@ -192,7 +197,59 @@ def _check_drafter(report: CheckReport, spec: BuildSpec, t: NormalizedConfig, tt
         report.add("n-gram pool", Level.OK, detail)
 
 
+def _check_host_memory(report: CheckReport, spec: BuildSpec, t: NormalizedConfig, d: NormalizedConfig) -> None:
+    """The torch runtime runs on this machine's CPU: its RAM is what must hold the models (spec.gpu is not used)."""
+    plan = plan_host_memory(spec, t, d)
+    report.host_memory = plan
+    need, avail, total = plan.needed_bytes / GIB, plan.available_bytes / GIB, plan.total_bytes / GIB
+    detail = (f"torch runtime on this machine's CPU: about {need:.2f} GiB (weights x instances + KV for "
+              f"{plan.kv_tokens:,} tokens) of {avail:.1f} GiB available ({total:.1f} GiB RAM); the gpu section is "
+              "not used")
+    if plan.needed_bytes > plan.total_bytes:
+        report.add("host memory", Level.ERROR, detail, "lower engine.max_batch_size / max_seq_len or the instances")
+    elif plan.needed_bytes > plan.available_bytes:
+        report.add("host memory", Level.WARN, detail, "other processes hold the rest: the server may swap")
+    else:
+        report.add("host memory", Level.OK, detail)
+
+
+def _check_dtype(report: CheckReport, spec: BuildSpec) -> None:
+    if spec.runtime is Runtime.TORCH:
+        return
+    for role in ("target", "draft"):
+        dtype = getattr(spec, role).dtype
+        if dtype.value == "float32":
+            report.add(f"{role} dtype", Level.WARN, f"float32 on {spec.runtime.value}: twice the memory of "
+                       "bfloat16 and no tensor-core kernels", f"set {role}.dtype: bfloat16 (or float16)")
+
+
+def _check_calibration(report: CheckReport, spec: BuildSpec) -> None:
+    """The calibration file is read only when something is quantized; then it must be there and hold text."""
+    from trtspec.build.calibration import read_documents
+    from trtspec.build.ptq import needs_calibration
+
+    used = [r for r in ("target", "draft") if needs_calibration(spec, r)]
+    file = spec.calibration.file
+    if not used:
+        detail = "not used: nothing is quantized" + (f" ({file} is ignored)" if file else "")
+        report.add("calibration", Level.OK, detail)
+        return
+    if file is None:
+        report.add("calibration", Level.OK, f"the corpus shipped with trtspec, for {' and '.join(used)}")
+        return
+    path = spec.resolve(file)
+    try:
+        docs = read_documents(path, spec.calibration.field)
+    except TrtspecError as exc:
+        report.add("calibration", Level.ERROR, exc.message, exc.hint)
+        return
+    report.add("calibration", Level.OK, f"{path}: {len(docs):,} documents, for {' and '.join(used)}")
+
+
 def _check_memory(report: CheckReport, spec: BuildSpec, t: NormalizedConfig, d: NormalizedConfig) -> None:
+    if spec.runtime is Runtime.TORCH:
+        _check_host_memory(report, spec, t, d)
+        return
     plan = plan_memory(spec, t, d)
     report.memory = plan
     if spec.target.tp_size > spec.gpu.count:
@@ -246,5 +303,20 @@ def run_check(spec: BuildSpec, toolchain: Toolchain | None = None) -> CheckRepor
         _check_speculative(report, spec, t[0], d[0])
         _check_drafter(report, spec, t[0], t[1])
         _check_memory(report, spec, t[0], d[0])
+    _check_dtype(report, spec)
+    _check_calibration(report, spec)
     _check_toolchain(report, spec, tools)
     return report
+
+
+def check_pair(spec: BuildSpec) -> None:
+    """Raise IncompatibleModelsError unless draft and target can be paired: both readable, one vocabulary, one
+    token-to-id mapping, the same bos/eos ids. The rule `check` applies, for the paths that skip `check`."""
+    report = CheckReport()
+    t = _load(report, spec, "target")
+    d = _load(report, spec, "draft")
+    if t is not None and d is not None:
+        _check_tokenizers(report, t, d)
+    if report.errors:
+        first = report.errors[0]
+        raise IncompatibleModelsError(f"{first.check}: {first.detail}", hint=first.hint)

@@ -130,3 +130,56 @@ def plan_memory(spec: BuildSpec, target_cfg: NormalizedConfig, draft_cfg: Normal
         fits=free > 0 and spec.target.tp_size <= spec.gpu.count,
         kv_sufficient=capacity >= needed,
     )
+
+
+# -- the torch runtime: host memory ---------------------------------------------------------------------------------
+TORCH_KV_SLOTS_PER_SEQUENCE = 2  # the in-flight engine keeps 2 x max_batch_size KV slots (trtspec.engines.inflight)
+
+
+def host_memory() -> tuple[int, int]:
+    """(total, available) bytes of this machine's RAM, from /proc/meminfo (sysconf when it cannot be read)."""
+    import os
+
+    fields: dict[str, int] = {}
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                name, _, rest = line.partition(":")
+                fields[name] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    total = fields.get("MemTotal") or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return total, fields.get("MemAvailable", total)
+
+
+@dataclass(frozen=True)
+class HostMemoryPlan:
+    """What the torch runtime's served repository holds in RAM (every instance of each model, dequantized weights in
+    the model dtype, and its KV slots), against this machine's memory; bytes."""
+
+    target_weight_bytes: int
+    draft_weight_bytes: int
+    target_instances: int
+    draft_instances: int
+    kv_bytes: int
+    kv_tokens: int
+    needed_bytes: int
+    total_bytes: int
+    available_bytes: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def plan_host_memory(spec: BuildSpec, target_cfg: NormalizedConfig, draft_cfg: NormalizedConfig,
+                     machine: tuple[int, int] | None = None) -> HostMemoryPlan:
+    """The torch runtime's memory on this machine (``machine``: (total, available) bytes, default: measured)."""
+    total, available = machine or host_memory()
+    as_served = {role: spec.target.model_copy(update={"quantization": Quantization.NONE}) if role == "target"
+                 else spec.draft.model_copy(update={"quantization": Quantization.NONE}) for role in ("target", "draft")}
+    wt = weight_bytes(target_cfg, as_served["target"])
+    wd = weight_bytes(draft_cfg, as_served["draft"])
+    nt, nd = spec.triton.target_instances, spec.triton.draft_instances
+    tokens = TORCH_KV_SLOTS_PER_SEQUENCE * spec.engine.max_batch_size * spec.engine.max_seq_len
+    kv = tokens * (nt * kv_bytes_per_token(target_cfg, spec.target) + nd * kv_bytes_per_token(draft_cfg, spec.draft))
+    return HostMemoryPlan(wt, wd, nt, nd, kv, tokens, nt * wt + nd * wd + kv, total, available)

@@ -18,7 +18,7 @@ from typing import Any
 
 from trtspec.build.artifacts import atomic_dir, build_lock, hash_inputs, is_up_to_date, tool_versions, write_manifest
 from trtspec.build.plan import ROLES, checkpoint_dir, engine_dir
-from trtspec.errors import MissingDependencyError, SpecError
+from trtspec.errors import Interrupted, MissingDependencyError, SpecError
 from trtspec.spec import BuildSpec, Runtime
 
 InputsFn = Callable[[], tuple[dict[str, Path | None], dict]]
@@ -176,21 +176,38 @@ def run_pipeline(spec: BuildSpec, *, only: Iterable[str] | None = None, force: b
                             hint=f"stages: {', '.join(s.name for s in stages)}")
         stages = [s for s in stages if s.name in wanted]
     report = BuildReport()
-    with build_lock(spec.build_dir):
-        clean_stale_outputs(s.output for s in stages if s.output is not None)
-        overall = progress.add_task("build", total=len(stages)) if progress is not None else None
-        for stage in stages:
+    current: str | None = None
+    try:
+        with build_lock(spec.build_dir):
+            clean_stale_outputs(s.output for s in stages if s.output is not None)
+            overall = progress.add_task("build", total=len(stages)) if progress is not None else None
+            for stage in stages:
+                current = stage.name
+                if progress is not None:
+                    progress.update(overall, description=f"build: {stage.name}")
+                result = _run_stage(spec, stage, force, progress)
+                report.stages.append(result)
+                if on_result is not None:
+                    on_result(result)
+                if progress is not None:
+                    progress.advance(overall)
             if progress is not None:
-                progress.update(overall, description=f"build: {stage.name}")
-            result = _run_stage(spec, stage, force, progress)
-            report.stages.append(result)
-            if on_result is not None:
-                on_result(result)
-            if progress is not None:
-                progress.advance(overall)
-        if progress is not None:
-            progress.update(overall, description="build: done")
+                progress.update(overall, description="build: done")
+    except KeyboardInterrupt as exc:
+        # Still a KeyboardInterrupt for Python callers; the CLI reads what it says about the build.
+        exc.trtspec_stage = current  # type: ignore[attr-defined]
+        exc.trtspec_done = [r.name for r in report.stages if r.status in ("built", "skipped")]  # type: ignore
+        raise
     return report
+
+
+def interrupted_error(exc: KeyboardInterrupt) -> Interrupted:
+    """What to tell a user whose Ctrl-C stopped ``run_pipeline``: the stage, and what was kept."""
+    stage = getattr(exc, "trtspec_stage", None)
+    done = getattr(exc, "trtspec_done", [])
+    return Interrupted((f"during {stage}; its partial output was removed" if stage else "before the first stage")
+                       + (f"; completed stages kept: {', '.join(done)}" if done else ""),
+                       hint="run the same command again: completed stages are skipped")
 
 
 def _run_stage(spec: BuildSpec, stage: PipelineStage, force: bool, progress: Any) -> StageResult:

@@ -35,20 +35,21 @@ def engine_dir(spec: BuildSpec, role: str) -> Path:
     return spec.engines_dir / role
 
 
-def serving_model_dir(spec: BuildSpec, role: str) -> Path:
-    """The directory the serving runtime loads for a model: quantized checkpoint, or the source when unquantized."""
+def serving_model_dir(spec: BuildSpec, role: str, *, weights: bool = True) -> Path:
+    """The directory the serving runtime loads for a model: quantized checkpoint, or the source when unquantized
+    (``weights=False``: a hub id's snapshot without fetching its weights, for display)."""
     if spec.runtime is Runtime.TRTLLM_ENGINE:
         return engine_dir(spec, role)
     model = getattr(spec, role)
     quantized = model.quantization is not Quantization.NONE or model.kv_cache is not KVCacheFormat.AUTO
-    return checkpoint_dir(spec, role) if quantized else spec.model_path(role)
+    return checkpoint_dir(spec, role) if quantized else spec.model_path(role, weights=weights)
 
 
 def _quantize_stage(spec: BuildSpec, role: str) -> Stage:
     model = getattr(spec, role)
     q = model.quantization
     assert q is not None
-    src = str(spec.model_path(role))
+    src = str(spec.model_path(role, weights=False))  # the plan names the directory; it never needs the weights
     out = str(checkpoint_dir(spec, role))
     fmt = "TRT-LLM checkpoint" if spec.runtime is Runtime.TRTLLM_ENGINE else "unified HF checkpoint"
     calibrated = q is not Quantization.NONE or model.kv_cache is not KVCacheFormat.AUTO
@@ -65,7 +66,7 @@ def _compile_stage(spec: BuildSpec, role: str) -> Stage:
         cmd = trtllm_build_command(spec, role, ckpt, out)
         return Stage(f"compile:{role}", f"trtllm-build (TensorRT-LLM {spec.engine.trtllm_version})",
                      [str(ckpt)], [str(out)], [cmd])
-    src = str(serving_model_dir(spec, role))
+    src = str(serving_model_dir(spec, role, weights=False))
     what = "LLM API loads the checkpoint at serve time" if spec.runtime is Runtime.TRTLLM_LLMAPI \
         else "torch runtime loads the checkpoint at serve time"
     return Stage(f"compile:{role}", f"none: {what}", [src], [src])
@@ -74,13 +75,13 @@ def _compile_stage(spec: BuildSpec, role: str) -> Stage:
 def build_plan(spec: BuildSpec) -> list[Stage]:
     """All stages of `trtspec build` for this spec, in order."""
     stages = [Stage("check", "preflight: compatibility, memory plan, toolchain",
-                    [str(spec.model_path(r)) for r in ROLES], [])]
+                    [str(spec.model_path(r, weights=False)) for r in ROLES], [])]
     stages += [_quantize_stage(spec, r) for r in ROLES]
     stages += [_compile_stage(spec, r) for r in ROLES]
     repo = str(spec.repo_dir)
     stages.append(Stage("repo", f"Triton model repository ({spec.runtime.value}): ensemble, preprocessing, "
                         "tensorrt_llm_bls, tensorrt_llm, tensorrt_llm_draft, postprocessing",
-                        [str(serving_model_dir(spec, r)) for r in ROLES], [repo]))
+                        [str(serving_model_dir(spec, r, weights=False)) for r in ROLES], [repo]))
     if spec.runtime is Runtime.TORCH:
         serve = ["trtspec", "serve", repo]
     else:

@@ -2,23 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
-
 import typer
 
 from trtspec.cli._common import console, err_console, print_json, resolve_spec
-from trtspec.cli._options import JsonOpt, SpecArg
+from trtspec.cli._options import ForceOpt, JsonOpt, OnlyOpt, SpecArg
 
-ForceOpt = Annotated[bool, typer.Option("--force", help="rebuild even when the inputs are unchanged")]
-OnlyOpt = Annotated[Optional[str], typer.Option("--only", help="target | draft", show_default=False)]
 
 _STYLE = {"built": "green", "skipped": "cyan", "passed": "green", "not needed": "dim"}
 
 
 def _run(spec, only, force: bool, as_json: bool):
-    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from trtspec.build.pipeline import run_pipeline
+    from trtspec.cli._progress import make_progress
 
     def show(result) -> None:
         if as_json:
@@ -29,10 +26,15 @@ def _run(spec, only, force: bool, as_json: bool):
                                f"{f' ({result.seconds:.1f} s)' if result.status == 'built' else ''}{extra}",
                                highlight=False)
 
-    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
-                        console=err_console, transient=True, disable=as_json)
-    with progress:
-        report = run_pipeline(spec, only=only, force=force, progress=progress, on_result=show)
+    progress = make_progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                             console=err_console, transient=True, disable=as_json and err_console.is_terminal)
+    try:
+        with progress:
+            report = run_pipeline(spec, only=only, force=force, progress=progress, on_result=show)
+    except KeyboardInterrupt as exc:
+        from trtspec.build.pipeline import interrupted_error
+
+        raise interrupted_error(exc) from None
     if as_json:
         print_json(report.to_dict())
     return report
@@ -53,9 +55,7 @@ def compile(spec_path: SpecArg = None, only: OnlyOpt = None, force: ForceOpt = F
     if spec.runtime is not Runtime.TRTLLM_ENGINE:
         raise SpecError(f"runtime {spec.runtime.value} has no engines to compile",
                         hint="set runtime: trtllm-engine, or go on with `trtspec build`")
-    roles = [only] if only else list(ROLES)
-    if only and only not in ROLES:
-        raise SpecError(f"--only {only}: expected target or draft", hint="--only target | --only draft")
+    roles = [only.value] if only is not None else list(ROLES)
     try:
         _run(spec, [f"compile:{r}" for r in roles], force, as_json)
     except EngineBuildError:
@@ -69,7 +69,8 @@ def compile(spec_path: SpecArg = None, only: OnlyOpt = None, force: ForceOpt = F
 
 
 def build(spec_path: SpecArg = None, force: ForceOpt = False, as_json: JsonOpt = False) -> None:
-    """Every stage: check -> quantize -> compile -> repo; unchanged stages are skipped (resumable)."""
+    """Every stage: check -> quantize -> quality (build/quality.json, when a model is quantized) -> compile -> repo.
+    Unchanged stages are skipped, so an interrupted build resumes."""
     spec = resolve_spec(spec_path)
     _run(spec, None, force, as_json)
     if not as_json:

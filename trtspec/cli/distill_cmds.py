@@ -86,7 +86,9 @@ def distill(
     batch_size: Annotated[int, typer.Option("--batch-size", help="answers per training step")] = 16,
     lr: Annotated[float, typer.Option(help="peak learning rate (AdamW, cosine decay)")] = 1e-3,
     seed: Annotated[int, typer.Option(help="seed of the training order")] = 0,
-    k: Annotated[int, typer.Option("--k", help="draft length K of the report")] = 4,
+    k: Annotated[int, typer.Option("--max-draft-len", help="K the report measures at (the deployment's "
+                                   "speculative.max_draft_len)")] = 4,
+    k_alias: Annotated[Optional[int], typer.Option("--k", hidden=True)] = None,  # the older name
     eval_prompts: Annotated[int, typer.Option("--eval-prompts", help="held-out prompts in the report")] = 12,
     eval_max_tokens: Annotated[int, typer.Option("--eval-max-tokens", help="answer length in the report")] = 96,
     held_out: Annotated[float, typer.Option("--held-out", help="fraction of prompts held out")] = 0.06,
@@ -114,6 +116,7 @@ def distill(
     from trtspec.engines.distill.pipeline import check_dirs
     from trtspec.engines.distill.settings import DistillSettings, TrainSettings
 
+    k = k_alias if k_alias is not None else k
     if threads < 1:
         raise DistillError(f"--threads {threads} must be >= 1", hint="1 is fastest on a shared CPU")
     settings = DistillSettings(
@@ -130,14 +133,16 @@ def distill(
                            hint="one text per line, or JSONL with 'response'")
 
     import torch
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+
+    from trtspec.cli._progress import make_progress
 
     from trtspec.engines.distill.pipeline import distill as run_distill
 
     torch.set_num_threads(threads)
     quiet_transformers()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=err_console, transient=as_json) as progress:
+    with make_progress(*columns, console=err_console, transient=as_json) as progress:
         result = run_distill(target, out, settings, work_dir=work_dir, progress=progress, traffic=ngram_traffic)
     if as_json:
         print_json({"out": str(result.out), "skipped": result.skipped, "report": result.report})

@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 from rich.table import Table
 
 from trtspec.cli._common import console, err_console, print_json, quiet_transformers, resolve_spec
-from trtspec.cli._options import JsonOpt, SpecOpt
+from trtspec.cli._options import DraftLenAlias, JsonOpt, NumDraftTokensOpt, ProtocolOpt, SpecOpt
 
 
-def _stats_table(stats: dict) -> Table:
-    table = Table(title="speculative decoding", show_header=False)
-    for key in ("output_tokens", "draft_tokens", "accepted_tokens", "acceptance_rate", "target_steps",
-                "tokens_per_step", "decode_tok_per_s", "total_s"):
+def _stats_table(stats: dict, title: str) -> Table:
+    table = Table(title=title, show_header=False)
+    for key in ("num_output_tokens", "total_draft_tokens", "total_accepted_draft_tokens", "acceptance_rate",
+                "target_steps", "tokens_per_step", "decode_tok_per_s", "total_s"):
         if key in stats:
             table.add_row(key, str(stats[key]))
     return table
@@ -28,44 +28,53 @@ def generate(
     temperature: Annotated[float, typer.Option(help="0 = greedy")] = 0.0,
     top_k: Annotated[int, typer.Option("--top-k", help="0 = no top-k filtering")] = 0,
     top_p: Annotated[float, typer.Option("--top-p", help="1.0 = no nucleus filtering")] = 1.0,
-    seed: Annotated[int | None, typer.Option(help="seed for reproducible sampling")] = None,
-    draft_len: Annotated[int | None, typer.Option("--draft-len", "-k", help="K; default: the spec's")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="seed for reproducible sampling")] = None,
+    num_draft_tokens: NumDraftTokensOpt = None,
+    draft_len: DraftLenAlias = None,
     no_draft: Annotated[bool, typer.Option("--no-draft", help="target-only decoding, same code path")] = False,
     raw: Annotated[bool, typer.Option("--raw", help="do not apply the chat template")] = False,
     stream: Annotated[bool, typer.Option("--stream", help="print text as it is generated")] = False,
-    url: Annotated[str | None, typer.Option("--url", help="a served ensemble, HOST:PORT (instead of --spec)")] = None,
-    protocol: Annotated[str, typer.Option("--protocol", help="with --url: grpc | http")] = "grpc",
+    url: Annotated[Optional[str], typer.Option("--url", help="a served model: [grpc://|http://]HOST[:PORT] "
+                                               "(default ports: gRPC 8001, HTTP 8000), instead of --spec")] = None,
+    protocol: ProtocolOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Generate text for PROMPT with draft-target speculative decoding (in process, or from a server with --url)."""
     from trtspec.errors import GenerationError
+    from trtspec.validation import check_pair, validate_request
 
-    if draft_len is not None and not 1 <= draft_len <= 16:
-        raise GenerationError(f"--draft-len {draft_len} is out of range", hint="use 1..16")
-    if max_tokens <= 0:
-        raise GenerationError(f"--max-tokens must be > 0, got {max_tokens}", hint="ask for at least one token")
-    if not prompt.strip():
-        raise GenerationError("the prompt is empty", hint="give some text to continue")
+    k = num_draft_tokens if num_draft_tokens is not None else draft_len
+    if no_draft and k:
+        raise GenerationError(f"--no-draft and --num-draft-tokens {k} exclude each other",
+                              hint="--no-draft is --num-draft-tokens 0")
+    k = 0 if no_draft else k
+    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    validate_request(prompt, max_tokens, num_draft_tokens=k, **sampling)  # before anything is loaded or sent
     if url is not None:
         if spec_path is not None:
             raise GenerationError("--url and --spec exclude each other", hint="the server was built from its spec")
         from trtspec.cli.serve_cmds import generate_remote
 
-        generate_remote(prompt, url, protocol, max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                        seed=seed, draft_len=draft_len, no_draft=no_draft, raw=raw, stream=stream, as_json=as_json)
+        generate_remote(prompt, url, protocol, max_tokens, num_draft_tokens=k, raw=raw, stream=stream,
+                        as_json=as_json, **sampling)
         return
+    spec = resolve_spec(spec_path)
+    validate_request(prompt, max_tokens, num_draft_tokens=k, max_draft_len=spec.speculative.max_draft_len, **sampling)
+    if k != 0:
+        check_pair(spec)  # one tokenizer for both models, as `check` and `build` require
     from trtspec.engines.torch_runtime.sampling import SamplingParams
     from trtspec.engines.torch_runtime.session import TextResult, TorchSession
 
-    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    spec = resolve_spec(spec_path)
+    params = SamplingParams(**sampling)
     quiet_transformers()
     with err_console.status("loading models"):
-        session = TorchSession.from_spec(spec, with_draft=not no_draft)
-    kwargs = dict(draft_len=draft_len, use_draft=not no_draft, chat=not raw)
+        session = TorchSession.from_spec(spec, with_draft=k != 0)
+    kwargs = dict(draft_len=k or None, use_draft=k != 0, chat=not raw)
+    title = "target only (no draft)" if k == 0 else \
+        f"speculative decoding (K = {k or spec.speculative.max_draft_len})"
     if stream and not as_json:
         result = None
-        for piece in session.stream(prompt, max_tokens, sampling, **kwargs):
+        for piece in session.stream(prompt, max_tokens, params, **kwargs):
             if isinstance(piece, TextResult):
                 result = piece
             else:
@@ -73,14 +82,14 @@ def generate(
                 sys.stdout.flush()
         sys.stdout.write("\n")
         assert result is not None
-        err_console.print(_stats_table(result.stats))
+        err_console.print(_stats_table(result.stats, title))
         return
-    result = session.generate(prompt, max_tokens, sampling, **kwargs)
+    result = session.generate(prompt, max_tokens, params, **kwargs)
     if as_json:
         print_json({"text": result.text, "token_ids": result.token_ids, "stats": result.stats})
         return
     console.print(result.text, highlight=False, markup=False)
-    err_console.print(_stats_table(result.stats))
+    err_console.print(_stats_table(result.stats, title))
 
 
 def register(app: typer.Typer) -> None:

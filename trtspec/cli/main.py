@@ -11,6 +11,26 @@ from trtspec import __version__
 from trtspec.cli import build_cmds, distill_cmds, generate_cmds, quant_cmds, serve_cmds, spec_cmds, tune_cmds
 from trtspec.errors import TrtspecError
 
+
+def _flags_show_no_type() -> None:
+    """Typer's rich help prints a ``<bool>`` type after every flag, --help included; a flag takes no value, so its
+    type column stays empty (options with a value keep theirs)."""
+    from typer import core
+
+    option = getattr(core, "TyperOption", None)
+    show = getattr(option, "display_type_rich", None)
+    if show is None or getattr(show, "_trtspec", False):
+        return
+
+    def display_type_rich(self, ctx):  # type: ignore[no-untyped-def]
+        return "" if getattr(self, "is_flag", False) and self.metavar is None else show(self, ctx)
+
+    display_type_rich._trtspec = True  # type: ignore[attr-defined]
+    option.display_type_rich = display_type_rich
+
+
+_flags_show_no_type()
+
 app = typer.Typer(
     name="trtspec",
     help="Draft-target speculative decoding: quantize, compile and serve a target + draft pair on Triton.",
@@ -50,12 +70,16 @@ def main(argv: list[str] | None = None) -> None:
         if debug:
             raise
         from trtspec.cli._common import err_console
+        from trtspec.errors import Interrupted
 
-        err_console.print(f"[bold red]error:[/] {exc.message}", highlight=False, soft_wrap=True)
+        label = "[bold yellow]interrupted:[/]" if isinstance(exc, Interrupted) else "[bold red]error:[/]"
+        err_console.print(f"{label} {exc.message}", highlight=False, soft_wrap=True)
         if exc.hint:
             err_console.print(f"[dim]hint:[/] {exc.hint}", highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
     except typer.Exit as exc:
+        if exc.exit_code == 130:  # typer turns Ctrl-C into a silent Exit(130)
+            sys.stderr.write("interrupted\n")
         sys.exit(exc.exit_code)
     except typer.Abort:
         sys.stderr.write("aborted\n")

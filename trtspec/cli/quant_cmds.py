@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-from enum import Enum
-from typing import Annotated, Any, Optional
+from typing import Any
 
 import typer
 from rich.table import Table
 
 from trtspec.cli._common import console, err_console, print_json, resolve_spec
-from trtspec.cli._options import JsonOpt, SpecArg
+from trtspec.cli._options import ForceOpt, JsonOpt, OnlyOpt, SpecArg
 
 
-class Role(str, Enum):
-    TARGET = "target"
-    DRAFT = "draft"
-
-
-OnlyOpt = Annotated[Optional[Role], typer.Option("--only", help="quantize only this model", show_default=False)]
-ForceOpt = Annotated[bool, typer.Option("--force", help="rebuild even when the output is up to date")]
 
 
 def _pct(x: Any) -> str:
@@ -45,7 +37,9 @@ def quality_table(report: dict) -> Table:
 
 def quantize(spec_path: SpecArg = None, only: OnlyOpt = None, force: ForceOpt = False, as_json: JsonOpt = False) -> None:
     """Quantize the target and the draft with NVIDIA ModelOpt into build/<role>/, then write build/quality.json."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+
+    from trtspec.cli._progress import make_progress
 
     from trtspec.build.quality import write_quality_report
     from trtspec.build.quantize import quantize_models
@@ -53,7 +47,7 @@ def quantize(spec_path: SpecArg = None, only: OnlyOpt = None, force: ForceOpt = 
     spec = resolve_spec(spec_path)
     roles = (only.value,) if only is not None else ("target", "draft")
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=err_console, transient=as_json) as progress:
+    with make_progress(*columns, console=err_console, transient=as_json) as progress:
         outcomes = quantize_models(spec, roles, progress, force)
         report = write_quality_report(spec, progress)
     if as_json:

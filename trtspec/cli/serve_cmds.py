@@ -12,12 +12,11 @@ import typer
 from rich.table import Table
 
 from trtspec.cli._common import console, err_console, print_json, resolve_spec
-from trtspec.cli._options import JsonOpt, SpecArg
+from trtspec.cli._options import JsonOpt, Protocol, ProtocolOpt, SpecArg, UrlOpt
 from trtspec.errors import ServerError
 
 RepoArg = Annotated[Optional[Path], typer.Argument(help="model repository; omitted: ./triton_repo",
                                                    show_default=False)]
-ProtocolOpt = Annotated[str, typer.Option("--protocol", help="grpc | http")]
 
 
 def repo(spec_path: SpecArg = None,
@@ -25,8 +24,10 @@ def repo(spec_path: SpecArg = None,
          as_json: JsonOpt = False) -> None:
     """Write the Triton model repository (ensemble, pre/postprocessing, orchestrator, target and draft models)."""
     from trtspec.triton_repo.writer import write_repo
+    from trtspec.validation import check_pair
 
     spec = resolve_spec(spec_path)
+    check_pair(spec)  # one tokenizer for both models, before anything is written
     result = write_repo(spec, force=force)
     manifest = result["manifest"] or {}
     if as_json:
@@ -60,12 +61,17 @@ def serve(repo_path: RepoArg = None,
                           ] = "127.0.0.1",
           log_file: Annotated[Optional[Path], typer.Option("--log-file", help="server log")] = None,
           ready_timeout: Annotated[float, typer.Option("--ready-timeout", help="seconds to wait for ready")] = 300.0,
+          openai_port: Annotated[Optional[int], typer.Option(
+              "--openai-port", help="also serve the OpenAI-compatible API (/v1) on this port; 0 picks a free port")
+          ] = None,
           ) -> None:
     """Serve a model repository with tritonserver until Ctrl-C (or SIGTERM); the server never outlives this."""
     path = (repo_path or Path("triton_repo")).resolve()
-    if not path.is_dir():
-        raise ServerError(f"{path}: no such model repository", hint="`trtspec repo` writes one")
+    _require_repository(path)  # before anything is started or written (the log included)
     if docker is not None:
+        if openai_port is not None:
+            raise ServerError("--openai-port does not apply with --docker (the plain tritonserver image has no "
+                              "frontend)", hint="run the trtspec image (docker/), which serves the OpenAI API on 9000")
         _serve_docker(path, docker, http_port or 8000, grpc_port or 8001, metrics_port or 8002, dry_run)
         return
     from trtspec.serving.server import TritonServer
@@ -75,10 +81,18 @@ def serve(repo_path: RepoArg = None,
                           host=host)
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    front = None  # the OpenAI-compatible frontend (trtspec.serving.openai): port bound first, serving once Triton is
     try:
+        if openai_port is not None:
+            from trtspec.serving.openai.frontend import OpenAIFrontend
+
+            front = OpenAIFrontend(path, server.grpc_url, host=host, port=openai_port or None).prepare()
         with err_console.status(f"starting tritonserver (log: {server.log_file})"):
             server.start()
-        console.print(f"ready: gRPC {server.grpc_url}, HTTP {server.http_url}, metrics {server.metrics_url}")
+            if front is not None:
+                front.start()
+        console.print(f"ready: gRPC {server.grpc_url}, HTTP {server.http_url}, metrics {server.metrics_url}"
+                      + (f", OpenAI {front.base_url}" if front is not None else ""))
         console.print(f"try: trtspec generate 'What is speculative decoding?' --url {server.grpc_url}")
         console.print("Ctrl-C stops the server")
         while not stop.wait(1.0):
@@ -86,11 +100,25 @@ def serve(repo_path: RepoArg = None,
             if code is not None:
                 raise ServerError(f"tritonserver exited with code {code}; log "
                                   f"{server.log_file}:\n{server.log_tail()}", hint="the log says why")
+            if front is not None:
+                front.check()
     finally:
-        err_console.print("stopping tritonserver")
+        if front is not None:
+            front.stop()
+        if server.pid is not None:  # a server that never started (or already stopped itself) needs no message
+            err_console.print("stopping tritonserver")
         server.stop()
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def _require_repository(path: Path) -> None:
+    """A Triton model repository: a directory with at least one <model>/config.pbtxt."""
+    if not path.is_dir():
+        raise ServerError(f"{path}: no such model repository", hint="`trtspec repo` writes one")
+    if not any(p.is_file() for p in path.glob("*/config.pbtxt")):
+        raise ServerError(f"{path}: not a Triton model repository (no <model>/config.pbtxt in it)",
+                          hint="`trtspec repo` writes one (default ./triton_repo)")
 
 
 def _serve_docker(path: Path, image: str, http: int, grpc: int, metrics: int, dry_run: bool) -> None:
@@ -114,16 +142,24 @@ def _serve_docker(path: Path, image: str, http: int, grpc: int, metrics: int, dr
     os.execvp(cmd[0], cmd)
 
 
-def generate_remote(prompt: str, url: str, protocol: str, max_tokens: int, *, temperature: float, top_k: int,
-                    top_p: float, seed: int | None, draft_len: int | None, no_draft: bool, raw: bool, stream: bool,
-                    as_json: bool) -> None:
-    """`trtspec generate --url`: one prompt through a served ensemble."""
+def generate_remote(prompt: str, url: str, protocol: Protocol | None, max_tokens: int, *, temperature: float,
+                    top_k: int, top_p: float, seed: int | None, num_draft_tokens: int | None, raw: bool,
+                    stream: bool, as_json: bool) -> None:
+    """`trtspec generate --url`: one prompt through a served ensemble (the request is validated before it is sent)."""
     from trtspec.serving.client import TritonLLMClient
 
     options = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed,
-               "num_draft_tokens": 0 if no_draft else draft_len, "apply_chat_template": not raw}
-    with TritonLLMClient(url, protocol=protocol) as client:
+               "num_draft_tokens": num_draft_tokens, "apply_chat_template": not raw}
+    with TritonLLMClient(url, protocol=protocol.value if protocol else None) as client:
+        from trtspec.serving.client import request_inputs
+
+        request_inputs(prompt, max_tokens, stream, options)  # every rule, before the first byte goes out
         client.check_ready()
+        bound = client.max_draft_len()
+        if bound is not None:
+            from trtspec.validation import validate_num_draft_tokens
+
+            validate_num_draft_tokens(num_draft_tokens, bound)  # the deployment's max_draft_len, as in process
         show = stream and not as_json
 
         def on_text(t: str) -> None:
@@ -138,45 +174,124 @@ def generate_remote(prompt: str, url: str, protocol: str, max_tokens: int, *, te
         sys.stdout.write("\n")
     else:
         console.print(result.text, highlight=False, markup=False)
-    table = Table(title=f"served by {protocol}://{client.url}", show_header=False)
+    mode = "target only" if num_draft_tokens == 0 else "speculative"
+    table = Table(title=f"{mode}, served by {client.endpoint.url}", show_header=False)
     for key, value in result.stats.items():
         table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
     table.add_row("latency_s", f"{result.latency_s:.3f}")
     err_console.print(table)
 
 
-def bench(url: Annotated[str, typer.Option("--url", help="served ensemble, HOST:PORT (gRPC)")],
-          prompts: Annotated[Optional[Path], typer.Option("--prompts", help="text (one prompt a line) or JSONL "
-                                                          "(field text or prompt); omitted: built-in set")] = None,
-          concurrency: Annotated[str, typer.Option("--concurrency", "-c", help="levels, e.g. 1,4,8")] = "1,2,4,8",
-          max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="tokens per request")] = 64,
-          requests: Annotated[int, typer.Option("--requests", help="requests per level (default 2x level)")] = 0,
-          no_baseline: Annotated[bool, typer.Option("--no-baseline", help="skip the target-only run")] = False,
-          raw: Annotated[bool, typer.Option("--raw", help="do not apply the chat template")] = False,
-          plot: Annotated[Optional[Path], typer.Option("--plot", help="write a PNG of the results")] = None,
-          as_json: JsonOpt = False) -> None:
-    """Load-test a served ensemble: TTFT, inter-token latency, tok/s, req/s, acceptance; speedup vs target-only."""
+def _numbers(flag: str, text: str, cast: type, minimum: float) -> list:
     from trtspec.errors import GenerationError
-    from trtspec.serving.bench import load_prompts, plot_results, render_table, run_bench
 
     try:
-        levels = sorted({int(c) for c in concurrency.split(",") if c.strip()})
+        values = sorted({cast(v) for v in text.split(",") if v.strip()})
     except ValueError:
-        raise GenerationError(f"--concurrency {concurrency!r}: expected integers like 1,4,8",
-                              hint="comma-separated levels") from None
-    if not levels or min(levels) < 1:
-        raise GenerationError("--concurrency levels must be >= 1", hint="e.g. 1,4,8")
-    results = run_bench(url, load_prompts(prompts), levels, max_tokens, requests_per_level=requests or None,
-                        baseline=not no_baseline, chat=not raw,
-                        progress=None if as_json else err_console)
+        raise GenerationError(f"{flag} {text!r}: expected comma-separated numbers", hint=f"e.g. {flag} 1,2,4") from None
+    if not values or min(values) < minimum:
+        raise GenerationError(f"{flag} values must be >= {minimum} (got {text!r})", hint=f"e.g. {flag} 1,2,4")
+    return values
+
+
+def bench(url: Annotated[Optional[str], typer.Option("--url", help="Triton, HOST:PORT (see --protocol)")] = None,
+          openai: Annotated[Optional[str], typer.Option("--openai", metavar="URL",
+                                                        help="an OpenAI-compatible server, http://HOST:PORT/v1")
+                            ] = None,
+          protocol: ProtocolOpt = None,
+          prompts: Annotated[Optional[Path], typer.Option("--prompts", help="text (one prompt a line) or JSONL "
+                                                          "(text or prompt, optional max_tokens); omitted: built-in set"
+                                                          )] = None,
+          synthetic: Annotated[Optional[str], typer.Option("--synthetic", metavar="IN,OUT",
+                                                           help="synthetic prompts of ~IN tokens asking ~OUT tokens")
+                               ] = None,
+          length_spread: Annotated[float, typer.Option("--length-spread", help="synthetic lengths uniform within "
+                                                       "+- this fraction")] = 0.25,
+          concurrency: Annotated[Optional[str], typer.Option("--concurrency", "-c", help="closed-loop levels, e.g. "
+                                                             "1,4,8 (default 1,2,4,8)")] = None,
+          request_rate: Annotated[Optional[str], typer.Option("--request-rate", help="open-loop Poisson arrivals "
+                                                              "per second, e.g. 2 or 1,2,4")] = None,
+          max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="tokens per request")] = 64,
+          requests: Annotated[int, typer.Option("--requests", help="requests per level and mode (default: 2x "
+                                                "concurrency, or 10 s of arrivals)")] = 0,
+          draft_len: Annotated[Optional[str], typer.Option("--draft-len", "-k", help="sweep K per request, e.g. "
+                                                           "1,2,4,8 (default: the deployment's)")] = None,
+          no_baseline: Annotated[bool, typer.Option("--no-baseline", help="skip the target-only run")] = False,
+          raw: Annotated[bool, typer.Option("--raw", help="do not apply the chat template")] = False,
+          seed: Annotated[int, typer.Option("--seed", help="seed of synthetic prompts and arrivals")] = 0,
+          plot: Annotated[Optional[Path], typer.Option("--plot", help="write a PNG of the results")] = None,
+          as_json: JsonOpt = False) -> None:
+    """Load-test a deployment over Triton or the OpenAI API: tok/s, TTFT, ITL, E2E (p50/p90/p99), acceptance, and
+    the speedup of each draft length over target-only."""
+    from trtspec.errors import GenerationError
+    from trtspec.serving.bench import (OpenAIRequester, TritonRequester, load_workload, plot_results, render_table,
+                                       run_bench)
+    from trtspec.serving.bench import synthetic as synthetic_workload
+    from trtspec.serving.endpoints import parse_url
+    from trtspec.validation import validate_max_tokens
+
+    if (url is None) == (openai is None):
+        raise GenerationError("give one of --url (Triton) and --openai (an OpenAI-compatible server)",
+                              hint="e.g. --url 127.0.0.1:8001, or --openai http://127.0.0.1:9000/v1")
+    if concurrency is not None and request_rate is not None:
+        raise GenerationError("--concurrency and --request-rate exclude each other",
+                              hint="closed loop (concurrency) or open loop (Poisson rate)")
+    validate_max_tokens(max_tokens)  # the rules `generate` applies, before any request is sent
+    if requests < 0:
+        raise GenerationError(f"--requests must be >= 0, got {requests}", hint="0 means the default count")
+    if url is not None:
+        parse_url(url)
+    if prompts is not None and synthetic is not None:
+        raise GenerationError("--prompts and --synthetic exclude each other", hint="a prompt file or synthetic")
+    if synthetic is not None:
+        lengths = synthetic.split(",")
+        if len(lengths) != 2 or not all(x.strip().isdigit() for x in lengths):
+            raise GenerationError(f"--synthetic {synthetic!r}: expected IN,OUT token counts", hint="e.g. 128,64")
+        workload = synthetic_workload(int(lengths[0]), int(lengths[1]), spread=length_spread, seed=seed)
+    else:
+        workload = load_workload(prompts, max_tokens)
+    if request_rate is not None:
+        load, levels = "request_rate", _numbers("--request-rate", request_rate, float, 1e-6)
+    else:
+        load, levels = "concurrency", _numbers("--concurrency", concurrency or "1,2,4,8", int, 1)
+    ks = _numbers("--draft-len", draft_len, int, 1) if draft_len is not None else None
+    requester = OpenAIRequester(openai) if openai is not None else TritonRequester(url, protocol.value if protocol else None)  # type: ignore[arg-type]
+    try:
+        results = run_bench(requester, workload, levels, load=load, draft_lens=ks, baseline=not no_baseline,
+                            chat=not raw, requests_per_level=requests or None, seed=seed,
+                            progress=None if as_json else err_console)
+    finally:
+        requester.close()
     if plot is not None:
         plot_results(results, plot)
+    verdict = _verdict(results, max_tokens)
     if as_json:
-        print_json(results)
+        print_json({**results, "verdict": verdict})
         return
+    for w in results["warnings"]:
+        err_console.print(f"[yellow]warning:[/] {w}")
     console.print(render_table(results))
+    if verdict:
+        console.print(verdict, highlight=False, markup=False)
     if plot is not None:
         console.print(f"plot: {plot}")
+
+
+def _verdict(results: dict, max_tokens: int) -> str | None:
+    """Whether speculation (the deployment's K) paid at the first level, and why not."""
+    from trtspec.serving.verdict import speedup_verdict
+
+    setup = results.get("setup", {})
+    for row in results.get("levels", [])[:1]:
+        modes = {m["mode"]: m for m in row["modes"]}
+        spec = next((m for m in row["modes"] if m["mode"] != "target_only"), None)
+        if spec is None or "target_only" not in modes:
+            return None
+        level = {"speculative": spec, "target_only": modes["target_only"],
+                 "concurrency": row.get("concurrency", row.get("request_rate"))}
+        k, route = setup.get("max_draft_len"), setup.get("route_threshold")
+        return speedup_verdict(level, int(k) if k else None, int(route) if route is not None else None, max_tokens)
+    return None
 
 
 def register(app: typer.Typer) -> None:

@@ -11,16 +11,31 @@ from rich.table import Table
 from trtspec.cli._common import console, print_json, resolve_spec
 from trtspec.cli._options import JsonOpt, SpecArg
 from trtspec.errors import SpecError
+from trtspec.spec import Runtime
+
+
+def _as_written(model: str, output: Path) -> str:
+    """A model reference as the spec file must say it: a local path given relative to the working directory becomes
+    relative to the spec file's directory (where the spec's paths resolve); a hub id stays as it is."""
+    import os
+
+    local = Path(os.path.expanduser(model))
+    if local.is_absolute() or not local.exists():
+        return model
+    return os.path.relpath(os.path.abspath(local), os.path.abspath(output.parent))
 
 
 def init(
-    target: Annotated[Optional[str], typer.Option(help="target model directory; omitted: the embedded example")] = None,
-    draft: Annotated[Optional[str], typer.Option(help="draft model directory; omitted: the embedded example")] = None,
-    runtime: Annotated[str, typer.Option(help="trtllm-engine | trtllm-llmapi | torch")] = "torch",
+    target: Annotated[Optional[str], typer.Option(help="target model: a local directory or a hub id org/name; "
+                                                  "omitted: the embedded example")] = None,
+    draft: Annotated[Optional[str], typer.Option(help="draft model: a local directory or a hub id org/name; "
+                                                 "omitted: the embedded example")] = None,
+    runtime: Annotated[Runtime, typer.Option(help="where the models run")] = Runtime.TORCH,
     output: Annotated[Path, typer.Option("--output", "-o", help="spec file to write")] = Path("trtspec.yaml"),
     force: Annotated[bool, typer.Option("--force", help="overwrite an existing file")] = False,
 ) -> None:
-    """Write a commented spec: every field, its default and why."""
+    """Write a commented spec: every field, its default and why. GPU runtimes get bfloat16 and, for each model, the
+    best quantization format its shapes allow."""
     from trtspec.spec import spec_from_dict
     from trtspec.spec_doc import commented_yaml
 
@@ -33,13 +48,18 @@ def init(
 
         paths = example_models()
         data = example_spec_dict(paths.target, paths.draft)
-        data["runtime"] = runtime
     else:
-        data = {"runtime": runtime, "target": {"model": target}, "draft": {"model": draft}}
-    spec = spec_from_dict(data, source="init", environ={})
+        data = {"target": {"model": _as_written(target, output)}, "draft": {"model": _as_written(draft, output)}}
+    data["runtime"] = runtime.value
+    if runtime is not Runtime.TORCH:
+        for role in ("target", "draft"):  # GPU dtypes; quantization: the best format that fits (spec_defaults)
+            data[role].update(dtype="bfloat16", quantization=None)
+    spec = spec_from_dict(data, source="init", base_dir=output.parent, environ={})
     tmp = output.with_name(output.name + ".tmp")
     tmp.write_text(commented_yaml(spec), encoding="utf-8")
     tmp.replace(output)
+    for path, note in spec.default_notes.items():
+        console.print(f"{path}: {note}", highlight=False, markup=False)
     console.print(f"wrote {output}; next: [bold]trtspec check {output}[/]")
 
 
@@ -47,7 +67,8 @@ _STYLE = {"ok": "green", "warn": "yellow", "error": "bold red"}
 
 
 def check(spec_path: SpecArg = None, as_json: JsonOpt = False) -> None:
-    """Preflight: draft/target compatibility, GPU memory plan, toolchain. Exit 1 on a blocking problem."""
+    """Preflight: draft/target compatibility, memory plan (GPU; RAM for the torch runtime), calibration file,
+    toolchain. Exit 1 on a blocking problem."""
     from trtspec.build.check import run_check
     from trtspec.build.memory import GIB
 

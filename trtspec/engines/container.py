@@ -18,7 +18,8 @@ ROLES = ("target", "draft")
 
 # GPU access and the shared-memory / locked-memory limits NVIDIA documents for TensorRT-LLM containers.
 DOCKER_GPU_FLAGS = ["--gpus", "all", "--ipc=host", "--ulimit", "memlock=-1", "--ulimit", "stack=67108864"]
-PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
+# Triton's three, and the OpenAI-compatible frontend the trtspec image runs next to it (9000, as Triton's own frontend).
+PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002, "openai": 9000}
 
 
 def engine_path_in_container(role: str) -> str:

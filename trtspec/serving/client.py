@@ -21,19 +21,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trtspec.errors import GenerationError, ServerError
+from trtspec.serving.contract import (LLMAPI_FIELDS, LLMAPI_MODEL, LLMAPI_STATS, STAT_NAMES, contract_of,
+                                     grpc_inputs, grpc_outputs, json_payload, llmapi_inputs, request_inputs,
+                                     result_payload, translate)
+from trtspec.serving.endpoints import PROTOCOLS, parse_url, probe, stream_error
 
-STAT_NAMES = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "num_input_tokens",
-              "num_output_tokens")
-PROTOCOLS = ("grpc", "http")
-# ensemble field -> llmapi model input (trtspec.triton_repo.tensors.LLMAPI_INPUTS)
-LLMAPI_FIELDS = {"text_input": "text_input", "max_tokens": "sampling_param_max_tokens", "stream": "streaming",
-                 "temperature": "sampling_param_temperature", "top_k": "sampling_param_top_k",
-                 "top_p": "sampling_param_top_p", "seed": "sampling_param_seed",
-                 "exclude_input_in_output": "sampling_param_exclude_input_from_output",
-                 "stop_words": "sampling_param_stop", "return_perf_metrics": "sampling_param_return_perf_metrics",
-                 "apply_chat_template": "apply_chat_template"}
-LLMAPI_STATS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "num_output_tokens")
-LLMAPI_MODEL = "tensorrt_llm"
+# Re-exported: the translation lives in trtspec.serving.contract, shared with the OpenAI frontend and the bench.
+__all__ = ["STAT_NAMES", "LLMAPI_FIELDS", "LLMAPI_STATS", "LLMAPI_MODEL", "PROTOCOLS", "GenerateResult",
+           "TritonLLMClient", "llmapi_inputs", "request_inputs"]
 
 
 @dataclass
@@ -56,57 +51,24 @@ class GenerateResult:
                 "ttft_s": self.ttft_s, "latency_s": round(self.latency_s, 4)}
 
 
-def _input_types(contract: str = "ensemble") -> dict[str, str]:
-    from trtspec.triton_repo.tensors import ENSEMBLE_INPUTS, LLMAPI_INPUTS
-
-    return {t.name: t.dtype for t in (LLMAPI_INPUTS if contract == "llmapi" else ENSEMBLE_INPUTS)}
-
-
-def llmapi_inputs(values: dict[str, Any]) -> dict[str, Any]:
-    """Ensemble request fields as the llmapi model's inputs; a field it has no input for is an error."""
-    unsupported = sorted(set(values) - set(LLMAPI_FIELDS))
-    if unsupported == ["num_draft_tokens"] and values["num_draft_tokens"] == 0:
-        raise GenerationError("the trtllm-llmapi model cannot skip the draft per request (num_draft_tokens 0)",
-                              hint="the LLM API applies the deployment's speculative_config to every request")
-    if unsupported:
-        raise GenerationError(f"request field {unsupported[0]!r} is not supported by the trtllm-llmapi model",
-                              hint=f"supported: {', '.join(sorted(LLMAPI_FIELDS))}")
-    return {LLMAPI_FIELDS[k]: v for k, v in values.items()}
-
-
-def request_inputs(prompt: str | bytes, max_tokens: int, stream: bool, options: dict[str, Any]) -> dict[str, Any]:
-    """The ensemble inputs for one request (None-valued options are left out)."""
-    values: dict[str, Any] = {"text_input": prompt, "max_tokens": int(max_tokens), "stream": bool(stream),
-                              "exclude_input_in_output": True}
-    values.update({k: v for k, v in options.items() if v is not None})
-    known = _input_types()
-    unknown = sorted(set(values) - set(known))
-    if unknown:
-        raise GenerationError(f"unknown request field {unknown[0]!r}", hint=f"known: {', '.join(sorted(known))}")
-    return values
-
-
-def _split_url(url: str) -> str:
-    for prefix in ("grpc://", "http://", "https://"):
-        if url.startswith(prefix):
-            return url[len(prefix):].rstrip("/")
-    return url.rstrip("/")
-
-
 class TritonLLMClient:
     """Send prompts to ``model`` (default ``ensemble``) at ``url`` (host:port), one request at a time per client
     (use one client per thread for concurrent requests)."""
 
-    def __init__(self, url: str, protocol: str = "grpc", model: str = "ensemble", timeout_s: float = 600.0) -> None:
-        if protocol not in PROTOCOLS:
-            raise GenerationError(f"unknown protocol {protocol!r}", hint="grpc or http")
-        self.url = _split_url(url)
-        self.protocol = protocol
+    def __init__(self, url: str, protocol: str | None = None, model: str = "ensemble",
+                 timeout_s: float = 600.0) -> None:
+        self.endpoint = parse_url(url, protocol)
+        self.url = self.endpoint.address
+        self.protocol = self.endpoint.protocol
         self.model = model
         self.contract: str | None = None  # "ensemble" | "llmapi", found on the first request
         self.timeout_s = timeout_s
         self._grpc: Any = None
         self._responses: queue.Queue = queue.Queue()
+
+    @property
+    def _http_base(self) -> str:
+        return f"{'https' if self.endpoint.tls else 'http'}://{self.url}"
 
     # -- connection ---------------------------------------------------------------------------------------------
     def _grpc_client(self) -> Any:
@@ -120,27 +82,91 @@ class TritonLLMClient:
             self._grpc.start_stream(callback=lambda result, error: self._responses.put((result, error)))
         return self._grpc
 
+    def _get_json(self, path: str, data: bytes | None = None) -> Any:
+        req = urllib.request.Request(f"{self._http_base}{path}", data=data)
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.loads(r.read().decode("utf-8") or "null")
+
+    def _server_live(self) -> bool:
+        try:
+            if self.protocol == "http":
+                with urllib.request.urlopen(f"{self._http_base}/v2/health/live", timeout=10) as r:
+                    return r.status == 200
+            import tritonclient.grpc as grpcclient
+
+            with grpcclient.InferenceServerClient(self.url) as probe_client:  # not the streaming client
+                return bool(probe_client.is_server_live(client_timeout=10))
+        except Exception:  # noqa: BLE001 - not a Triton server speaking this protocol
+            return False
+
+    def _ready_models(self) -> list[str]:
+        try:
+            if self.protocol == "http":
+                index = self._get_json("/v2/repository/index", data=b"{}")
+            else:
+                index = self._grpc_client().get_model_repository_index(as_json=True).get("models", [])
+            return sorted(m["name"] for m in index if m.get("state") == "READY")
+        except Exception:  # noqa: BLE001
+            return []
+
+    def model_parameters(self, model: str) -> dict[str, str]:
+        """The string parameters of a served model's config; empty when the server has no such model."""
+        try:
+            if self.protocol == "http":
+                config = self._get_json(f"/v2/models/{model}/config")
+            else:
+                config = self._grpc_client().get_model_config(model, as_json=True).get("config", {})
+            return {k: str(v.get("string_value", "")) for k, v in (config.get("parameters") or {}).items()}
+        except Exception:  # noqa: BLE001
+            return {}
+
+    def deployment_parameters(self) -> dict[str, str]:
+        """The draft-target settings of the served repository (max_draft_len, route_threshold ...), from the
+        orchestrator or the in-process target model; empty when the server does not say (runtime trtllm-llmapi)."""
+        from trtspec.triton_repo.names import DRAFT_TARGET_MODELS, draft_target_params
+
+        return draft_target_params({m: self.model_parameters(m) for m in DRAFT_TARGET_MODELS})
+
+    def max_draft_len(self) -> int | None:
+        """The deployment's K bound (the orchestrator's max_draft_len), or None when the server does not say."""
+        value = self.deployment_parameters().get("max_draft_len", "")
+        return int(value) if value.isdigit() else None
+
     def check_ready(self) -> None:
-        """Raise ServerError unless the server and the model answer ready."""
+        """Raise ServerError unless a Triton server answers at the endpoint and the model is ready; the message
+        says which: nothing listening, another protocol on that port, or no such ready model."""
+        if self.protocol == "grpc":
+            from trtspec.errors import require
+
+            require("tritonclient", "serve")
+        probe(self.endpoint)
+        if not self._server_live():
+            other = "HTTP" if self.protocol == "grpc" else "gRPC"
+            raise ServerError(f"{self.url} accepts connections but does not answer {self.protocol.upper()} as a "
+                              "Triton server", hint=f"is this its {other} port? by default gRPC is 8001 and HTTP "
+                              "8000; give the right port, or http:// / grpc:// in --url")
         self._resolve_contract()
         ok = False
         try:
             if self.protocol == "http":
-                with urllib.request.urlopen(f"http://{self.url}/v2/models/{self.model}/ready", timeout=10) as r:
+                with urllib.request.urlopen(f"{self._http_base}/v2/models/{self.model}/ready", timeout=10) as r:
                     ok = r.status == 200
             else:
                 ok = bool(self._grpc_client().is_model_ready(self.model))
-        except Exception:  # noqa: BLE001 - any failure to connect is the same message
+        except Exception:  # noqa: BLE001 - unknown or unloaded model: the same message
             ok = False
         if not ok:
-            raise ServerError(f"no ready model {self.model!r} at {self.protocol}://{self.url}",
-                              hint="start the server with `trtspec serve`, and check host, port and --protocol")
+            ready = self._ready_models()
+            raise ServerError(f"the server at {self.endpoint.url} has no ready model {self.model!r}"
+                              + (f" (ready: {', '.join(ready)})" if ready else " (no model is ready)"),
+                              hint="serve a repository written by `trtspec repo`; the server log says why a model "
+                                   "did not load")
 
     def _model_inputs(self, model: str) -> set[str] | None:
         """The input names of ``model`` on the server, or None when it has no such model."""
         try:
             if self.protocol == "http":
-                with urllib.request.urlopen(f"http://{self.url}/v2/models/{model}", timeout=10) as r:
+                with urllib.request.urlopen(f"{self._http_base}/v2/models/{model}", timeout=10) as r:
                     meta = json.loads(r.read().decode("utf-8"))
             else:
                 meta = self._grpc_client().get_model_metadata(model, as_json=True)
@@ -150,14 +176,10 @@ class TritonLLMClient:
 
     def _resolve_contract(self) -> str:
         if self.contract is None:
-            self.contract = "ensemble"
-            inputs = self._model_inputs(self.model)
-            if inputs is None and self.model == "ensemble":
-                alt = self._model_inputs(LLMAPI_MODEL)
-                if alt is not None and "sampling_param_max_tokens" in alt:
-                    self.model, self.contract = LLMAPI_MODEL, "llmapi"
-            elif inputs is not None and "sampling_param_max_tokens" in inputs:
-                self.contract = "llmapi"
+            found = contract_of(self._model_inputs(self.model))
+            if found is None and self.model == "ensemble" and contract_of(self._model_inputs(LLMAPI_MODEL)) == "llmapi":
+                self.model, found = LLMAPI_MODEL, "llmapi"  # an llmapi repository has no ensemble
+            self.contract = found or "ensemble"
         return self.contract
 
     def close(self) -> None:
@@ -178,9 +200,7 @@ class TritonLLMClient:
     def generate(self, prompt: str | bytes, max_tokens: int, *, stream: bool = False,
                  on_text: Callable[[str], None] | None = None, **options: Any) -> GenerateResult:
         """One prompt; with ``stream`` the text arrives in several responses (``on_text`` sees each chunk)."""
-        values = request_inputs(prompt, max_tokens, stream, options)
-        if self._resolve_contract() == "llmapi":
-            values = llmapi_inputs(values)
+        values = translate(request_inputs(prompt, max_tokens, stream, options), self._resolve_contract())
         t0 = time.perf_counter()
         result = GenerateResult(text="")
         chunks = self._grpc_chunks(values) if self.protocol == "grpc" else self._http_chunks(values, stream)
@@ -196,81 +216,64 @@ class TritonLLMClient:
         return result
 
     def _grpc_chunks(self, values: dict[str, Any]) -> Iterator[tuple[str, dict]]:
-        import numpy as np
-        import tritonclient.grpc as grpcclient
-
         client = self._grpc_client()
-        llmapi = self.contract == "llmapi"
-        types = _input_types(self.contract or "ensemble")
-        inputs = []
-        for name, value in values.items():
-            dtype = types[name]
-            if dtype == "STRING":
-                items = value if isinstance(value, (list, tuple)) else [value]
-                arr = np.array([v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in items],
-                               dtype=np.object_)
-                dtype = "BYTES"
-            else:
-                np_type = {"INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32, "BOOL": np.bool_}[dtype]
-                arr = np.array([value], dtype=np_type)
-            if not llmapi:
-                arr = arr[None]  # the ensemble batches: [1, ...]
-            x = grpcclient.InferInput(name, list(arr.shape), dtype)
-            x.set_data_from_numpy(arr)
-            inputs.append(x)
+        contract = self.contract or "ensemble"
+        inputs = grpc_inputs(values, contract)
         request_id = uuid.uuid4().hex
-        stat_names = LLMAPI_STATS if llmapi else STAT_NAMES
-        outputs = [grpcclient.InferRequestedOutput(n) for n in ("text_output", *stat_names)]
-        client.async_stream_infer(self.model, inputs, outputs=outputs, request_id=request_id,
+        client.async_stream_infer(self.model, inputs, outputs=grpc_outputs(contract), request_id=request_id,
                                   enable_empty_final_response=True)
         deadline = time.monotonic() + self.timeout_s
         while True:
             try:
                 result, error = self._responses.get(timeout=max(0.1, deadline - time.monotonic()))
             except queue.Empty:
-                raise GenerationError(f"no response within {self.timeout_s:.0f} s", hint="raise the timeout") from None
+                raise ServerError(f"no response from {self.endpoint.url} within {self.timeout_s:.0f} s",
+                                  hint="the server may be overloaded or a model hung: read its log, or raise the "
+                                       "timeout") from None
             if error is not None:
-                raise GenerationError(f"server: {getattr(error, 'message', lambda: str(error))()}",
-                                      hint="check the request fields; the server log has details")
+                raise stream_error(error, self.endpoint.url)
             response = result.get_response()
             if response.id and response.id != request_id:
                 continue  # a late response of an earlier request on this stream
-            text_out = result.as_numpy("text_output")
-            if text_out is not None:
-                text = b"".join(bytes(t) for t in text_out.reshape(-1)).decode("utf-8", errors="replace")
-                stats = {}
-                for n in stat_names:
-                    v = result.as_numpy(n)
-                    if v is not None:
-                        stats[n] = float(v.reshape(-1)[0]) if n == "acceptance_rate" else int(v.reshape(-1)[0])
-                yield text, stats
+            payload = result_payload(result, contract)
+            if payload is not None:
+                yield payload
             final = response.parameters.get("triton_final_response")
             if final is None or final.bool_param:
                 return
 
     def _http_chunks(self, values: dict[str, Any], stream: bool) -> Iterator[tuple[str, dict]]:
+        import http.client
+
         body = dict(values)
         if isinstance(body["text_input"], bytes):
             body["text_input"] = body["text_input"].decode("utf-8")  # JSON carries text only
         endpoint = "generate_stream" if stream else "generate"
-        req = urllib.request.Request(f"http://{self.url}/v2/models/{self.model}/{endpoint}",
+        req = urllib.request.Request(f"{self._http_base}/v2/models/{self.model}/{endpoint}",
                                      data=json.dumps(body).encode("utf-8"),
                                      headers={"Content-Type": "application/json"})
         try:
             resp = urllib.request.urlopen(req, timeout=self.timeout_s)
         except urllib.error.HTTPError as exc:
-            raise GenerationError(f"server: {_http_error(exc)}", hint="check the request fields") from None
+            raise GenerationError(f"server: {_http_error(exc)}",
+                                  hint="the server refused this request; its log has details") from None
         except urllib.error.URLError as exc:
-            raise ServerError(f"cannot reach http://{self.url} ({exc.reason})",
+            probe(self.endpoint)  # connection refused / unresolvable: the precise message
+            raise ServerError(f"cannot reach {self.endpoint.url} ({exc.reason})",
                               hint="start the server with `trtspec serve`") from None
         with resp:
-            if not stream:
-                yield _http_payload(json.loads(resp.read().decode("utf-8")))
-                return
-            for raw in resp:
-                line = raw.decode("utf-8").strip()
-                if line.startswith("data:"):
-                    yield _http_payload(json.loads(line[5:].strip()))
+            try:
+                if not stream:
+                    yield json_payload(json.loads(resp.read().decode("utf-8")))
+                    return
+                for raw in resp:
+                    line = raw.decode("utf-8").strip()
+                    if line.startswith("data:"):
+                        yield json_payload(json.loads(line[5:].strip()))
+            except (http.client.IncompleteRead, ConnectionError, TimeoutError) as exc:
+                raise ServerError(f"the server at {self.endpoint.url} dropped the connection mid-request "
+                                  f"({type(exc).__name__})", hint="the server stopped or a model crashed: its log "
+                                  "(trtspec serve --log-file) says why") from None
 
 
 def _http_error(exc: urllib.error.HTTPError) -> str:
@@ -282,17 +285,3 @@ def _http_error(exc: urllib.error.HTTPError) -> str:
         return str(json.loads(body).get("error", exc.reason))
     except Exception:  # noqa: BLE001
         return str(exc.reason)
-
-
-def _http_payload(data: dict[str, Any]) -> tuple[str, dict]:
-    if "error" in data:
-        raise GenerationError(f"server: {data['error']}", hint="check the request fields")
-    text = data.get("text_output", "")
-    if isinstance(text, list):
-        text = "".join(text)
-    stats = {}
-    for n in STAT_NAMES:
-        if n in data:
-            v = data[n][0] if isinstance(data[n], list) else data[n]
-            stats[n] = float(v) if n == "acceptance_rate" else int(v)
-    return text, stats

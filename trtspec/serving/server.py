@@ -63,7 +63,7 @@ class Ports:
                     port = free_port()
             elif not port_is_free(port):
                 raise ServerError(f"{name} port {port} is already in use",
-                                  hint=f"pass another --{name}-port, or omit it to pick a free one")
+                                  hint=f"pass another --{name}-port, or 0 to pick a free one")
             chosen.append(port)
         if len(set(chosen)) != 3:
             raise ServerError(f"ports must differ (http {chosen[0]}, grpc {chosen[1]}, metrics {chosen[2]})",
@@ -204,6 +204,7 @@ class TritonServer:
     binary: Path | None = None
     extra_args: Sequence[str] = ()
     host: str = "127.0.0.1"
+    env: Mapping[str, str] = field(default_factory=dict)  # applied last to the server's environment
     ports: Ports = field(init=False)
     _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
     _log: object = field(default=None, init=False, repr=False)
@@ -277,6 +278,7 @@ class TritonServer:
         from trtspec.serving.docker import repo_mounts
 
         env.update(repo_mounts(self.repo)[1])  # e.g. TRTLLM_ORCHESTRATOR=1 for two engines in one server
+        env.update(self.env)
         self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                       env=env, preexec_fn=_set_pdeathsig, cwd=self.repo,
                                       start_new_session=True)  # own process group: we stop it and its stubs

@@ -14,13 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.build.plan import serving_model_dir
+from trtspec.engines.speculation import MAX_DRAFT_LEN
 from trtspec.spec import BuildSpec, Runtime
 from trtspec.triton_repo import tensors as t
+from trtspec.triton_repo.names import BLS, DRAFT, ENSEMBLE, POST, PRE, TARGET
 from trtspec.triton_repo.pbtxt import add_inputs, add_outputs, new_config, set_dynamic_batching
 
 MODELS_DIR = Path(__file__).parent / "models"
-TARGET, DRAFT = "tensorrt_llm", "tensorrt_llm_draft"
-BLS, PRE, POST, ENSEMBLE = "tensorrt_llm_bls", "preprocessing", "postprocessing", "ensemble"
+__all__ = ["BLS", "DRAFT", "ENSEMBLE", "POST", "PRE", "TARGET", "ModelDefinition", "repository_models"]
 STREAM_CONTEXT_TOKENS = 32  # tokens of context the orchestrator sends with each streamed response (detokenization)
 
 
@@ -83,8 +84,10 @@ def engine_capabilities(spec: BuildSpec) -> dict[str, Any]:
     """What the two engine-backed models can do, for the orchestrator to check requests against: the target's
     ``max_draft_len`` (TensorRT-LLM's ``LlmRequest::validate`` rejects more draft tokens) and whether both return
     generation logits (engines: built with ``--gather_generation_logits``, which draft logits need on both)."""
-    logits = True if spec.runtime is Runtime.TORCH else spec.speculative.use_draft_logits
-    return {"engine_max_draft_len": spec.speculative.max_draft_len, "engine_generation_logits": logits}
+    if spec.runtime is Runtime.TORCH:  # the torch engines take any K up to trtspec's limit, and return logits
+        return {"engine_max_draft_len": MAX_DRAFT_LEN, "engine_generation_logits": True}
+    return {"engine_max_draft_len": spec.speculative.max_draft_len,
+            "engine_generation_logits": spec.speculative.use_draft_logits}
 
 
 def orchestrator(spec: BuildSpec) -> ModelDefinition:
@@ -121,7 +124,7 @@ def ensemble(spec: BuildSpec) -> ModelDefinition:
           {"INPUT_ID": "_INPUT_ID", "REQUEST_INPUT_LEN": "_REQUEST_INPUT_LEN", "BAD_WORDS_IDS": "_BAD_WORDS_IDS",
            "STOP_WORDS_IDS": "_STOP_WORDS_IDS", "REQUEST_OUTPUT_LEN": "_REQUEST_OUTPUT_LEN",
            "OUT_END_ID": "_PREPROCESSOR_END_ID", "OUT_PAD_ID": "_PREPROCESSOR_PAD_ID"})
-    _step(c, BLS, {"input_ids": "_INPUT_ID", "input_lengths": "_REQUEST_INPUT_LEN",
+    _step(c, TARGET if spec.in_process else BLS, {"input_ids": "_INPUT_ID", "input_lengths": "_REQUEST_INPUT_LEN",
                    "request_output_len": "_REQUEST_OUTPUT_LEN", "end_id": "_PREPROCESSOR_END_ID",
                    "pad_id": "_PREPROCESSOR_PAD_ID", "stop_words_list": "_STOP_WORDS_IDS",
                    "bad_words_list": "_BAD_WORDS_IDS", "temperature": "temperature", "runtime_top_k": "top_k",
@@ -159,6 +162,29 @@ def _torch_engine(spec: BuildSpec, role: str) -> ModelDefinition:
 
 def torch_engine_models(spec: BuildSpec) -> list[ModelDefinition]:
     return [_torch_engine(spec, "target"), _torch_engine(spec, "draft")]
+
+
+def torch_in_process_model(spec: BuildSpec) -> ModelDefinition:
+    """Runtime torch, orchestration in_process: ``tensorrt_llm`` holds the target and the draft in one process and
+    runs the draft-target loop inside one in-flight engine (one packed draft pass per draft token and one target pass
+    per step for all active requests; no per-step IPC). It takes the orchestrator's tensor contract, so the ensemble
+    is upstream's shape: preprocessing -> tensorrt_llm -> postprocessing."""
+    sp, mbs = spec.speculative, spec.engine.max_batch_size
+    dirs = {role: serving_model_dir(spec, role) for role in ("target", "draft")}
+    c = new_config(TARGET, backend="python", max_batch_size=mbs, decoupled=spec.triton.decoupled,
+                   instances=spec.triton.target_instances, parameters={
+                       "model_dir": dirs["target"], "dtype": spec.target.dtype.value,
+                       "draft_model_dir": dirs["draft"], "draft_dtype": spec.draft.dtype.value,
+                       "max_batch_size": mbs, "max_seq_len": spec.engine.max_seq_len, "kv_cache_slots": 2 * mbs,
+                       "max_queue_delay_microseconds": spec.triton.max_queue_delay_us,
+                       "max_draft_len": sp.max_draft_len, "engine_max_draft_len": MAX_DRAFT_LEN,
+                       "route_threshold": sp.route_threshold, "exclude_input_in_output": False,
+                       "stream_context_tokens": STREAM_CONTEXT_TOKENS,
+                   })
+    set_dynamic_batching(c, spec.triton.max_queue_delay_us)
+    add_inputs(c, t.BLS_INPUTS)
+    add_outputs(c, t.BLS_OUTPUTS)
+    return ModelDefinition(TARGET, c, _python_files("tensorrt_llm_spec_torch"), list(dirs.values()))
 
 
 def trtllm_engine_models(spec: BuildSpec) -> list[ModelDefinition]:
@@ -212,4 +238,6 @@ def repository_models(spec: BuildSpec) -> list[ModelDefinition]:
     """Every model of the repository, in dependency order."""
     if spec.runtime is Runtime.TRTLLM_LLMAPI:
         return engine_models(spec)  # the LLM API model alone (see llmapi_models)
+    if spec.in_process:
+        return [preprocessing(spec), torch_in_process_model(spec), postprocessing(spec), ensemble(spec)]
     return [preprocessing(spec), *engine_models(spec), orchestrator(spec), postprocessing(spec), ensemble(spec)]

@@ -32,6 +32,7 @@ def repo_inputs(spec: BuildSpec) -> tuple[dict[str, Path | None], dict]:
 
     settings = {
         "trtspec": __version__,
+        "name": spec.name,  # the served model's id (the OpenAI frontend's /v1/models)
         "runtime": spec.runtime.value,
         "model_dirs": {r: str(serving_model_dir(spec, r)) for r in ("target", "draft")},
         "dtypes": {r: getattr(spec, r).dtype.value for r in ("target", "draft")},

@@ -99,7 +99,8 @@ def measure(target: Any, draft: Any, prompts: Sequence[Sequence[int]], *, k: int
         refs = [Reference(list(p), list(o), max_tokens) for p, o in zip(prompts, base["outputs"])]
         identical = spec["outputs"] == base["outputs"]
         measured = base["seconds"] / spec["seconds"] if spec["seconds"] else 0.0
-        rate = spec["accepted"] / spec["drafted"] if spec["drafted"] else 0.0
+        drafted = spec["total_draft_tokens"]
+        rate = spec["total_accepted_draft_tokens"] / drafted if drafted else 0.0
     else:
         refs = reference_answers(target, prompts, max_tokens, eos_ids, pad_id)
     k_max = max(k, K_MAX)

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from trtspec.engines.speculation import SamplingParams
 from trtspec.errors import GenerationError
 
 
@@ -67,7 +68,7 @@ def encode_word_list(words: list[list[int]]) -> np.ndarray:
 
 @dataclass
 class RowRequest:
-    """One row of a request, in engine terms."""
+    """One row of a request, in engine terms (the orchestrator's request type too)."""
 
     tokens: list[int]
     max_new: int
@@ -75,15 +76,14 @@ class RowRequest:
     pad_id: int = 0
     draft: list[int] | None = None
     draft_logits: np.ndarray | None = None
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
     stream: bool = False
     return_logits: bool = False
     exclude_input: bool = False
     stop_words: list[list[int]] = field(default_factory=list)
     bad_words: list[list[int]] = field(default_factory=list)
+    num_draft_tokens: int | None = None  # draft-target models: None means the deployment's max_draft_len
+    use_draft_logits: bool | None = None  # draft-target models: None means the deployment's setting
 
 
 def parse_request(inputs: Mapping[str, np.ndarray], *, exclude_input_default: bool = False) -> list[RowRequest]:
@@ -115,6 +115,8 @@ def parse_request(inputs: Mapping[str, np.ndarray], *, exclude_input_default: bo
     seed = per_row("seed", None)
     want_logits = per_row("return_generation_logits", False)
     exclude = per_row("exclude_input_in_output", exclude_input_default)
+    k = per_row("num_draft_tokens", None)
+    use_logits = per_row("use_draft_logits", None)
     draft_ids = inputs.get("draft_input_ids")
     draft_logits = inputs.get("draft_logits")
     stop = inputs.get("stop_words_list")
@@ -133,10 +135,9 @@ def parse_request(inputs: Mapping[str, np.ndarray], *, exclude_input_default: bo
         if draft_logits is not None and draft is not None:
             arr = np.asarray(draft_logits)
             dl = arr[b] if arr.ndim == 3 else arr
-        temp = float(temperature[b])
-        top_k_b = int(top_k[b])
-        # TRT-LLM samples with top_k = 1 / temperature unset by default: treat both "greedy" spellings alike.
-        greedy = temp <= 0.0 or top_k_b == 1
+        # TRT-LLM samples with top_k = 1 / temperature unset by default: both "greedy" spellings are alike.
+        sampling = SamplingParams.from_request(float(temperature[b]), int(top_k[b]), float(top_p[b]),
+                                               None if seed[b] is None else int(seed[b]))
         rows.append(RowRequest(
             tokens=[int(t) for t in ids[b, :n].tolist()],
             max_new=int(out_len[b]),
@@ -144,18 +145,46 @@ def parse_request(inputs: Mapping[str, np.ndarray], *, exclude_input_default: bo
             pad_id=int(pad_id[b]),
             draft=draft,
             draft_logits=dl,
-            temperature=0.0 if greedy else temp,
-            top_k=0 if greedy else top_k_b,
-            # TRT-LLM reads top_p = 0 as "no nucleus filtering".
-            top_p=float(top_p[b]) if not greedy and 0.0 < float(top_p[b]) <= 1.0 else 1.0,
-            seed=None if seed[b] is None else int(seed[b]),
+            sampling=sampling,
             stream=bool(stream[b]),
             return_logits=bool(want_logits[b]),
             exclude_input=bool(exclude[b]),
             stop_words=decode_word_list(np.asarray(stop)[b]) if stop is not None else [],
             bad_words=decode_word_list(np.asarray(bad)[b]) if bad is not None else [],
+            num_draft_tokens=None if k[b] is None else int(k[b]),
+            use_draft_logits=None if use_logits[b] is None else bool(use_logits[b]),
         ))
     return rows
+
+
+def engine_inputs(row: RowRequest) -> dict[str, np.ndarray]:
+    """The engine model's input tensors (batch 1) for one row: what ``parse_request`` reads back."""
+    s = row.sampling
+    x = {
+        "input_ids": np.asarray([row.tokens], dtype=np.int32),
+        "input_lengths": np.asarray([[len(row.tokens)]], dtype=np.int32),
+        "request_output_len": np.asarray([[row.max_new]], dtype=np.int32),
+        "streaming": np.asarray([[row.stream]], dtype=np.bool_),
+        "exclude_input_in_output": np.asarray([[row.exclude_input]], dtype=np.bool_),
+        "pad_id": np.asarray([[row.pad_id]], dtype=np.int32),
+        "temperature": np.asarray([[s.temperature]], dtype=np.float32),
+        "runtime_top_k": np.asarray([[s.top_k]], dtype=np.int32),
+        "runtime_top_p": np.asarray([[s.top_p]], dtype=np.float32),
+        "return_generation_logits": np.asarray([[row.return_logits]], dtype=np.bool_),
+    }
+    if row.end_id is not None:
+        x["end_id"] = np.asarray([[row.end_id]], dtype=np.int32)
+    if s.seed is not None:
+        x["seed"] = np.asarray([[s.seed]], dtype=np.uint64)
+    if row.stop_words:
+        x["stop_words_list"] = encode_word_list([list(w) for w in row.stop_words])[None]
+    if row.bad_words:
+        x["bad_words_list"] = encode_word_list([list(w) for w in row.bad_words])[None]
+    if row.draft:
+        x["draft_input_ids"] = np.asarray([row.draft], dtype=np.int32)
+        if row.draft_logits is not None:
+            x["draft_logits"] = np.asarray(row.draft_logits, dtype=np.float32)[None]
+    return x
 
 
 def format_output(tokens: list[int], *, prompt: list[int] | None = None, logits: np.ndarray | None = None,
@@ -173,17 +202,17 @@ def format_output(tokens: list[int], *, prompt: list[int] | None = None, logits:
     return out
 
 
-def job_from_row(row: RowRequest, on_tokens: Any, on_error: Any) -> Any:
-    """An engine Job for one parsed row, delivering through the given sinks."""
+def job_from_row(row: RowRequest, on_tokens: Any, on_error: Any, num_draft_tokens: int = 0) -> Any:
+    """An engine Job for one parsed row, delivering through the given sinks; ``num_draft_tokens`` K > 0 decodes
+    it speculatively with the engine's own drafter."""
     import torch
 
     from trtspec.engines.inflight.jobs import Job
-    from trtspec.engines.torch_runtime.sampling import SamplingParams
 
     return Job(
-        tokens=row.tokens, max_new=row.max_new, on_tokens=on_tokens, on_error=on_error,
-        sampling=SamplingParams(temperature=row.temperature, top_k=row.top_k, top_p=row.top_p, seed=row.seed),
+        tokens=row.tokens, max_new=row.max_new, on_tokens=on_tokens, on_error=on_error, sampling=row.sampling,
         end_id=row.end_id, draft=row.draft,
-        draft_logits=None if row.draft_logits is None else torch.from_numpy(np.asarray(row.draft_logits)),
+        draft_logits=None if row.draft_logits is None else torch.from_numpy(np.array(row.draft_logits)),
         stop_words=row.stop_words, bad_words=row.bad_words, stream=row.stream, return_logits=row.return_logits,
+        num_draft_tokens=num_draft_tokens,
     )

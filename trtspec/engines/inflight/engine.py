@@ -2,8 +2,11 @@
 manager does, so concurrent requests share each pass instead of queueing behind each other.
 
 Each iteration admits waiting jobs (each takes the KV slot with the longest shared prefix and feeds only the rest),
-feeds every active job its pending tokens in one packed pass, then samples (generation) or accepts draft tokens
-(verification, lossless: greedy exact match, or rejection sampling against the draft's distribution).
+asks the drafter (when the engine has one) for every speculative job's proposals, feeds every active job its pending
+tokens plus its draft tokens (proposals, or the draft sent with an external verification request) in one packed pass
+of the target, and decides each job's step with the one acceptance routine (trtspec.engines.torch_runtime.acceptance:
+lossless greedy exact match or rejection sampling; with no draft, plain decoding). The same engine serves the torch
+runtime's Triton models and in-process decoding (``run_until_idle``).
 """
 
 from __future__ import annotations
@@ -16,27 +19,45 @@ from typing import Any
 
 import torch
 
+from trtspec.engines.inflight.drafter import ModelDrafter, Proposal
 from trtspec.engines.inflight.jobs import Job
-from trtspec.engines.inflight.words import banned_tokens, hits_stop_word
 from trtspec.engines.inflight.kv_pool import KVGeometry, SlotKVPool
 from trtspec.engines.inflight.packed import packed_forward, prepare_model
-from trtspec.engines.torch_runtime.acceptance import accept_greedy, accept_sampled
-from trtspec.engines.torch_runtime.sampling import logits_to_probs, sample
-from trtspec.errors import GenerationError
+from trtspec.engines.inflight.words import hits_stop_word
+from trtspec.engines.speculation import MAX_DRAFT_LEN
+from trtspec.engines.torch_runtime.acceptance import Candidate, decide
+from trtspec.engines.torch_runtime.head import lazy_head
+from trtspec.engines.torch_runtime.sampling import logits_to_probs
+from trtspec.errors import GenerationError, RequestCancelled
 
 log = logging.getLogger(__name__)
 
 
-class InflightEngine:
-    """Serve generation/verification jobs for one model (see module docstring). Thread-safe ``submit``."""
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
 
-    def __init__(self, model: Any, *, max_batch_size: int = 8, slots: int | None = None, capacity: int = 2048,
-                 max_queue_delay_s: float = 0.0, name: str = "engine") -> None:
+
+class InflightEngine:
+    """Serve jobs for one target model, optionally with a draft model (see module docstring). Thread-safe
+    ``submit``; the loop runs on ``start()``'s thread, or in the caller's thread with ``run_until_idle()``."""
+
+    def __init__(self, model: Any, *, draft_model: Any = None, max_batch_size: int = 8, slots: int | None = None,
+                 capacity: int = 2048, max_queue_delay_s: float = 0.0, name: str = "engine",
+                 use_lazy_head: bool = True) -> None:
         self.model = prepare_model(model)
         self.geometry = KVGeometry.of(self.model)
         self.vocab = int(self.model.get_output_embeddings().weight.shape[0])
         self.max_batch_size = max_batch_size
-        self.pool = SlotKVPool(self.geometry, slots or 2 * max_batch_size, capacity)
+        n_slots = slots or 2 * max_batch_size
+        self.pool = SlotKVPool(self.geometry, n_slots, capacity)
+        self.drafter: ModelDrafter | None = None
+        if draft_model is not None:
+            self.drafter = ModelDrafter(draft_model, slots=n_slots, capacity=capacity)
+            if self.drafter.vocab != self.vocab:
+                raise GenerationError(f"draft vocabulary ({self.drafter.vocab}) differs from the target's "
+                                      f"({self.vocab})", hint="draft and target must share one tokenizer")
+        # Logits only where they can be used (trtspec.engines.torch_runtime.head), for plain-head model classes.
+        self.head = lazy_head(self.model) if use_lazy_head else None
         self.max_queue_delay_s = max_queue_delay_s
         self.name = name
         self._queue: queue.Queue[Job | None] = queue.Queue()
@@ -83,6 +104,12 @@ class InflightEngine:
         if job.draft_logits is not None and job.draft is not None and job.draft_logits.shape[0] < len(job.draft):
             raise GenerationError(f"draft_logits has {job.draft_logits.shape[0]} rows for {len(job.draft)} draft "
                                   "tokens", hint="send one row of logits per draft token")
+        if job.num_draft_tokens:
+            if self.drafter is None:
+                raise GenerationError("this engine has no draft model", hint="send num_draft_tokens 0")
+            if not 0 <= job.num_draft_tokens <= MAX_DRAFT_LEN or job.draft is not None:
+                raise GenerationError(f"num_draft_tokens must be in 0..{MAX_DRAFT_LEN} and without draft_input_ids",
+                                      hint="one source of draft tokens per request")
 
     # -- the loop -------------------------------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -93,10 +120,28 @@ class InflightEngine:
             if self._active:
                 self.step()
 
+    def iterate(self) -> bool:
+        """One admission + step in this thread (no engine thread); False once every submitted job has finished."""
+        if self._thread is not None:
+            raise RuntimeError("the engine runs on its own thread")
+        self._admit(block=False)
+        if self._active:
+            self.step()
+        return bool(self._active) or not self._queue.empty()
+
+    def run_until_idle(self) -> None:
+        """Run the loop in this thread until every submitted job has finished."""
+        while self.iterate():
+            pass
+
+    def _can_admit(self) -> bool:
+        return (len(self._active) < self.max_batch_size and self.pool.free > 0
+                and (self.drafter is None or self.drafter.free > 0))
+
     def _admit(self, block: bool) -> None:
         """Move waiting jobs into the batch (up to max_batch_size and the free slots)."""
         deadline = None
-        while len(self._active) < self.max_batch_size and self.pool.free:
+        while self._can_admit():
             try:
                 if block and not self._active:
                     job = self._queue.get()
@@ -108,10 +153,13 @@ class InflightEngine:
                 return
             if job is None:
                 return
+            if job.cancelled:
+                self._finish(job, error=RequestCancelled("cancelled before it started"))
+                continue
             try:
                 self._start_job(job)
             except Exception as exc:  # noqa: BLE001 - reported to the request, the engine keeps serving
-                job.on_error(exc)
+                self._finish(job, error=exc)
                 continue
             self._active.append(job)
             if deadline is None and self.max_queue_delay_s > 0:
@@ -121,45 +169,82 @@ class InflightEngine:
     def _start_job(self, job: Job) -> None:
         if job.generator is None and not job.sampling.greedy:
             job.generator = job.sampling.generator()
-        feed = job.tokens + (job.draft or [])
         slot, reuse = self.pool.acquire(job.tokens)
         job.slot = slot
-        job.pending = feed[reuse:]
+        job.pending = job.tokens[reuse:]
+        job.stats.num_input_tokens = len(job.tokens)
+        if job.num_draft_tokens and self.drafter is not None:
+            self.drafter.admit(job)
 
+    def _proposals(self, jobs: list[Job]) -> list[Proposal | None]:
+        """This step's draft tokens per job: the external draft, the drafter's proposals, or none."""
+        out: list[Proposal | None] = [None] * len(jobs)
+        asking, ks = [], []
+        for i, job in enumerate(jobs):
+            if job.external:
+                q = None
+                if job.draft_logits is not None and not job.sampling.greedy and job.draft:
+                    q = logits_to_probs(job.draft_logits[: len(job.draft)].float(), job.sampling)
+                out[i] = Proposal(list(job.draft or []), q)
+                continue
+            room = self.pool.capacity - len(job.history())
+            k = min(job.num_draft_tokens, job.max_new - len(job.out) - 1, room - 1)
+            if k > 0 and job.draft_state is not None:
+                asking.append(i)
+                ks.append(k)
+        if asking:
+            assert self.drafter is not None
+            for i, p in zip(asking, self.drafter.propose([jobs[i] for i in asking], ks)):
+                out[i] = p
+        return out
+
+    @torch.inference_mode()
     def step(self) -> None:
-        """One packed pass over all active jobs, then sampling / acceptance and delivery."""
-        jobs = self._active
-        feeds, keep, ranges = [], [], []
-        offset = 0
-        for job in jobs:
-            assert job.slot is not None
-            n = len(job.pending)
-            feeds.append((job.slot.index, job.slot.length, job.pending))
-            k = job.keep_count()
-            ranges.append((len(keep), k))
-            keep.extend(range(offset + n - k, offset + n))
-            offset += n
+        """One iteration: proposals, one packed target pass over all active jobs, decisions, delivery."""
+        live = []
+        for job in self._active:
+            if job.cancelled:
+                self._finish(job, error=RequestCancelled("cancelled"))
+            else:
+                live.append(job)
+        jobs = self._active = live
+        if not jobs:
+            return
         try:
-            logits = packed_forward(self.model, self.pool, feeds, keep)
+            proposals = self._proposals(jobs)
+            t0 = time.perf_counter()
+            feeds, keep, ranges = [], [], []
+            offset = 0
+            for job, prop in zip(jobs, proposals):
+                assert job.slot is not None
+                draft = prop.tokens if prop is not None else []
+                fed = job.pending + draft
+                feeds.append((job.slot.index, job.slot.length, fed))
+                k = len(draft) + 1
+                ranges.append((len(keep), k))
+                keep.extend(range(offset + len(fed) - k, offset + len(fed)))
+                offset += len(fed)
+            states = packed_forward(self.model, self.pool, feeds, keep, hidden=self.head is not None)
+            head = self.head if self.head is not None else _identity
+            histories = [job.history() for job in jobs]
+            cands = [Candidate(prop.tokens if prop else [], job.sampling, job.generator, prop.q if prop else None,
+                               history=h, bad_words=job.bad_words, keep_logits=job.return_logits)
+                     for job, prop, h in zip(jobs, proposals, histories)]
+            decisions = decide(cands, [states[s: s + k] for s, k in ranges], head)
         except Exception as exc:  # noqa: BLE001 - fail these requests, keep the engine alive
             log.exception("%s: forward pass failed", self.name)
             for job in jobs:
                 self._finish(job, error=exc)
             self._active = []
             return
+        dt = time.perf_counter() - t0
         self.passes += 1
         self.fed_tokens += offset
         self.pool.computed_tokens += offset
         still = []
-        for job, (start, k) in zip(jobs, ranges):
-            assert job.slot is not None
-            job.slot.tokens.extend(job.pending)
-            job.pending = []
+        for job, (_, _, fed), cand, dec, history in zip(jobs, feeds, cands, decisions, histories):
             try:
-                if job.verify:
-                    self._verify(job, logits[start: start + k])
-                else:
-                    self._generate(job, logits[start])
+                self._advance(job, fed, cand, dec, len(history), dt)
             except Exception as exc:  # noqa: BLE001
                 log.exception("%s: request failed", self.name)
                 self._finish(job, error=exc)
@@ -170,60 +255,43 @@ class InflightEngine:
                 still.append(job)
         self._active = still
 
-    def _generate(self, job: Job, logits: torch.Tensor) -> None:
-        history = job.history()
-        banned = banned_tokens(history, job.bad_words)
-        if banned:
-            logits = logits.clone()
-            logits[banned] = float("-inf")
-        if job.sampling.greedy:
-            token = int(logits.argmax())
-        else:
-            token = sample(logits_to_probs(logits, job.sampling), job.generator)  # type: ignore[arg-type]
-        if job.end_id is not None and token == job.end_id:
-            job.done = True
-            return
-        job.out.append(token)
-        if job.return_logits:
-            job.logits.append(logits.detach().clone())
-        history.append(token)
-        if len(job.out) >= job.max_new or hits_stop_word(history, job.stop_words):
-            job.done = True
-            return
-        job.pending = [token]
-        if job.stream:
-            self._deliver(job, final=False)
-
-    def _verify(self, job: Job, logits: torch.Tensor) -> None:
-        draft = job.draft or []
-        if job.sampling.greedy:
-            n, nxt = accept_greedy(draft, logits.argmax(-1).tolist())
-        else:
-            p = logits_to_probs(logits, job.sampling)
-            if job.draft_logits is not None:
-                q = logits_to_probs(job.draft_logits[: len(draft)].float(), job.sampling)
-            else:  # the draft's tokens as a point mass: still lossless (accept with p(x), else resample p without x)
-                q = torch.zeros(len(draft), p.shape[-1])
-                if draft:
-                    q[torch.arange(len(draft)), torch.tensor(draft)] = 1.0
-            n, nxt = accept_sampled(draft, q, p, job.generator)  # type: ignore[arg-type]
-        emitted = draft[:n] + [nxt]
-        out: list[int] = []
-        history = list(job.tokens)
-        for tok in emitted[: job.max_new]:
-            if job.end_id is not None and tok == job.end_id:
-                break
-            out.append(tok)
-            history.append(tok)
-            if hits_stop_word(history, job.stop_words):
-                break
-        job.out = out
-        if job.return_logits:
-            job.logits = [logits[i].detach().clone() for i in range(len(out))]
-        # Keep the keys/values of the prompt and of the accepted draft tokens; drop the rejected ones.
+    def _advance(self, job: Job, fed: list[int], cand: Candidate, dec: Any, history_len: int, dt: float) -> None:
+        """Commit one decided step: emitted tokens, stop conditions, both KV caches, statistics, streaming."""
         assert job.slot is not None
-        self.pool.truncate(job.slot, len(job.tokens) + min(n, len(out)))
-        job.done = True
+        draft = list(cand.draft)
+        job.slot.tokens.extend(fed)
+        n = dec.accepted
+        # The target's cache keeps the sequence, the accepted draft tokens; the rejected ones are dropped.
+        self.pool.truncate(job.slot, history_len + n)
+        emitted = draft[:n] + [dec.token]
+        new = 0
+        history = job.history()
+        for tok in emitted:
+            if job.end_id is not None and tok == job.end_id:
+                job.done, job.finish_reason = True, "stop"
+                break
+            job.out.append(tok)
+            history.append(tok)
+            new += 1
+            if hits_stop_word(history, job.stop_words):
+                job.done, job.finish_reason = True, "stop"
+                break
+            if len(job.out) >= job.max_new:
+                job.done, job.finish_reason = True, "length"
+                break
+        if job.return_logits:
+            job.logits.extend(dec.logits[:new])
+        job.stats.note_step(len(draft), n)
+        job.stats.note_tokens(new)
+        job.stats.target_s += dt
+        if self.drafter is not None:
+            self.drafter.commit(job, history_len, 0 if job.external else len(draft), n)
+        if job.external:
+            job.done = True
+        if not job.done:
+            job.pending = [job.out[-1]]
+            if job.stream and job.sent < len(job.out):
+                self._deliver(job, final=False)
 
     def _deliver(self, job: Job, final: bool) -> None:
         new = job.out[job.sent:]
@@ -237,7 +305,11 @@ class InflightEngine:
                 self.pool.truncate(job.slot, 0)  # its keys/values may be half written
             self.pool.release(job.slot)
             job.slot = None
+        if self.drafter is not None:
+            self.drafter.release(job, keep=error is None)
         job.done = True
+        if isinstance(error, RequestCancelled):
+            job.finish_reason = "cancelled"
         try:
             if error is not None:
                 job.on_error(error)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from trtspec.engines.inflight.kv_pool import Slot
-from trtspec.engines.torch_runtime.sampling import SamplingParams
+from trtspec.engines.speculation import SamplingParams, SpecStats
 
 # (new tokens, their generation logits [n, V] or None, final)
 TokenSink = Callable[[list[int], "torch.Tensor | None", bool], None]
@@ -17,8 +18,14 @@ ErrorSink = Callable[[Exception], None]
 
 @dataclass
 class Job:
-    """Generate ``max_new`` tokens after ``tokens``, or (with ``draft``) verify draft tokens and return the accepted
-    ones plus the target's next token. Tokens equal to ``end_id`` end the sequence and are not returned (TRT-LLM)."""
+    """Generate up to ``max_new`` tokens after ``tokens``.
+
+    - ``draft`` given (external draft, TRT-LLM's ``draft_tokens_external``): one step that verifies those tokens and
+      returns the accepted ones plus the target's next token.
+    - ``num_draft_tokens`` K > 0 on an engine with a drafter: speculative decoding, each step verifying K proposals.
+    - otherwise: plain decoding, one token a step.
+    Tokens equal to ``end_id`` end the sequence and are not returned (TRT-LLM); a stop word ends it and is returned.
+    """
 
     tokens: list[int]
     max_new: int
@@ -28,26 +35,31 @@ class Job:
     end_id: int | None = None
     draft: list[int] | None = None
     draft_logits: torch.Tensor | None = None  # [K, V] raw draft logits (rejection sampling); None: draft as one-hot
+    num_draft_tokens: int = 0
     stop_words: Sequence[Sequence[int]] = ()
     bad_words: Sequence[Sequence[int]] = ()
     stream: bool = False
     return_logits: bool = False
     generator: torch.Generator | None = None
+    stats: SpecStats = field(default_factory=SpecStats)
+    cancelled: bool = False  # set from any thread; the engine stops the job at its next iteration
     # -- decoding state (engine thread only) --
     slot: Slot | None = None
-    pending: list[int] = field(default_factory=list)  # tokens to feed in the next pass
+    pending: list[int] = field(default_factory=list)  # tokens to feed the target in the next pass
+    draft_state: Any = None  # the drafter's per-job state
     out: list[int] = field(default_factory=list)
     logits: list[torch.Tensor] = field(default_factory=list)
     sent: int = 0  # tokens already delivered (streaming)
     done: bool = False
+    finish_reason: str = "length"  # "stop" (end_id or a stop word), "length", "cancelled"
 
     @property
-    def verify(self) -> bool:
+    def external(self) -> bool:
+        """A one-step verification of draft tokens given with the request."""
         return self.draft is not None
-
-    def keep_count(self) -> int:
-        """How many trailing logits of this pass the job needs."""
-        return len(self.draft) + 1 if self.draft is not None else 1
 
     def history(self) -> list[int]:
         return self.tokens + self.out
+
+    def cancel(self) -> None:
+        self.cancelled = True

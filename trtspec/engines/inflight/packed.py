@@ -54,8 +54,16 @@ def _causal_mask(count: int, past: int) -> torch.Tensor:
 def slot_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                    attention_mask: Any, scaling: float | None = None, dropout: float = 0.0,
                    **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """query [1, H, T, D], key/value [1, Hkv, T, D] of the packed tokens -> output [1, T, H, D]."""
-    batch: PackedBatch = kwargs[_BATCH_KWARG]
+    """query [1, H, T, D], key/value [1, Hkv, T, D] of the packed tokens -> output [1, T, H, D].
+
+    Called without a packed batch (the same model used by plain transformers code, e.g. ``generate``), it is
+    transformers' own SDPA attention."""
+    batch: PackedBatch | None = kwargs.pop(_BATCH_KWARG, None)
+    if batch is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+                                      **kwargs)
     layer = module.layer_idx
     keys, values = batch.pool.keys[layer], batch.pool.values[layer]
     gqa = query.shape[1] != key.shape[1]
@@ -105,8 +113,9 @@ _DUMMY_MASK = torch.ones(1, 1, 1, 1, dtype=torch.bool)  # a 4D mask makes transf
 
 @torch.inference_mode()
 def packed_forward(model: Any, pool: SlotKVPool, feeds: Sequence[tuple[int, int, Sequence[int]]],
-                   keep: Sequence[int]) -> torch.Tensor:
-    """Run ``feeds`` = [(slot, past, new_tokens)] as one pass; return logits [len(keep), V] at packed indices ``keep``.
+                   keep: Sequence[int], *, hidden: bool = False) -> torch.Tensor:
+    """Run ``feeds`` = [(slot, past, new_tokens)] as one pass; return logits [len(keep), V] at packed indices ``keep``
+    (with ``hidden``: the body's last hidden states [len(keep), H] there, for a head applied on demand).
 
     Writes the new tokens' keys/values into the slots at positions past.. past+len-1 (callers update slot tokens).
     """
@@ -119,7 +128,11 @@ def packed_forward(model: Any, pool: SlotKVPool, feeds: Sequence[tuple[int, int,
         pos.extend(range(past, past + len(tokens)))
     input_ids = torch.tensor([ids], dtype=torch.long)
     position_ids = torch.tensor([pos], dtype=torch.long)
+    batch = {_BATCH_KWARG: PackedBatch(pool, segments)}
+    if hidden:
+        states = model.model(input_ids=input_ids, position_ids=position_ids, attention_mask=_DUMMY_MASK,
+                             use_cache=False, **batch).last_hidden_state
+        return states[0, torch.tensor(list(keep), dtype=torch.long)]
     out = model(input_ids=input_ids, position_ids=position_ids, attention_mask=_DUMMY_MASK, use_cache=False,
-                logits_to_keep=torch.tensor(list(keep), dtype=torch.long),
-                **{_BATCH_KWARG: PackedBatch(pool, segments)})
+                logits_to_keep=torch.tensor(list(keep), dtype=torch.long), **batch)
     return out.logits[0]

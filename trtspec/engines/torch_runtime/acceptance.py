@@ -1,26 +1,27 @@
-"""Acceptance rules that keep draft-target decoding lossless.
+"""The acceptance rules that keep draft-target decoding lossless, and the one routine that applies them.
 
 Greedy: accept draft tokens while they equal the target's argmax; emit the target's token at the first disagreement
-(or the bonus token after K acceptances). Sampling (Leviathan et al. 2023; Chen et al. 2023): accept draft token x with
-probability min(1, p(x) / q(x)); on rejection sample from norm(max(0, p - q)); after K acceptances sample the bonus
-token from p. The emitted tokens are then distributed exactly as target-only sampling.
+(or the bonus token after K acceptances). Sampling (Leviathan et al. 2023; Chen et al. 2023): accept draft token x
+with probability min(1, p(x) / q(x)); on rejection sample from norm(max(0, p - q)); after K acceptances sample the
+bonus token from p. The emitted tokens are then distributed exactly as target-only sampling. A proposal without a
+distribution (an n-gram, or a draft sent without logits) is a point mass: accepted with probability p(x), and on
+rejection p without x. With no draft tokens the routine is plain decoding: argmax, or a sample from p.
+
+``decide`` is used by every path that verifies tokens (the in-flight engine, in process and in the torch runtime's
+Triton models); it takes the target's hidden states and applies the vocabulary head position by position, only for
+the sequences still undecided there (trtspec.engines.torch_runtime.head), or full logits with the identity as head.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
 import torch
 
-from trtspec.engines.torch_runtime.sampling import sample
-
-
-def accept_greedy(draft_tokens: list[int], target_argmax: list[int]) -> tuple[int, int]:
-    """(number of draft tokens accepted, the target's next token) from the target's argmax at K + 1 positions."""
-    n = 0
-    for d, t in zip(draft_tokens, target_argmax):
-        if d != t:
-            break
-        n += 1
-    return n, target_argmax[n]
+from trtspec.engines.inflight.words import banned_tokens
+from trtspec.engines.speculation import SamplingParams
+from trtspec.engines.torch_runtime.sampling import logits_to_probs, sample
 
 
 def accepts(u: torch.Tensor, q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
@@ -39,21 +40,79 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return r / total
 
 
-def accept_sampled(
-    draft_tokens: list[int],
-    draft_probs: torch.Tensor,
-    target_probs: torch.Tensor,
-    generator: torch.Generator,
-) -> tuple[int, int]:
-    """Rejection sampling: draft_probs [K, V] (q), target_probs [K + 1, V] (p), both after the same sampling transform."""
-    k = len(draft_tokens)
-    if k:
-        idx = torch.tensor(draft_tokens).unsqueeze(-1)
-        p = target_probs[:k].gather(-1, idx).squeeze(-1)
-        q = draft_probs[:k].gather(-1, idx).squeeze(-1)
-        u = torch.rand(k, generator=generator)
-        accepted = accepts(u, q, p).tolist()
-    for i in range(k):
-        if not accepted[i]:
-            return i, sample(residual(target_probs[i], draft_probs[i]), generator)
-    return k, sample(target_probs[k], generator)
+@dataclass
+class Candidate:
+    """One sequence's step: the draft tokens to verify (possibly none) and what deciding them needs."""
+
+    draft: Sequence[int]
+    sampling: SamplingParams
+    generator: torch.Generator | None = None
+    q: torch.Tensor | None = None  # [len(draft), V] the draft's distributions; None: point masses
+    history: Sequence[int] = ()  # tokens before the draft (bad words look at them)
+    bad_words: Sequence[Sequence[int]] = ()
+    keep_logits: bool = False  # return the target's logits at the decided positions
+
+
+@dataclass
+class Decision:
+    accepted: int  # draft tokens accepted
+    token: int  # the target's own token after them (correction or bonus)
+    logits: list[torch.Tensor]  # the target's logits at positions 0..accepted (when keep_logits)
+
+
+def _constrain(logits: torch.Tensor, c: Candidate, j: int) -> torch.Tensor:
+    if not c.bad_words:
+        return logits
+    banned = banned_tokens(list(c.history) + list(c.draft[:j]), c.bad_words)
+    if not banned:
+        return logits
+    logits = logits.clone()
+    logits[banned] = float("-inf")
+    return logits
+
+
+def decide(cands: Sequence[Candidate], states: Sequence[torch.Tensor],
+           head: Callable[[torch.Tensor], torch.Tensor]) -> list[Decision]:
+    """One Decision per candidate. ``states[i]`` is [len(draft_i) + 1, D]: the target's hidden states (``head`` its
+    lm_head) or logits (``head`` the identity) at the positions of the draft tokens' predecessors and the bonus."""
+    out: list[Decision | None] = [None] * len(cands)
+    kept: list[list[torch.Tensor]] = [[] for _ in cands]
+    # Each sequence's uniforms are drawn first (then the residual / bonus sample), as a one-sequence sampler would.
+    u = [torch.rand(len(c.draft), generator=c.generator) if c.draft and not c.sampling.greedy else None
+         for c in cands]
+    undecided = list(range(len(cands)))
+    j = 0
+    while undecided:
+        logits = head(torch.stack([states[i][j] for i in undecided]))  # [rows, V]
+        going_on = []
+        for row, i in enumerate(undecided):
+            c = cands[i]
+            k = len(c.draft)
+            lg = _constrain(logits[row], c, j)
+            if c.keep_logits:  # what the token was drawn from (a draft's q must be exactly that)
+                kept[i].append(lg)
+            if c.sampling.greedy:
+                t = int(lg.argmax())
+                if j < k and c.draft[j] == t:
+                    going_on.append(i)
+                else:
+                    out[i] = Decision(j, t, kept[i])
+                continue
+            p = logits_to_probs(lg, c.sampling)
+            gen = c.generator
+            if j == k:  # every draft token accepted (or none proposed): the bonus token from p
+                out[i] = Decision(j, sample(p, gen), kept[i])  # type: ignore[arg-type]
+                continue
+            tok = int(c.draft[j])
+            if c.q is not None:
+                q = c.q[j]
+            else:
+                q = torch.zeros_like(p)
+                q[tok] = 1.0
+            if bool(accepts(u[i][j], q[tok], p[tok])):  # type: ignore[index]
+                going_on.append(i)
+                continue
+            out[i] = Decision(j, sample(residual(p, q), gen), kept[i])  # type: ignore[arg-type]
+        undecided = going_on
+        j += 1
+    return out  # type: ignore[return-value]

@@ -29,18 +29,6 @@ class Reference:
     max_tokens: int
 
 
-def decoder_counts(stats: Any) -> tuple[int, int]:
-    """(draft tokens, accepted draft tokens) of a decoder's per-request stats, whichever names they carry
-    (TensorRT-LLM's ``total_draft_tokens`` / ``total_accepted_draft_tokens``, or the older ones)."""
-    drafted = getattr(stats, "total_draft_tokens", None)
-    if drafted is None:
-        drafted = stats.draft_tokens
-    accepted = getattr(stats, "total_accepted_draft_tokens", None)
-    if accepted is None:
-        accepted = stats.accepted_tokens
-    return int(drafted), int(accepted)
-
-
 def reference_answers(target: Any, prompts: Sequence[Sequence[int]], max_tokens: int, eos_ids: Sequence[int],
                       pad_id: int = 0) -> list[Reference]:
     """The target's greedy answer to each prompt, one request at a time (as the in-process decoder runs them)."""
@@ -137,21 +125,21 @@ def time_decoder(decoder: Any, prompts: Sequence[Sequence[int]], max_tokens: int
     """Wall time, counts and the decoder's own timers (draft, target) of ``decoder.generate`` over the prompts one at
     a time at draft length K (0: target-only)."""
     seconds = draft_s = target_s = 0.0
-    tokens = steps = drafted = accepted = 0
+    tokens = steps = drafted = accepted = 0  # SpecStats' (TensorRT-LLM's) total_draft_tokens, ..._accepted_...
     outputs = []
     for p in prompts:
         t0 = time.perf_counter()
         r = decoder.generate([list(p)], max_tokens, draft_len=k if k else None, use_draft=bool(k))[0]
         seconds += time.perf_counter() - t0
-        d, a = decoder_counts(r.stats)
         tokens += len(r.token_ids)
         steps += r.stats.target_steps
-        drafted += d
-        accepted += a
-        draft_s += float(getattr(r.stats, "draft_s", 0.0) or 0.0)
-        target_s += float(getattr(r.stats, "target_s", 0.0) or 0.0)
+        drafted += r.stats.total_draft_tokens
+        accepted += r.stats.total_accepted_draft_tokens
+        draft_s += r.stats.draft_s
+        target_s += r.stats.target_s
         outputs.append(r.token_ids)
-    return {"seconds": seconds, "tokens": tokens, "steps": steps, "drafted": drafted, "accepted": accepted,
+    return {"seconds": seconds, "tokens": tokens, "steps": steps, "total_draft_tokens": drafted,
+            "total_accepted_draft_tokens": accepted,
             "draft_s": draft_s, "target_s": target_s, "outputs": outputs}
 
 
@@ -161,6 +149,7 @@ def loop_costs(run: dict[str, float], base: dict[str, float]) -> tuple[float | N
     t_step = base["target_s"] / base["steps"] if base.get("steps") and base.get("target_s") else None
     if not t_step:
         return None, None
-    c = run["draft_s"] / run["drafted"] / t_step if run.get("drafted") and run.get("draft_s") else None
+    drafted = run.get("total_draft_tokens")
+    c = run["draft_s"] / drafted / t_step if drafted and run.get("draft_s") else None
     v = run["target_s"] / run["steps"] / t_step if run.get("steps") and run.get("target_s") else None
     return c, v

@@ -1,43 +1,13 @@
-"""Sampling settings and the one logits -> probabilities transform applied identically to target and draft."""
+"""The one logits -> probabilities transform, applied identically to target and draft (SamplingParams lives in
+trtspec.engines.speculation, torch-free)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from trtspec.errors import GenerationError
+from trtspec.engines.speculation import SamplingParams
 
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """Temperature 0 means greedy; top_k 0 and top_p 1.0 mean no filtering; seed makes sampled runs reproducible."""
-
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise GenerationError(f"temperature must be >= 0, got {self.temperature}", hint="0 means greedy")
-        if self.top_k < 0:
-            raise GenerationError(f"top_k must be >= 0, got {self.top_k}", hint="0 disables top-k filtering")
-        if not 0.0 < self.top_p <= 1.0:
-            raise GenerationError(f"top_p must be in (0, 1], got {self.top_p}", hint="1.0 disables top-p filtering")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
-    def generator(self, offset: int = 0) -> torch.Generator:
-        """A CPU generator for one sequence (seed + offset), or a nondeterministically seeded one without a seed."""
-        g = torch.Generator()
-        if self.seed is None:
-            g.seed()
-        else:
-            g.manual_seed(self.seed + offset)
-        return g
+__all__ = ["SamplingParams", "logits_to_probs", "sample"]
 
 
 def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

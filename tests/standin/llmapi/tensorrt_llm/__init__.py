@@ -13,6 +13,10 @@ with that fix would.
 
 Container paths (``/checkpoints/target``) are mapped to host directories by TRTLLM_STANDIN_MOUNTS
 (``/checkpoints/target=/host/dir;/checkpoints/draft=/other``), as the container's volume mounts would.
+
+``RequestOutput.abort()`` stops a request as the real one does (it then finishes with finish_reason "cancelled").
+Where TRTLLM_STANDIN_STEP_LOG names a file, every decoding step appends a line to it, so that a test can see how much
+work the LLM API did (a cancelled request must stop costing work).
 """
 
 from __future__ import annotations
@@ -106,11 +110,16 @@ class CompletionOutput:
 class RequestOutput:
     """What ``generate_async`` returns: iterate it (one step per iteration when streaming) or call ``result()``."""
 
-    def __init__(self, steps: "queue.Queue[Any]", streaming: bool) -> None:
+    def __init__(self, steps: "queue.Queue[Any]", streaming: bool, aborted: threading.Event | None = None) -> None:
         self._steps = steps
         self._streaming = streaming
+        self._aborted = aborted or threading.Event()
         self.outputs = [CompletionOutput()]
         self.finished = False
+
+    def abort(self) -> None:
+        """Stop generating this request (TensorRT-LLM: GenerationResult.abort)."""
+        self._aborted.set()
 
     def _step(self) -> None:
         item = self._steps.get()
@@ -184,10 +193,11 @@ class LLM:
             raise TypeError("stand-in: prompts are strings here")
         sp = sampling_params or SamplingParams()
         steps: queue.Queue[Any] = queue.Queue()
-        threading.Thread(target=self._run, args=(prompt, sp, steps), daemon=True).start()
-        return RequestOutput(steps, streaming)
+        aborted = threading.Event()
+        threading.Thread(target=self._run, args=(prompt, sp, steps, aborted), daemon=True).start()
+        return RequestOutput(steps, streaming, aborted)
 
-    def _run(self, prompt: str, sp: SamplingParams, steps: "queue.Queue[Any]") -> None:
+    def _run(self, prompt: str, sp: SamplingParams, steps: "queue.Queue[Any]", aborted: threading.Event) -> None:
         from trtspec.engines.torch_runtime.sampling import SamplingParams as TorchSampling
 
         try:
@@ -195,15 +205,23 @@ class LLM:
             sampling = TorchSampling(temperature=sp.temperature or 0.0, top_k=sp.top_k or 0, top_p=sp.top_p or 1.0,
                                      seed=sp.seed)
             out: list[int] = []
+            log = os.environ.get("TRTLLM_STANDIN_STEP_LOG")
             with self._lock:
                 for event in self.decoder.stream(ids, sp.max_tokens, sampling, use_draft=self.use_draft):
+                    if aborted.is_set():
+                        steps.put((self.tokenizer.decode(out, skip_special_tokens=True), list(out), "cancelled",
+                                   None))
+                        return
+                    if log:
+                        with open(log, "a", encoding="utf-8") as f:
+                            f.write("step\n")
                     if isinstance(event, list):
                         out += event
                         steps.put((self.tokenizer.decode(out, skip_special_tokens=True), list(out), None, None))
                     else:
                         s = event.stats
                         filled = os.environ.get("TRTLLM_STANDIN_SPEC_METRICS", "zeroed") == "filled"
-                        spec_stats = _SpecStats(s.acceptance_rate, s.accepted_tokens, s.draft_tokens) if filled \
+                        spec_stats = _SpecStats(s.acceptance_rate, s.total_accepted_draft_tokens, s.total_draft_tokens) if filled \
                             else _SpecStats()  # what the PyTorch flow writes (never updated, PR #17082)
                         stats = _PerfMetrics(spec_stats)
                         steps.put((self.tokenizer.decode(out, skip_special_tokens=True), list(out),

@@ -12,8 +12,9 @@ zeroed in every release up to 1.2 (TensorRT-LLM PR #17082 fixed it later), so a 
 tokens carries no acceptance outputs at all: unavailable, never reported as an acceptance of 0.
 
 Decoupled (``triton_config.decoupled``): each request runs on its own thread and streams one response per step when
-``streaming`` is true. Otherwise execute() submits every request of the batch before waiting for any, so the LLM
-API batches them in flight.
+``streaming`` is true; a watch thread aborts the LLM API request of a client that cancelled or went away (as
+upstream's llmapi model does: ``request.is_cancelled()`` every 100 ms, then ``RequestOutput.abort()``). Otherwise
+execute() submits every request of the batch before waiting for any, so the LLM API batches them in flight.
 """
 
 import os
@@ -26,12 +27,14 @@ for _path in reversed(os.environ.get("TRTSPEC_PYTHONPATH", "").split(os.pathsep)
 
 import json
 import threading
+import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 import yaml
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+CANCEL_CHECK_PERIOD_S = 0.1  # upstream's cancellation_check_period_ms default
 # request input -> (SamplingParams field, type)
 SAMPLING_INPUTS = {
     "sampling_param_temperature": ("temperature", float),
@@ -85,6 +88,21 @@ class TritonPythonModel:
         self.llm = LLM(**update_llm_args_with_extra_dict({}, llm_args))
         self._threads = set()
         self._lock = threading.Lock()
+        self._inflight = {}  # id(request) -> [request, RequestOutput, cancelled]
+        self._running = True
+        self._watch = threading.Thread(target=self._watch_cancellation, daemon=True)
+        self._watch.start()
+
+    def _watch_cancellation(self):
+        """Abort the LLM API request of every Triton request its client cancelled."""
+        while self._running:
+            time.sleep(CANCEL_CHECK_PERIOD_S)
+            with self._lock:
+                entries = list(self._inflight.values())
+            for entry in entries:
+                if not entry[2] and entry[0].is_cancelled():
+                    entry[2] = True
+                    entry[1].abort()
 
     # -- requests ------------------------------------------------------------------------------------------------
     def _parse(self, request):
@@ -188,26 +206,39 @@ class TritonPythonModel:
         try:
             prompt, sampling, stream, echo = self._parse(request)
             result = self.llm.generate_async(prompt, sampling, streaming=stream)
+            entry = [request, result, False]
+            with self._lock:
+                self._inflight[id(request)] = entry
             if stream:
                 sent = False
                 if echo:
                     sender.send(self._tensors(prompt))
                 for step in result:  # one RequestOutput per step; text_diff is what this step added
+                    if entry[2]:
+                        break  # aborted: the client is gone
                     final = bool(step.finished)
                     sender.send(self._response(step, step.outputs[0].text_diff), flags=FINAL if final else 0)
                     sent = final
-                if not sent:
+                if entry[2]:
+                    sender.send(_cancelled(), flags=FINAL)
+                elif not sent:
                     sender.send(flags=FINAL)
             else:
                 result.result()
-                sender.send(self._response(result, (prompt if echo else "") + result.outputs[0].text), flags=FINAL)
+                if entry[2]:
+                    sender.send(_cancelled(), flags=FINAL)
+                else:
+                    sender.send(self._response(result, (prompt if echo else "") + result.outputs[0].text),
+                                flags=FINAL)
         except Exception as exc:  # noqa: BLE001 - the client gets the error, the model keeps serving
             sender.send(self._error(exc), flags=FINAL)
         finally:
             with self._lock:
+                self._inflight.pop(id(request), None)
                 self._threads.discard(threading.current_thread())
 
     def finalize(self):
+        self._running = False
         with self._lock:
             threads = list(self._threads)
         for thread in threads:
@@ -215,3 +246,10 @@ class TritonPythonModel:
         llm = getattr(self, "llm", None)
         if llm is not None:
             llm.shutdown()
+
+
+def _cancelled():
+    code = getattr(pb_utils.TritonError, "CANCELLED", None)
+    message = "Request cancelled by client"
+    error = pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
+    return pb_utils.InferenceResponse(error=error)

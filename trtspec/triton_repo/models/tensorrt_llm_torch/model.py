@@ -41,6 +41,12 @@ class _Request:
         self.sender.send(pb_utils.InferenceResponse(output_tensors=out), flags=FINAL if final else 0)
 
     def tokens(self, b, new, logits, final):
+        try:
+            self._tokens(b, new, logits, final)
+        except Exception as exc:  # noqa: BLE001 - a response that cannot be built is an error response, never none
+            self.error(exc)
+
+    def _tokens(self, b, new, logits, final):
         row = self.rows[b]
         logits_np = None if logits is None else logits.float().numpy()
         with self.lock:

@@ -1,0 +1,115 @@
+"""Draft proposals for the in-flight engine: a draft model with its own slot KV cache, shared packed passes.
+
+Each step, every speculative job asks for K_i tokens. Round r feeds, in one packed pass, each job still drafting its
+pending tokens (round 0: whatever of its sequence the draft's cache lacks; later rounds: its last proposal) and
+samples (or takes the argmax of) its next proposal, with the same sampling transform the target applies, keeping the
+distribution q for rejection sampling. After the target's verdict the draft's cache is cut back to what it computed
+of the committed sequence (never recomputed), exactly as the target's is.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from trtspec.engines.inflight.jobs import Job
+from trtspec.engines.inflight.kv_pool import KVGeometry, Slot, SlotKVPool
+from trtspec.engines.inflight.packed import packed_forward, prepare_model
+from trtspec.engines.inflight.words import banned_tokens
+from trtspec.engines.torch_runtime.sampling import logits_to_probs, sample
+
+
+@dataclass
+class Proposal:
+    tokens: list[int] = field(default_factory=list)
+    q: torch.Tensor | None = None  # [len(tokens), V] when sampling
+
+
+@dataclass
+class _DraftState:
+    slot: Slot
+    pending: list[int]  # tokens of the committed sequence the draft's cache lacks
+
+
+class ModelDrafter:
+    """Proposals from a draft model (see module docstring). Engine thread only."""
+
+    def __init__(self, model: Any, *, slots: int, capacity: int) -> None:
+        self.model = prepare_model(model)
+        self.pool = SlotKVPool(KVGeometry.of(self.model), slots, capacity)
+        self.vocab = int(self.model.get_output_embeddings().weight.shape[0])
+        self.passes = 0
+
+    @property
+    def free(self) -> int:
+        return self.pool.free
+
+    def admit(self, job: Job) -> None:
+        slot, reuse = self.pool.acquire(job.tokens)
+        job.draft_state = _DraftState(slot, job.tokens[reuse:])
+
+    def release(self, job: Job, keep: bool = True) -> None:
+        state: _DraftState | None = job.draft_state
+        if state is None:
+            return
+        if not keep:
+            self.pool.truncate(state.slot, 0)
+        self.pool.release(state.slot)
+        job.draft_state = None
+
+    @torch.inference_mode()
+    def propose(self, jobs: list[Job], ks: list[int]) -> list[Proposal]:
+        """K_i proposals for each job (K_i > 0)."""
+        t0 = time.perf_counter()
+        props = [Proposal() for _ in jobs]
+        qs: list[list[torch.Tensor]] = [[] for _ in jobs]
+        histories = [job.history() for job in jobs]
+        for r in range(max(ks)):
+            rows = [i for i, k in enumerate(ks) if k > r]
+            feeds, keep, offset = [], [], 0
+            for i in rows:
+                state: _DraftState = jobs[i].draft_state
+                fed = state.pending if r == 0 else [props[i].tokens[-1]]
+                feeds.append((state.slot.index, state.slot.length, fed))
+                offset += len(fed)
+                keep.append(offset - 1)
+            logits = packed_forward(self.model, self.pool, feeds, keep)
+            self.passes += 1
+            for row, i in enumerate(rows):
+                job, state = jobs[i], jobs[i].draft_state
+                state.slot.tokens.extend(feeds[row][2])
+                lg = logits[row]
+                banned = banned_tokens(histories[i] + props[i].tokens, job.bad_words) if job.bad_words else []
+                if banned:
+                    lg = lg.clone()
+                    lg[banned] = float("-inf")
+                if job.sampling.greedy:
+                    tok = int(lg.argmax())
+                else:
+                    q = logits_to_probs(lg, job.sampling)
+                    qs[i].append(q)
+                    tok = sample(q, job.generator)  # type: ignore[arg-type]
+                props[i].tokens.append(tok)
+            if r == 0:
+                for i in rows:
+                    jobs[i].draft_state.pending = []
+        for i, p in enumerate(props):
+            if qs[i]:
+                p.q = torch.stack(qs[i])
+        dt = time.perf_counter() - t0
+        for job in jobs:
+            job.stats.draft_s += dt
+        return props
+
+    def commit(self, job: Job, history_before: int, proposed: int, accepted: int) -> None:
+        """After the target's verdict: keep the draft's keys for the committed tokens it computed, queue the rest."""
+        state: _DraftState | None = job.draft_state
+        if state is None:
+            return
+        if proposed:
+            # The cache holds the sequence before the step and the first proposed - 1 proposals.
+            self.pool.truncate(state.slot, history_before + min(accepted, proposed - 1))
+        state.pending = job.history()[state.slot.length:]

@@ -1,0 +1,136 @@
+"""What every draft-target path shares: the draft-length limit, sampling settings, and one statistics type.
+
+Torch-free (the Triton orchestrator imports it). The acceptance rules themselves, which need the target's
+logits, are in ``trtspec.engines.torch_runtime.acceptance``; the paths that use them are the in-flight engine
+(``trtspec.engines.inflight``: in process, and the torch runtime's Triton models) and, through the target engine's
+``draft_input_ids``, the Triton orchestrator (``trtspec.triton_repo.orchestrator``), which counts acceptance with
+``accepted_prefix`` as TensorRT-LLM's ``examples/prompt_lookup/run_dtm_pld.py`` does.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from trtspec.errors import GenerationError
+
+# The most draft tokens per step any trtspec path accepts (the spec's speculative.max_draft_len is 1..this).
+MAX_DRAFT_LEN = 16
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Temperature 0 means greedy; top_k 0 and top_p 1.0 mean no filtering; seed makes sampled runs reproducible."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        from trtspec.validation import validate_sampling  # the one set of request rules (imports this module)
+
+        validate_sampling(self.temperature, self.top_k, self.top_p, self.seed)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @classmethod
+    def from_request(cls, temperature: float, top_k: int, top_p: float, seed: int | None) -> SamplingParams:
+        """TensorRT-LLM's request semantics: top_k 1 is greedy too, and top_p outside (0, 1] means no filtering."""
+        greedy = temperature <= 0.0 or top_k == 1
+        return cls(0.0 if greedy else float(temperature), 0 if greedy else int(top_k),
+                   float(top_p) if not greedy and 0.0 < top_p <= 1.0 else 1.0, seed)
+
+    def with_seed(self, seed: int | None) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_k, self.top_p, seed)
+
+    def generator(self, offset: int = 0) -> Any:
+        """A CPU torch.Generator for one sequence (seed + offset), nondeterministically seeded without a seed."""
+        import torch
+
+        g = torch.Generator()
+        if self.seed is None:
+            g.seed()
+        else:
+            g.manual_seed(self.seed + offset)
+        return g
+
+
+def check_draft_len(k: int, max_draft_len: int = MAX_DRAFT_LEN, what: str = "num_draft_tokens") -> int:
+    """``k`` if 0 <= k <= max_draft_len, else a GenerationError naming the limit (0 means no draft)."""
+    if not 0 <= int(k) <= max_draft_len:
+        if max_draft_len < MAX_DRAFT_LEN and 0 < int(k) <= MAX_DRAFT_LEN:
+            raise GenerationError(f"{what} {int(k)} exceeds this deployment's max_draft_len ({max_draft_len})",
+                                  hint=f"ask for at most {max_draft_len}, or rebuild with a larger "
+                                       "speculative.max_draft_len")
+        raise GenerationError(f"{what} must be in 0..{max_draft_len}, got {int(k)}", hint="0 disables the draft")
+    return int(k)
+
+
+def accepted_prefix(draft: Sequence[int], output: Sequence[int]) -> int:
+    """How many leading draft tokens the target's output repeats: the accepted draft tokens of one step."""
+    n = 0
+    for d, t in zip(draft, output):
+        if d != t:
+            break
+        n += 1
+    return n
+
+
+@dataclass
+class SpecStats:
+    """Per-request speculative decoding statistics, with TensorRT-LLM's names where it has them.
+
+    ``total_draft_tokens`` counts proposed draft tokens, ``total_accepted_draft_tokens`` those the target accepted,
+    ``target_steps`` the target's forward passes for the request (decoding iterations). Times: ``*_time_ns`` are wall
+    clock (time.time_ns), ``*_s`` durations measured in process.
+    """
+
+    num_input_tokens: int = 0
+    num_output_tokens: int = 0
+    total_draft_tokens: int = 0
+    total_accepted_draft_tokens: int = 0
+    target_steps: int = 0
+    routed_to_target: bool = False
+    arrival_time_ns: int = field(default_factory=time.time_ns)
+    first_token_time_ns: int = 0
+    last_token_time_ns: int = 0
+    draft_s: float = 0.0
+    target_s: float = 0.0
+    total_s: float = 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / proposed draft tokens (0 when nothing was proposed)."""
+        return self.total_accepted_draft_tokens / self.total_draft_tokens if self.total_draft_tokens else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.num_output_tokens / self.target_steps if self.target_steps else 0.0
+
+    def note_step(self, proposed: int, accepted: int) -> None:
+        self.target_steps += 1
+        self.total_draft_tokens += proposed
+        self.total_accepted_draft_tokens += accepted
+
+    def note_tokens(self, n: int) -> None:
+        if n:
+            now = time.time_ns()
+            self.first_token_time_ns = self.first_token_time_ns or now
+            self.last_token_time_ns = now
+            self.num_output_tokens += n
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        for k in ("draft_s", "target_s", "total_s"):
+            out[k] = round(out[k], 4)
+        out["acceptance_rate"] = round(self.acceptance_rate, 4)
+        out["tokens_per_step"] = round(self.tokens_per_step, 4)
+        decode_ns = self.last_token_time_ns - self.first_token_time_ns
+        out["decode_tok_per_s"] = (round((self.num_output_tokens - 1) / (decode_ns / 1e9), 2)
+                                   if decode_ns > 0 and self.num_output_tokens > 1 else None)
+        return out

@@ -1,0 +1,270 @@
+"""The OpenAI-compatible HTTP API (Starlette): ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``,
+``/health``.
+
+Each request is validated and checked against the served model's context before it is sent; it then becomes one
+request to the repository's entry model (ensemble or LLM-API model) in the ensemble field names that
+``trtspec generate --url`` sends (trtspec.serving.contract). Streaming uses server-sent events as OpenAI does
+(``data: {chunk}`` ... ``data: [DONE]``), with a last usage chunk when ``stream_options.include_usage`` is set.
+``usage`` counts tokens; the draft-target statistics travel in the extension field ``speculative_decoding``
+(TensorRT-LLM's names), which OpenAI clients ignore.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import aclosing, asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from trtspec.serving.openai.asgi import DONE, JSON, SSE, GenerationResponse, json_bytes, send_json, sse
+from trtspec.serving.openai.backend import TritonBackend, TritonRequestError, TritonUnavailable
+from trtspec.serving.openai.deployment import ServedDeployment
+from trtspec.serving.openai.protocol import (ChatCompletionRequest, CompletionRequest, OpenAIError, bad_field,
+                                             check_generation_fields, message_text, parse_request,
+                                             requested_max_tokens, stop_strings)
+from trtspec.serving.openai.text import PromptTokenizer, StopMatcher
+
+# Phrases of the request errors trtspec's models answer (preprocessing, orchestrator, LLM-API model): a 400, not a 500.
+REQUEST_ERROR_PHRASES = ("must be", "exceeds", "more than", "not valid", "is empty", "not supported", "out of range")
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+@dataclass
+class Prepared:
+    """One validated request, ready to send."""
+
+    kind: str  # "chat" | "completion"
+    request: Any
+    prompt: str
+    prompt_tokens: int
+    max_tokens: int
+    values: dict[str, Any]
+    stops: list[str]
+    draft_len: int
+    routed: bool
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+class OpenAIService:
+    """The endpoints' logic over one served deployment."""
+
+    def __init__(self, deployment: ServedDeployment, backend: TritonBackend, tokenizer: PromptTokenizer) -> None:
+        self.deployment = deployment
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.created = int(time.time())
+
+    # -- plain endpoints --------------------------------------------------------------------------------------------
+    def model_card(self) -> dict[str, Any]:
+        d = self.deployment
+        return {"id": d.name, "object": "model", "created": self.created, "owned_by": "trtspec",
+                "max_model_len": d.max_seq_len, "trtspec": d.info()}
+
+    async def health(self, scope: Any, receive: Any, send: Any) -> None:
+        if await self.backend.ready(fresh=True):
+            await send_json(send, 200, {"status": "ready", "model": self.deployment.name})
+        else:
+            await send_json(send, 503, _unavailable().body())
+
+    # -- generation -------------------------------------------------------------------------------------------------
+    async def prepare(self, kind: str, body: Any) -> Prepared:
+        d = self.deployment
+        r = parse_request(ChatCompletionRequest if kind == "chat" else CompletionRequest, body)
+        if r.model != d.name:
+            raise OpenAIError(404, f"The model '{r.model}' does not exist (this server serves '{d.name}')",
+                              param="model", code="model_not_found")
+        if not await self.backend.ready():
+            raise _unavailable()
+        if kind == "chat":
+            messages = [{"role": "system" if m.role == "developer" else m.role, "content": message_text(m)}
+                        for m in r.messages]
+            try:
+                prompt, n_prompt = self.tokenizer.chat_prompt(messages)
+            except Exception as exc:  # noqa: BLE001 - the template refused the conversation (roles, order ...)
+                raise bad_field("messages", f"cannot apply the chat template: {exc}") from None
+            where = "messages"
+        else:
+            prompt = r.prompt if isinstance(r.prompt, str) else r.prompt[0]
+            if not prompt:
+                raise bad_field("prompt", "prompt must not be empty")
+            n_prompt, where = self.tokenizer.count(prompt), "prompt"
+        field_name, asked = requested_max_tokens(r)
+        check_generation_fields((field_name, asked), r.temperature, r.top_p, r.top_k, r.seed, r.num_draft_tokens)
+        if d.max_input_len and n_prompt > d.max_input_len:
+            raise bad_field(where, f"the prompt has {n_prompt} tokens; this model's maximum input is "
+                            f"{d.max_input_len} tokens", code="context_length_exceeded")
+        if asked is None:
+            asked = COMPLETION_DEFAULT_MAX_TOKENS if kind == "completion" else d.max_seq_len - n_prompt
+            asked = min(asked, d.max_seq_len - n_prompt)
+            if asked < 1:
+                raise bad_field(where, f"the prompt ({n_prompt} tokens) fills this model's context "
+                                f"({d.max_seq_len} tokens)", code="context_length_exceeded")
+        elif n_prompt + asked > d.max_seq_len:
+            raise bad_field(field_name, f"this model's context is {d.max_seq_len} tokens; the prompt has {n_prompt} "
+                            f"and {field_name} asks for {asked}", code="context_length_exceeded")
+        if r.num_draft_tokens is not None and not d.per_request_draft_len:
+            raise bad_field("num_draft_tokens", "this deployment (runtime trtllm-llmapi) applies its own draft "
+                            "length to every request", code="unsupported_parameter")
+        stops = stop_strings(r)
+        options = {"temperature": 1.0 if r.temperature is None else r.temperature, "top_p": r.top_p,
+                   "top_k": r.top_k, "seed": r.seed, "stop_words": stops or None,
+                   "num_draft_tokens": r.num_draft_tokens, "apply_chat_template": False}
+        from trtspec.serving.contract import request_inputs
+
+        values = request_inputs(prompt, asked, r.stream, options)
+        k = d.max_draft_len if r.num_draft_tokens is None else r.num_draft_tokens
+        routed = d.contract == "ensemble" and (k == 0 or asked < d.route_threshold)
+        return Prepared(kind, r, prompt, n_prompt, asked, values, stops, 0 if routed else k, routed)
+
+    async def run(self, p: Prepared) -> AsyncIterator[tuple[str, dict[str, float], bool]]:
+        """(new text, statistics so far, finished) as the text arrives; stop sequences are cut here."""
+        matcher = StopMatcher(p.stops)
+        stats: dict[str, float] = {}
+        try:
+            async with aclosing(self.backend.generate(p.values)) as responses:
+                async for text, s in responses:
+                    stats = {**stats, **s}  # a response may leave out what an earlier one reported
+                    out = matcher.feed(text)
+                    if out:
+                        yield out, stats, False
+                    if matcher.stopped:
+                        break  # closing the stream cancels the Triton request
+        except TritonUnavailable as exc:
+            raise OpenAIError(503, f"the Triton server is not available ({exc})", code="triton_unavailable") from None
+        except TritonRequestError as exc:
+            message = str(exc)
+            if any(phrase in message for phrase in REQUEST_ERROR_PHRASES):
+                raise OpenAIError(400, message, code="invalid_request") from None
+            raise OpenAIError(500, f"generation failed: {message}", code="generation_failed") from None
+        yield matcher.flush(), {**stats, "_stopped": float(matcher.stopped)}, True
+
+    def finish(self, p: Prepared, stats: dict[str, float]) -> tuple[str, dict[str, Any], dict[str, Any]]:
+        """(finish_reason, usage, speculative statistics) of a finished request."""
+        completion = int(stats.get("num_output_tokens", 0))
+        reason = "stop" if stats.get("_stopped") or completion < p.max_tokens else "length"
+        prompt = int(stats.get("num_input_tokens") or p.prompt_tokens)
+        usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        # The LLM API's PyTorch flow may report no acceptance at all: unavailable (null), never 0.
+        known = "total_draft_tokens" in stats
+        spec = {"total_draft_tokens": int(stats["total_draft_tokens"]) if known else None,
+                "total_accepted_draft_tokens": int(stats.get("total_accepted_draft_tokens", 0)) if known else None,
+                "acceptance_rate": round(float(stats.get("acceptance_rate", 0.0)), 6) if known else None,
+                "draft_len": p.draft_len, "routed_to_target": p.routed}
+        return reason, usage, spec
+
+    async def body(self, p: Prepared) -> AsyncIterator[bytes]:
+        """The whole response (one JSON piece), or its server-sent events."""
+        chat = p.kind == "chat"
+        head = {"id": ("chatcmpl-" if chat else "cmpl-") + p.id, "created": p.created, "model": self.deployment.name}
+        echo = "" if chat or not p.request.echo else p.prompt
+        if not p.request.stream:
+            parts = [echo]
+            async with aclosing(self.run(p)) as stream:
+                async for text, stats, done in stream:
+                    parts.append(text)
+            reason, usage, spec = self.finish(p, stats)
+            text = "".join(parts)
+            choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                       "finish_reason": reason} if chat else
+                      {"index": 0, "text": text, "logprobs": None, "finish_reason": reason})
+            yield json_bytes({**head, "object": "chat.completion" if chat else "text_completion",
+                              "choices": [choice], "usage": usage, "speculative_decoding": spec,
+                              "system_fingerprint": None})
+            return
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        include_usage = bool(p.request.stream_options and p.request.stream_options.include_usage)
+        extra = {"usage": None} if include_usage else {}
+
+        def chunk(delta: str | None, reason: str | None = None, role: bool = False, **more: Any) -> bytes:
+            if chat:
+                d: dict[str, Any] = {"role": "assistant", "content": ""} if role else (
+                    {} if delta is None else {"content": delta})
+                choice = {"index": 0, "delta": d, "logprobs": None, "finish_reason": reason}
+            else:
+                choice = {"index": 0, "text": delta or "", "logprobs": None, "finish_reason": reason}
+            return sse({**head, "object": obj, "choices": [choice], "system_fingerprint": None, **extra, **more})
+
+        async with aclosing(self.run(p)) as stream:
+            first = await stream.__anext__()  # errors before any output get their HTTP status
+            yield chunk(None, role=True) if chat else chunk(echo) if echo else b""
+            text, stats, done = first
+            while True:
+                if text:
+                    yield chunk(text)
+                if done:
+                    break
+                text, stats, done = await stream.__anext__()
+        reason, usage, spec = self.finish(p, stats)
+        yield chunk(None, reason, speculative_decoding=spec)
+        if include_usage:
+            yield sse({**head, "object": obj, "choices": [], "usage": usage, "speculative_decoding": spec,
+                       "system_fingerprint": None})
+        yield DONE
+
+
+def _unavailable() -> OpenAIError:
+    return OpenAIError(503, "the model is not ready: Triton is starting, stopping or unreachable",
+                       code="model_not_ready")
+
+
+def create_app(service: OpenAIService) -> Any:
+    """The Starlette application."""
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [service.model_card()]})
+
+    async def model(request: Request) -> Response:
+        if request.path_params["model"] != service.deployment.name:
+            e = OpenAIError(404, f"The model '{request.path_params['model']}' does not exist", param="model",
+                            code="model_not_found")
+            return JSONResponse(e.body(), status_code=404)
+        return JSONResponse(service.model_card())
+
+    class Health:
+        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+            await service.health(scope, receive, send)
+
+    def generation(kind: str) -> Any:
+        async def endpoint(request: Request) -> Any:
+            raw = await request.body()
+            try:
+                body = json.loads(raw)
+                p = await service.prepare(kind, body)
+            except json.JSONDecodeError as exc:
+                e = OpenAIError(400, f"We could not parse the JSON body of your request ({exc.msg}).",
+                                code="invalid_json")
+                return JSONResponse(e.body(), status_code=400)
+            except UnicodeDecodeError:
+                e = OpenAIError(400, "the request body is not UTF-8", code="invalid_json")
+                return JSONResponse(e.body(), status_code=400)
+            except OpenAIError as e:
+                return JSONResponse(e.body(), status_code=e.status)
+            return GenerationResponse(service.body(p), SSE if p.request.stream else JSON)
+
+        return endpoint
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        status = getattr(exc, "status_code", 500)
+        message = {404: f"no such endpoint: {request.method} {request.url.path}",
+                   405: f"method {request.method} is not allowed on {request.url.path}"}.get(status, str(exc))
+        return JSONResponse(OpenAIError(status, message).body(), status_code=status)
+
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        yield
+        await service.backend.close()
+
+    routes = [Route("/v1/models", models, methods=["GET"]), Route("/v1/models/{model:path}", model, methods=["GET"]),
+              Route("/health", Health(), methods=["GET"]),
+              Route("/v1/chat/completions", generation("chat"), methods=["POST"]),
+              Route("/v1/completions", generation("completion"), methods=["POST"])]
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error},
+                     lifespan=asynccontextmanager(lifespan))

@@ -1,0 +1,197 @@
+"""The OpenAI request bodies trtspec accepts, their validation, and OpenAI's error shape.
+
+Fields follow OpenAI's API reference for ``/v1/chat/completions`` and ``/v1/completions``. A field whose meaning
+trtspec cannot honour (``n`` > 1, ``logprobs``, penalties, tools ...) is refused with a 400 that names it, never
+silently ignored; fields that change nothing here (``user``, ``metadata``, ``store``) and unknown ones are ignored,
+as vLLM does, so that load tools that add their own fields keep working. Extensions, as vLLM names them:
+``top_k``, and ``num_draft_tokens`` (the draft length K for this request; 0 = target only).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+ERROR_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 405: "invalid_request_error",
+               413: "invalid_request_error", 503: "service_unavailable_error"}
+
+
+class OpenAIError(Exception):
+    """An error answered in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 type_: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type_ or ERROR_TYPES.get(status, "server_error")
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def bad_field(param: str, message: str, code: str | None = "invalid_value") -> OpenAIError:
+    return OpenAIError(400, message, param=param, code=code)
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
+class _Common(BaseModel):
+    """Fields both endpoints share."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    # extensions
+    top_k: int | None = None
+    num_draft_tokens: int | None = None
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[ContentPart] | None = None
+
+
+class ChatCompletionRequest(_Common):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    response_format: dict[str, Any] | None = None
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[str]
+    echo: bool = False
+    suffix: str | None = None
+    logprobs: int | None = None
+    best_of: int | None = None
+
+
+def parse_request(cls: type[_Common], body: Any) -> Any:
+    """The validated request, or an OpenAIError 400 naming the first bad field."""
+    if not isinstance(body, dict):
+        raise OpenAIError(400, "the request body must be a JSON object", code="invalid_json")
+    try:
+        request = cls.model_validate(body)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = [str(p) for p in err.get("loc", ()) if not str(p).startswith(("function-", "str", "list["))]
+        param = ".".join(loc) or None
+        if err.get("type") == "missing":
+            raise bad_field(param or "body", f"missing required parameter: {param!r}", code="missing_required_parameter")
+        raise bad_field(param or "body", f"invalid value for {param!r}: {err.get('msg')}") from None
+    _refuse_unsupported(request)
+    return request
+
+
+def _refuse_unsupported(r: _Common) -> None:
+    """Fields whose meaning cannot be honoured here: refused by name (400)."""
+    if r.n is not None and r.n != 1:
+        raise bad_field("n", f"n must be 1 (got {r.n}): one choice per request is supported")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(r, name) not in (None, 0, 0.0):
+            raise bad_field(name, f"{name} is not supported by this server (send 0 or leave it out)",
+                            code="unsupported_parameter")
+    if r.logit_bias:
+        raise bad_field("logit_bias", "logit_bias is not supported by this server", code="unsupported_parameter")
+    if r.stream_options is not None and not r.stream:
+        raise bad_field("stream_options", "stream_options is only allowed when stream is true")
+    if isinstance(r, ChatCompletionRequest):
+        if r.logprobs or r.top_logprobs:
+            raise bad_field("logprobs", "logprobs are not supported by this server", code="unsupported_parameter")
+        if r.tools or r.tool_choice not in (None, "none"):
+            raise bad_field("tools", "tools are not supported by this server", code="unsupported_parameter")
+        if r.response_format and r.response_format.get("type", "text") != "text":
+            raise bad_field("response_format", "only response_format {'type': 'text'} is supported",
+                            code="unsupported_parameter")
+        if not r.messages:
+            raise bad_field("messages", "messages must hold at least one message")
+        for i, m in enumerate(r.messages):
+            if isinstance(m.content, list) and any(p.type != "text" for p in m.content):
+                raise bad_field(f"messages.{i}.content", "only text content parts are supported",
+                                code="unsupported_parameter")
+    else:
+        assert isinstance(r, CompletionRequest)
+        if isinstance(r.prompt, list) and len(r.prompt) != 1:
+            raise bad_field("prompt", f"prompt must be one string (got a list of {len(r.prompt)})")
+        if r.suffix:
+            raise bad_field("suffix", "suffix is not supported by this server", code="unsupported_parameter")
+        if r.logprobs:
+            raise bad_field("logprobs", "logprobs are not supported by this server", code="unsupported_parameter")
+        if r.best_of not in (None, 1):
+            raise bad_field("best_of", "best_of must be 1", code="unsupported_parameter")
+
+
+def requested_max_tokens(r: _Common) -> tuple[str, int | None]:
+    """(the field that set it, its value): ``max_completion_tokens`` wins over the deprecated ``max_tokens``."""
+    if isinstance(r, ChatCompletionRequest) and r.max_completion_tokens is not None:
+        return "max_completion_tokens", r.max_completion_tokens
+    return "max_tokens", r.max_tokens
+
+
+def stop_strings(r: _Common) -> list[str]:
+    stops = [r.stop] if isinstance(r.stop, str) else list(r.stop or [])
+    if len(stops) > 4:
+        raise bad_field("stop", f"stop holds at most 4 sequences (got {len(stops)})")
+    if any(not s for s in stops):
+        raise bad_field("stop", "stop sequences must not be empty")
+    return stops
+
+
+def check_generation_fields(max_tokens: tuple[str, int | None], temperature: float | None, top_p: float | None,
+                            top_k: int | None, seed: int | None, num_draft_tokens: int | None) -> None:
+    """The value rules for sampling, max tokens and K, in one place (raise a 400 naming the field).
+
+    Kept as one function so that it can give way to trtspec's shared request validation (issue 13) unchanged.
+    """
+    field, n = max_tokens
+    if n is not None and n < 1:
+        raise bad_field(field, f"{field} must be at least 1 (got {n})")
+    if temperature is not None and not 0.0 <= temperature <= 2.0:
+        raise bad_field("temperature", f"temperature must be in [0, 2] (got {temperature})")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise bad_field("top_p", f"top_p must be in (0, 1] (got {top_p})")
+    if top_k is not None and top_k < 0:
+        raise bad_field("top_k", f"top_k must be >= 0 (got {top_k}; 0 = no top-k filtering)")
+    if seed is not None and not 0 <= seed < 2**64:
+        raise bad_field("seed", f"seed must be in [0, 2**64) (got {seed})")
+    if num_draft_tokens is not None:
+        from trtspec.triton_repo.orchestrator import MAX_DRAFT_LEN
+
+        if not 0 <= num_draft_tokens <= MAX_DRAFT_LEN:  # the orchestrator's rule; it refuses more itself
+            raise bad_field("num_draft_tokens", f"num_draft_tokens must be in 0..{MAX_DRAFT_LEN} "
+                            f"(got {num_draft_tokens}; 0 = target only)")
+
+
+def message_text(m: ChatMessage) -> str:
+    if m.content is None:
+        return ""
+    if isinstance(m.content, str):
+        return m.content
+    return "".join(p.text or "" for p in m.content)

@@ -1,0 +1,151 @@
+"""trtspec torch runtime, orchestration in_process: `tensorrt_llm` with the target and the draft in this one process.
+
+One in-flight engine (trtspec.engines.inflight) runs the draft-target loop for every active request: per step, one
+packed draft pass per draft token and one packed target pass, no per-step IPC and no BLS. The tensor contract is the
+orchestrator's (input_ids ... num_draft_tokens -> output_ids, decoded_length, is_final, statistics), checked by the
+same rules (trtspec.triton_repo.orchestrator.plan_request); routed requests decode target-only in the same engine.
+
+Decoupled (the default): execute() parses, checks and queues; the engine thread answers each request through its
+response sender (streamed: one response per step with new tokens; else one response). Not decoupled: execute()
+waits for its requests and returns their responses (no streaming).
+"""
+
+import os
+import sys
+
+# The Python backend stub ignores PYTHONPATH: the server passes trtspec's location in TRTSPEC_PYTHONPATH.
+for _path in reversed(os.environ.get("TRTSPEC_PYTHONPATH", "").split(os.pathsep)):
+    if _path and _path not in sys.path:
+        sys.path.insert(0, _path)
+
+import json
+import threading
+
+import triton_python_backend_utils as pb_utils
+
+from trtspec.engines.inflight.contract import job_from_row, parse_request
+from trtspec.errors import GenerationError
+from trtspec.triton_repo.orchestrator import Deployment, plan_request
+from trtspec.triton_repo.runtime_utils import as_bool, error_message, model_params, request_inputs
+from trtspec.triton_repo.stream_output import RowsOutput
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+class _Request:
+    """One Triton request's rows: their tokens accumulate on the engine thread; answered through ``sender``."""
+
+    def __init__(self, sender, rows, context):
+        self.sender = sender  # None: not decoupled, the response is kept for execute() to return
+        self.response = None
+        self.done = threading.Event()
+        self.state = RowsOutput(rows, context)
+        self.streaming = any(r.stream for r in rows)
+        self.pending = len(rows)
+        self.failed = False
+        self.lock = threading.Lock()
+        self.jobs = []
+
+    def tokens(self, b, new, _logits, final):
+        try:
+            self._tokens(b, new, final)
+        except Exception as exc:  # noqa: BLE001 - a response that cannot be built is an error response, never none
+            self.error(exc)
+
+    def _tokens(self, b, new, final):
+        with self.lock:
+            if self.failed:
+                return
+            self.state.out[b] += new
+            if final:
+                self.pending -= 1
+            last = self.pending == 0
+            if self.streaming and new and not last:
+                self._send(self.state.tensors(True, False), 0)
+            if last:
+                self._send(self.state.tensors(self.streaming, True), FINAL)
+
+    def _send(self, tensors, flags):
+        out = [pb_utils.Tensor(k, v) for k, v in tensors.items()]
+        self._answer(pb_utils.InferenceResponse(output_tensors=out), flags)
+
+    def _answer(self, response, flags):
+        if self.sender is not None:
+            self.sender.send(response, flags=flags)
+        elif flags == FINAL:
+            self.response = response
+        if flags == FINAL:
+            self.done.set()
+
+    def error(self, exc):
+        with self.lock:
+            if self.failed:
+                return
+            self.failed = True
+        for job in self.jobs:  # the other rows stop too: the request has failed
+            job.cancel()
+        self._answer(pb_utils.InferenceResponse(error=pb_utils.TritonError(error_message(exc))), FINAL)
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        import torch
+
+        from trtspec.engines.inflight.engine import InflightEngine
+        from trtspec.engines.torch_runtime.loading import load_model
+
+        p = model_params(args)
+        threads = int(p.get("torch_threads") or 0)
+        if threads > 0:
+            torch.set_num_threads(threads)
+        self.exclude_default = as_bool(p.get("exclude_input_in_output"), False)
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"]))
+        self.context = int(p.get("stream_context_tokens") or 32)
+        max_draft_len = int(p["max_draft_len"])
+        self.deployment = Deployment(max_draft_len=max_draft_len,
+                                     draft_len_limit=int(p.get("engine_max_draft_len") or max_draft_len),
+                                     route_threshold=int(p.get("route_threshold") or 0),
+                                     draft_logits_available=True, max_seq_len=int(p["max_seq_len"]))
+        target = load_model(p["model_dir"], p.get("dtype") or "float32")
+        draft = load_model(p["draft_model_dir"], p.get("draft_dtype") or "float32")
+        self.engine = InflightEngine(
+            target, draft_model=draft, max_batch_size=int(p["max_batch_size"]), slots=int(p["kv_cache_slots"]),
+            capacity=int(p["max_seq_len"]),
+            max_queue_delay_s=int(p.get("max_queue_delay_microseconds") or 0) / 1e6,
+            name=args["model_name"]).start()
+        print(f"[trtspec] {args['model_name']}: target {p['model_dir']} + draft {p['draft_model_dir']}, "
+              f"pid {os.getpid()}, {torch.get_num_threads()} threads", flush=True)
+
+    def execute(self, requests):
+        states = []
+        for request in requests:
+            sender = request.get_response_sender() if self.decoupled else None
+            state = None
+            try:
+                rows = parse_request(request_inputs(request), exclude_input_default=self.exclude_default)
+                plans = [plan_request(row, self.deployment) for row in rows]  # all rows are valid before any starts
+                if sender is None and any(r.stream for r in rows):
+                    raise GenerationError("streaming needs the decoupled transaction policy",
+                                          hint="set triton.decoupled: true in the spec and rewrite the repository")
+                state = _Request(sender, rows, self.context)
+                for b, (row, plan) in enumerate(zip(rows, plans)):
+                    job = job_from_row(row, lambda new, lg, final, b=b, s=state: s.tokens(b, new, lg, final),
+                                       state.error, num_draft_tokens=plan.k)
+                    job.stats = state.state.stats[b]
+                    job.stats.routed_to_target = plan.routed
+                    self.engine.validate(job)
+                    state.jobs.append(job)
+                for job in state.jobs:
+                    self.engine.submit(job)
+            except Exception as exc:  # noqa: BLE001 - answer this request, keep serving the others
+                state = _Request(sender, [], self.context)
+                state.error(exc)
+            states.append(state)
+        if self.decoupled:
+            return None
+        for state in states:
+            state.done.wait()
+        return [state.response for state in states]
+
+    def finalize(self):
+        self.engine.stop()
