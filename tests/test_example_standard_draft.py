@@ -18,7 +18,7 @@ def _example_spec(example_paths, tmp_path, **changes):
 
     data = example_spec_dict(example_paths.target, example_paths.draft)
     for key, value in changes.items():
-        data[key] = {**data[key], **value} if isinstance(value, dict) else value
+        data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) else value
     return spec_from_dict(data, base_dir=tmp_path, environ={})
 
 
