@@ -1,4 +1,5 @@
-"""N-gram and hybrid drafting: the pool, prompt lookup, the hybrid rule, and losslessness through the real decoder."""
+"""N-gram and hybrid drafting: the pool, prompt lookup, the hybrid rule, and losslessness through the decoder's
+in-flight engine (trtspec.engines.inflight.token_drafters)."""
 
 from __future__ import annotations
 
@@ -61,39 +62,95 @@ def test_hybrid_rule_uses_ngrams_on_a_two_token_match_else_the_model():
 
 
 @pytest.fixture(scope="module")
-def tiny_target(tiny_pair):
+def tiny_models(tiny_pair):
     from trtspec.engines.torch_runtime.loading import load_model, load_tokenizer
 
-    return load_model(tiny_pair[0]), load_tokenizer(tiny_pair[0])
+    return load_model(tiny_pair[0]), load_model(tiny_pair[1]), load_tokenizer(tiny_pair[0])
 
 
 PROMPTS = ["The quick brown", "def add(a, b):\n    return a", "Q: What is the capital of France? A:",
            "Speculative decoding lets", "the lazy dog", "Zürich café"]
 
 
-@pytest.mark.parametrize("k", [1, 3, 6])
-def test_ngram_and_hybrid_proposals_are_lossless_through_the_decoder(tiny_target, k):
-    """Proposals fed to today's SpeculativeDecoder as a draft's (tests/drafter_adapter.py) leave the greedy output
-    equal to target-only; the pool comes from the target's answers to half of the prompts, so some proposals are
-    accepted and some rejected."""
-    from drafter_adapter import DrafterAsDraftModel
-
+@pytest.fixture(scope="module")
+def references(tiny_models):
+    """Target-only greedy answers, and a pool of the target's answers to half of the prompts (so that some
+    proposals are accepted and some rejected)."""
     from trtspec.engines.torch_runtime.decoder import SpeculativeDecoder
 
-    target, tok = tiny_target
+    target, _, tok = tiny_models
     prompts = [tok.encode(p) for p in PROMPTS]
     base = SpeculativeDecoder(target, None)
     reference = [base.generate([p], 40)[0].token_ids for p in prompts]
     pool = NgramPool.from_sequences([p + r for p, r in zip(prompts[::2], reference[::2])],
                                     vocab_size=target.config.vocab_size)
-    for drafter in (NgramDrafter(pool), NgramDrafter(None)):
-        accepted = drafted = 0
-        for p, ref in zip(prompts, reference):
-            adapter = DrafterAsDraftModel(drafter, target.config.vocab_size, k)
-            dec = SpeculativeDecoder(target, adapter, max_draft_len=k)
-            r = dec.generate([p], 40)[0]
-            assert r.token_ids == ref
-            stats = r.stats
-            drafted += getattr(stats, "total_draft_tokens", getattr(stats, "draft_tokens", 0))
-            accepted += getattr(stats, "total_accepted_draft_tokens", getattr(stats, "accepted_tokens", 0))
-        assert drafted > accepted > 0, (drafted, accepted)
+    return prompts, reference, pool
+
+
+def _counts(results):
+    return (sum(r.stats.total_draft_tokens for r in results),
+            sum(r.stats.total_accepted_draft_tokens for r in results))
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+@pytest.mark.parametrize("kind", ["ngram", "prompt_lookup", "hybrid"])
+def test_ngram_and_hybrid_are_lossless_through_the_decoder(tiny_models, references, kind, k):
+    """The decoder's in-flight engine drafts with the n-gram drafter (no draft model) or the hybrid: greedy output
+    equals target-only, one request at a time and all in one batch, and proposals are accepted and rejected."""
+    from trtspec.engines.torch_runtime.decoder import SpeculativeDecoder
+
+    target, draft, _ = tiny_models
+    prompts, reference, pool = references
+    dec = SpeculativeDecoder(target, draft if kind == "hybrid" else None, max_draft_len=k,
+                             drafter="ngram" if kind == "prompt_lookup" else kind,
+                             ngram_pool=None if kind == "prompt_lookup" else pool)
+    single = [dec.generate([p], 40)[0] for p in prompts]
+    assert [r.token_ids for r in single] == reference
+    drafted, accepted = _counts(single)
+    assert drafted > accepted > 0, (drafted, accepted)
+    batch = dec.generate(prompts, 40)
+    assert [r.token_ids for r in batch] == reference
+    assert all(r.stats.acceptance_rate == (r.stats.total_accepted_draft_tokens / r.stats.total_draft_tokens
+                                           if r.stats.total_draft_tokens else 0.0) for r in batch)
+    assert [r.token_ids for r in dec.generate(prompts[:2], 40, use_draft=False)] == reference[:2]
+
+
+def test_hybrid_uses_both_sources_and_keeps_the_draft_cache_in_step(tiny_models, references):
+    """Hybrid steps alternate between n-grams and the draft model (whose cache catches up on the tokens of n-gram
+    steps); with sequences in flight together the output is still the target's."""
+    from trtspec.engines.torch_runtime.decoder import SpeculativeDecoder
+
+    target, draft, _ = tiny_models
+    prompts, reference, pool = references
+    dec = SpeculativeDecoder(target, draft, max_draft_len=4, drafter="hybrid", ngram_pool=pool)
+    results = dec.generate(prompts, 40)
+    assert [r.token_ids for r in results] == reference
+    hybrid = dec._engines[True].drafter
+    assert hybrid.ngram_steps > 0 and hybrid.model_steps > 0, (hybrid.ngram_steps, hybrid.model_steps)
+
+
+def test_engine_drafters_keep_the_model_drafter_interface(tiny_models, references):
+    from trtspec.engines.inflight.drafter import ModelDrafter
+    from trtspec.engines.inflight.token_drafters import HybridEngineDrafter, NgramEngineDrafter, make_drafter
+
+    target, draft, _ = tiny_models
+    _, _, pool = references
+    vocab = target.config.vocab_size
+    kinds = {"model": ModelDrafter, "ngram": NgramEngineDrafter, "hybrid": HybridEngineDrafter}
+    for kind, cls in kinds.items():
+        d = make_drafter(kind, draft_model=draft, pool=pool, vocab=vocab, slots=2, capacity=128)
+        assert isinstance(d, cls)
+        for name in ("admit", "release", "propose", "commit"):
+            assert callable(getattr(d, name))
+        assert d.free > 0
+    with pytest.raises(ValueError, match="needs a draft model"):
+        make_drafter("hybrid", pool=pool, vocab=vocab, slots=2, capacity=128)
+    # a pool token the target cannot take ends the proposal there
+    wide = NgramPool.from_sequences([[1, 2, vocab + 5, 3]], vocab_size=vocab + 10)
+    from trtspec.engines.inflight.jobs import Job
+
+    ng = make_drafter("ngram", pool=wide, vocab=vocab, slots=1, capacity=64)
+    job = Job(tokens=[7, 1, 2], max_new=4, on_tokens=lambda *_: None, on_error=lambda e: None)
+    ng.admit(job)
+    assert job.draft_state is not None
+    assert ng.propose([job], [3])[0].tokens == []  # the pool continues 1 2 with an out-of-vocabulary token

@@ -17,6 +17,7 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -231,3 +232,25 @@ class NgramDrafter:
             more = self.pool.chain(list(context) + local.tokens, k - len(local.tokens), self.min_match)
             return Proposal(local.tokens + more.tokens, local.match_len, local.source)
         return local if local.tokens else pooled
+
+
+def pool_for_spec(spec: Any, target_vocab: int | None = None) -> NgramPool | None:
+    """The n-gram pool the spec's ngram / hybrid drafter reads (``speculative.ngram_pool``, else the draft's
+    ``ngram_pool.npz``); None (prompt lookup only) when the default file is absent. GenerationError when a pool named
+    in the spec is missing, or a pool is not one or was built for another vocabulary."""
+    from trtspec.errors import GenerationError
+
+    path = spec.ngram_pool_path
+    if not path.is_file():
+        if spec.speculative.ngram_pool is None:
+            return None
+        raise GenerationError(f"speculative.ngram_pool {path}: file not found",
+                              hint="trtspec distill writes ngram_pool.npz next to the draft")
+    try:
+        pool = NgramPool.load(path)
+    except ValueError as exc:
+        raise GenerationError(str(exc), hint="trtspec distill writes ngram_pool.npz; set speculative.ngram_pool")
+    if target_vocab is not None and pool.vocab_size != target_vocab:
+        raise GenerationError(f"{path}: built for a vocabulary of {pool.vocab_size}, the target has {target_vocab}",
+                              hint="rebuild the pool with trtspec distill for this target")
+    return pool
