@@ -127,3 +127,31 @@ def test_tune_bad_input_is_one_line(capsys, args, message):
     code, _, err = run_tune(capsys, *args)
     lines = [x for x in err.splitlines() if x.strip()]
     assert code == 1 and message in lines[0] and lines[1].startswith("hint:")
+
+
+def test_tune_ngram_simulates_the_decoder_s_n_gram_steps_exactly(capsys, spec_file):
+    """drafter ngram (prompt lookup: the tiny draft has no pool) runs through the decoder's in-flight engine: the
+    exact simulation of the n-gram's proposals predicts the decoder's step count at every K."""
+    text = spec_file.read_text().replace("  route_threshold: 0\n", "  route_threshold: 0\n  drafter: ngram\n")
+    spec_file.write_text(text)
+    code, out, err = run_tune(capsys, str(spec_file), "--prompts", str(spec_file.parent / "prompts.txt"),
+                              "--costs", str(spec_file.parent / "costs.json"), "--k-max", "4",
+                              "--max-tokens", str(MAX_TOKENS), "--n-prompts", "4", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["drafter"] == "ngram"
+    from trtspec.engines.torch_runtime.decoder import SpeculativeDecoder
+    from trtspec.engines.torch_runtime.session import TorchSession
+    from trtspec.spec import load_spec
+
+    session = TorchSession.from_spec(load_spec(spec_file))
+    assert session.draft is None and session.decoder.drafter.value == "ngram"
+    dec: SpeculativeDecoder = session.decoder
+    from trtspec.engines.distill.data import encode_prompt
+
+    ids = [encode_prompt(session.tokenizer, p.replace("\n", " ")) for p in PROMPTS]
+    reference = [r.token_ids for r in dec.generate(ids, MAX_TOKENS, use_draft=False)]
+    for row in result["rows"]:
+        runs = [dec.generate([p], MAX_TOKENS, draft_len=row["k"])[0] for p in ids]
+        assert [r.token_ids for r in runs] == reference
+        assert row["steps"] == sum(r.stats.target_steps for r in runs), row

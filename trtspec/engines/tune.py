@@ -51,25 +51,17 @@ def default_prompts(n: int) -> list[str]:
     return split_prompts(load_prompts(None), DistillSettings().held_out)[1][:n]
 
 
-def profile_for(spec: BuildSpec, draft: Any, target_vocab: int, refs: Sequence[Any], k_max: int,
-                c: float) -> MatchProfile:
-    """The spec's drafter (``speculative.drafter``) on the reference answers."""
+def profile_for(spec: BuildSpec, draft: Any, pool: Any, refs: Sequence[Any], k_max: int, c: float) -> MatchProfile:
+    """The spec's drafter (``speculative.drafter``; ``pool`` its n-gram pool, None: prompt lookup only) on the
+    reference answers."""
     from trtspec.engines.torch_runtime.profiling import drafter_profile, hybrid_profile, model_profile
 
     kind = spec.speculative.drafter
     if kind is DrafterKind.MODEL:
         return model_profile(draft, refs, k_max)
     from trtspec.engines.drafters.hybrid import HYBRID_MIN_MATCH, HYBRID_MODEL_K
-    from trtspec.engines.drafters.ngram import NgramDrafter, NgramPool
+    from trtspec.engines.drafters.ngram import NgramDrafter
 
-    path = spec.ngram_pool_path
-    try:
-        pool = NgramPool.load(path)
-    except ValueError as exc:
-        raise GenerationError(str(exc), hint="trtspec distill writes ngram_pool.npz; set speculative.ngram_pool")
-    if pool.vocab_size != target_vocab:
-        raise GenerationError(f"{path}: built for a vocabulary of {pool.vocab_size}, the target has {target_vocab}",
-                              hint="rebuild the pool with trtspec distill for this target")
     ngram, matches = drafter_profile(NgramDrafter(pool), refs, k_max)
     if kind is DrafterKind.NGRAM:
         return ngram
@@ -99,11 +91,11 @@ def tune_in_process(spec: BuildSpec, prompts: Sequence[str], *, ks: Sequence[int
     ks = sorted(set(ks))
     if not ks or ks[0] < 1 or ks[-1] > 16:
         raise GenerationError(f"K values {ks} must lie in 1..16", hint="e.g. --k-max 8")
-    session = TorchSession.from_spec(spec)
-    target, draft = session.target, session.draft
+    session = TorchSession.from_spec(spec, load_draft=True)  # the draft's costs are measured for every drafter
+    target, draft, pool = session.target, session.draft, session.decoder.ngram_pool
     ids = [encode_prompt(session.tokenizer, p) for p in prompts]
     dec = SpeculativeDecoder(target, draft, max_draft_len=ks[-1], eos_ids=session.decoder.eos_ids,
-                             pad_id=session.decoder.pad_id)
+                             pad_id=session.decoder.pad_id, drafter=spec.speculative.drafter, ngram_pool=pool)
     say("target-only reference answers")
     base = time_decoder(dec, ids, max_tokens, 0)
     refs = [Reference(list(p), list(o), max_tokens) for p, o in zip(ids, base["outputs"])]
@@ -116,12 +108,12 @@ def tune_in_process(spec: BuildSpec, prompts: Sequence[str], *, ks: Sequence[int
             notes.append(f"costs were measured on this machine's torch runtime, not on {spec.runtime.value}'s "
                          "GPUs: pass --costs FILE measured there, or --url a served endpoint")
     say(f"per-position acceptance ({spec.speculative.drafter.value})")
-    profile = profile_for(spec, draft, target.config.vocab_size, refs, ks[-1], costs.c)
+    profile = profile_for(spec, draft, pool, refs, ks[-1], costs.c)
     sims = sweep(profile, costs, ks)
     rows = [_row(s, costs) for s in sims]
     measured: dict[int, float] = {}
     in_loop: dict[int, tuple[float | None, float | None]] = {}
-    if costs.measured and measure_top and spec.speculative.drafter is DrafterKind.MODEL:
+    if costs.measured and measure_top:
         top = sorted(sims, key=lambda s: -s.speedup)[:measure_top]
         for s in sorted(top, key=lambda s: s.k):
             say(f"measuring K={s.k}")
@@ -131,9 +123,6 @@ def tune_in_process(spec: BuildSpec, prompts: Sequence[str], *, ks: Sequence[int
                                       hint="this is a bug in the decoder; report it")
             measured[s.k] = base["seconds"] / run["seconds"] if run["seconds"] else 0.0
             in_loop[s.k] = loop_costs(run, base)
-    elif spec.speculative.drafter is not DrafterKind.MODEL:
-        notes.append("the in-process decoder feeds model drafts only today: n-gram and hybrid speedups are "
-                     "predicted (exact simulation), not measured")
     for row in rows:
         row["measured_speedup"] = round(measured[row["k"]], 4) if row["k"] in measured else None
         c_loop, v_loop = in_loop.get(row["k"], (None, None))
