@@ -16,10 +16,11 @@ UPSTREAM = json.loads((Path(__file__).parent / "upstream" / "ngram_decoding.json
 LLM_API = json.loads((Path(__file__).parent / "upstream" / "llm_api.json").read_text())
 
 
-def _spec(tiny_pair, runtime: str, drafter: str, pool: Path | None = None):
+def _spec(tiny_pair, runtime: str, drafter: str, pool: Path | None = None, orchestration: str = "auto"):
     spec = {"runtime": runtime, "target": {"model": str(tiny_pair[0]), "quantization": "none"},
             "draft": {"model": str(tiny_pair[1]), "quantization": "none"},
-            "speculative": {"drafter": drafter, "ngram_pool": str(pool) if pool else None}}
+            "speculative": {"drafter": drafter, "ngram_pool": str(pool) if pool else None},
+            "triton": {"orchestration": orchestration}}
     return spec_from_dict(spec, environ={})
 
 
@@ -52,10 +53,24 @@ def test_ngram_on_llmapi_passes_and_says_the_pool_is_not_pre_seeded(tiny_pair, p
     assert pool.level is Level.WARN and "cannot be pre-seeded" in pool.detail
 
 
-@pytest.mark.parametrize("runtime, drafter", [("torch", "ngram"), ("trtllm-engine", "hybrid"),
-                                              ("trtllm-llmapi", "hybrid")])
-def test_drafters_a_runtime_does_not_serve_yet_are_blocking(tiny_pair, pool_file, runtime, drafter):
-    report = run_check(_spec(tiny_pair, runtime, drafter, pool_file), NO_TOOLS)
+@pytest.mark.parametrize("drafter", ["ngram", "hybrid"])
+def test_torch_in_process_serves_ngram_and_hybrid(tiny_pair, pool_file, drafter):
+    report = run_check(_spec(tiny_pair, "torch", drafter, pool_file), NO_TOOLS)
+    assert _finding(report, "drafter").level is Level.OK
+    assert _finding(report, "n-gram pool").level is Level.OK
+
+
+def test_torch_without_a_pool_warns_prompt_lookup_only(tiny_pair):
+    report = run_check(_spec(tiny_pair, "torch", "ngram"), NO_TOOLS)  # the tiny draft has no ngram_pool.npz
+    pool = _finding(report, "n-gram pool")
+    assert pool.level is Level.WARN and "prompt lookup only" in pool.detail
+
+
+@pytest.mark.parametrize("runtime, drafter, orchestration", [
+    ("torch", "ngram", "bls"), ("torch", "hybrid", "bls"), ("trtllm-engine", "hybrid", "auto"),
+    ("trtllm-engine", "ngram", "auto"), ("trtllm-llmapi", "hybrid", "auto")])
+def test_drafters_a_runtime_does_not_serve_are_blocking(tiny_pair, pool_file, runtime, drafter, orchestration):
+    report = run_check(_spec(tiny_pair, runtime, drafter, pool_file, orchestration), NO_TOOLS)
     finding = _finding(report, "drafter")
     assert finding.level is Level.ERROR and f"'{drafter}'" in finding.detail and not report.ok
 
@@ -65,6 +80,7 @@ def test_missing_pool_and_pool_of_another_tokenizer_are_reported(tiny_pair, tmp_
 
     missing = run_check(_spec(tiny_pair, "torch", "ngram", tmp_path / "none.npz"), NO_TOOLS)
     assert "missing" in _finding(missing, "n-gram pool").detail
+    assert _finding(missing, "n-gram pool").level is Level.ERROR  # a pool the spec names must be there
     other = NgramPool.from_sequences([[1, 2, 3]], vocab_size=7).save(tmp_path / "other.npz")
     report = run_check(_spec(tiny_pair, "trtllm-llmapi", "ngram", other), NO_TOOLS)
     assert _finding(report, "n-gram pool").level is Level.ERROR and "another tokenizer" in \

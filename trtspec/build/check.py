@@ -14,11 +14,20 @@ from trtspec.families import NormalizedConfig, known_families, read_config
 from trtspec.spec import BuildSpec, DrafterKind, Quantization, Runtime
 
 BLOCK_SIZE_4BIT = 128
-# Which drafters each runtime serves. The torch runtime and the orchestrator (trtllm-engine) feed n-gram proposals
-# as draft_input_ids once their decoding core calls trtspec.engines.drafters (issue 15, phase 2); the LLM API maps
-# ngram to TensorRT-LLM's own NGram drafter and has no hybrid of a draft model and n-grams.
-DRAFTERS_SERVED = {Runtime.TORCH: {DrafterKind.MODEL}, Runtime.TRTLLM_ENGINE: {DrafterKind.MODEL},
+# Which drafters each runtime serves. The torch runtime's in-flight engine drafts with the draft model, n-grams or
+# the hybrid (trtspec.engines.inflight.token_drafters), in process and in its in-process Triton model; its BLS
+# orchestration and trtllm-engine's orchestrator draft with the draft model's engine only. The LLM API maps ngram to
+# TensorRT-LLM's own NGram drafter and has no hybrid of a draft model and n-grams.
+ALL_DRAFTERS = {DrafterKind.MODEL, DrafterKind.NGRAM, DrafterKind.HYBRID}
+DRAFTERS_SERVED = {Runtime.TORCH: ALL_DRAFTERS, Runtime.TRTLLM_ENGINE: {DrafterKind.MODEL},
                    Runtime.TRTLLM_LLMAPI: {DrafterKind.MODEL, DrafterKind.NGRAM}}
+
+
+def drafters_served(spec: BuildSpec) -> set[DrafterKind]:
+    """The drafters ``spec``'s runtime and orchestration serve."""
+    if spec.runtime is Runtime.TORCH and not spec.in_process:
+        return {DrafterKind.MODEL}  # the BLS orchestrator drafts through the draft model's engine
+    return DRAFTERS_SERVED[spec.runtime]
 CUDA_ONLY_FORMATS = (Quantization.NVFP4,)
 
 
@@ -170,11 +179,24 @@ def _check_drafter(report: CheckReport, spec: BuildSpec, t: NormalizedConfig, tt
     if kind is DrafterKind.MODEL:
         report.add("drafter", Level.OK, "model: the draft model proposes")
         return
-    if kind not in DRAFTERS_SERVED[spec.runtime]:
-        served = ", ".join(sorted(k.value for k in DRAFTERS_SERVED[spec.runtime]))
-        report.add("drafter", Level.ERROR, f"runtime {spec.runtime.value} does not serve drafter '{kind.value}' yet "
-                   f"(it serves: {served})", "use speculative.drafter: model, or runtime trtllm-llmapi for ngram")
+    served = drafters_served(spec)
+    where = spec.runtime.value + (" with triton.orchestration bls" if spec.runtime is Runtime.TORCH else "")
+    if kind not in served:
+        names = ", ".join(sorted(k.value for k in served))
+        hint = ("use triton.orchestration auto (in_process) or speculative.drafter: model"
+                if spec.runtime is Runtime.TORCH else
+                "use speculative.drafter: model, or runtime torch (ngram, hybrid) or trtllm-llmapi (ngram)")
+        report.add("drafter", Level.ERROR, f"runtime {where} does not serve drafter '{kind.value}' (it serves: "
+                   f"{names})", hint)
+    else:
+        report.add("drafter", Level.OK, f"{kind.value}: " + ("prompt lookup + the n-gram pool propose"
+                   if kind is DrafterKind.NGRAM else "n-grams on a confident match, else the draft model"))
     pool = spec.ngram_pool_path
+    if not pool.is_file() and spec.speculative.ngram_pool is None and spec.runtime is Runtime.TORCH:
+        report.add("n-gram pool", Level.WARN, f"{pool}: missing; the {kind.value} drafter proposes by prompt "
+                   "lookup only", "trtspec distill writes ngram_pool.npz next to the draft; or set "
+                   "speculative.ngram_pool")
+        return
     try:
         from trtspec.engines.drafters.ngram import read_pool_meta, vocab_fingerprint
 
