@@ -1,8 +1,11 @@
 """Pack a distilled draft of the embedded example into trtspec/data/draft (what `example_draft()` unpacks).
 
     trtspec distill --target "$(python -c 'from trtspec.example import example_target; print(example_target())')" \
-        --out draft-smollm2
+        --out draft-smollm2 --tokens 400000 --answers-per-prompt 8 --steps 1200 --eval-prompts 32 --threads 2
     python scripts/pack_example_draft.py draft-smollm2
+
+The package keeps the standard checkpoint's config, its non-zero head rows (float16, without the target's embeddings),
+the report and the n-gram pool.
 """
 
 from __future__ import annotations

@@ -52,9 +52,10 @@ def test_distilled_draft_beats_untrained_draft_of_same_shape(tiny_pair, distille
     result, prompt_file = distilled
     settings = tiny_settings(prompt_file)
     target, tok = load_model(tiny_pair[0]), load_tokenizer(tiny_pair[0])
-    trained = load_model(result.out)  # through the Auto classes, as the runtime loads it
-    assert type(trained).__name__ == "DraftForCausalLM" and trained.config.head_vocab_size == 256
-    untrained = draft_from_target(target, [0], trained.head_token_ids).eval()  # the training's starting point
+    trained = load_model(result.out)  # a standard LlamaForCausalLM, with the frequent head applied by trtspec's loader
+    assert type(trained).__name__ == "LlamaForCausalLM" and type(trained.lm_head).__name__ == "FrequentHead"
+    assert trained.lm_head.token_ids.numel() == 256
+    untrained = draft_from_target(target, [0], trained.lm_head.token_ids).eval()  # the training's starting point
     train_prompts, held_out = split_prompts(load_prompts(prompt_file), settings.held_out)
     kwargs = dict(k=4, max_tokens=24, eos_ids=[tok.eos_token_id], pad_id=tok.pad_token_id, costs=False)
 
@@ -215,3 +216,31 @@ def test_sampled_answers_add_contexts_but_keep_the_target_s_own_labels(tiny_pair
         top = logp.topk(8, dim=-1)
         assert top.indices.tolist() == s.topk_ids.tolist()
         assert torch.allclose(top.values, s.topk_logp.float(), atol=1e-2)
+
+
+def test_distilled_draft_is_a_standard_checkpoint_that_proposes_as_its_frequent_head(tiny_pair, distilled):
+    """What distill writes reloads with plain transformers (a LlamaForCausalLM over the target's full vocabulary) and
+    proposes, greedily, exactly what trtspec's loader makes of it (the frequent head: -inf outside its rows)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from trtspec.engines.distill.data import encode_prompt, load_prompts
+    from trtspec.engines.torch_runtime.loading import load_model, load_tokenizer
+
+    result, prompt_file = distilled
+    config = json.loads((result.out / "config.json").read_text())
+    target_config = json.loads((tiny_pair[0] / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["model_type"] == "llama"
+    assert config["vocab_size"] == target_config["vocab_size"] and config["trtspec_frequent_head"]["tokens"] == 256
+    plain = AutoModelForCausalLM.from_pretrained(result.out).eval()
+    assert type(plain.lm_head) is torch.nn.Linear and plain.lm_head.weight.shape[0] == config["vocab_size"]
+    frequent = load_model(result.out)
+    assert type(frequent.lm_head).__name__ == "FrequentHead"
+    tok = load_tokenizer(tiny_pair[0])
+    for text in load_prompts(prompt_file)[:12]:
+        ids = torch.tensor([encode_prompt(tok, text)])
+        kwargs = dict(max_new_tokens=16, do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=None)
+        with torch.no_grad():
+            assert plain.generate(ids, **kwargs).tolist() == frequent.generate(ids, **kwargs).tolist(), text
+    assert (result.out / "ngram_pool.npz").is_file()
+    assert result.report["drafters"]["ngram"]["tokens_per_step"] >= 1.0

@@ -26,7 +26,9 @@ def test_distilled_draft_is_lossless_and_accepts_more_than_the_truncated_one(exa
     from trtspec.example import DRAFT_LAYERS, TARGET_NAME, _atomic_build, _truncate, cache_dir
 
     session = TorchSession(example_paths.target, example_paths.draft, max_draft_len=4)
-    assert type(session.draft).__name__ == "DraftForCausalLM"
+    # a standard LlamaForCausalLM on disk; trtspec's loader applies its frequent head
+    assert type(session.draft).__name__ == "LlamaForCausalLM"
+    assert type(session.draft.lm_head).__name__ == "FrequentHead"
     truncated = load_model(_atomic_build(cache_dir() / "models" / f"{TARGET_NAME}-first{DRAFT_LAYERS}",
                                          _truncate(example_paths.target, DRAFT_LAYERS)))
     prompts = [session.encode(q) for q in QUESTIONS]

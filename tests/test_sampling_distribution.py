@@ -124,3 +124,28 @@ def test_seeded_sampling_is_reproducible(pair):
     b = dec.generate([PROMPT] * 4, 10, SamplingParams(temperature=1.0, seed=7))
     assert [r.token_ids for r in a] == [r.token_ids for r in b]
     assert len({tuple(r.token_ids) for r in a}) > 1  # rows get different streams
+
+
+@pytest.mark.parametrize("kind", ["ngram", "hybrid"])
+def test_ngram_and_hybrid_sampling_match_target_distribution(pair, kind):
+    """n-gram proposals are point masses (q = 1 on the token): accepted with probability p(x), else resampled from p
+    without x. A pool of random sequences over the tiny vocabulary always proposes, so most steps verify drafts."""
+    from trtspec.engines.drafters.ngram import NgramPool
+
+    target, draft = pair
+    params = SamplingParams(temperature=1.0)
+    gen = torch.Generator().manual_seed(3)
+    pool = NgramPool.from_sequences([torch.randint(0, VOCAB, (40,), generator=gen).tolist() for _ in range(20)],
+                                    vocab_size=VOCAB, max_match=2)
+    dec = SpeculativeDecoder(target, draft if kind == "hybrid" else None, max_draft_len=3, drafter=kind,
+                             ngram_pool=pool)
+    out, drafted, accepted = [], 0, 0
+    for chunk in range(SAMPLES // 500):
+        p = SamplingParams(params.temperature, seed=chunk * 1000)
+        results = dec.generate([PROMPT] * 500, N_TOKENS, p)
+        out += [tuple(r.token_ids) for r in results]
+        drafted += sum(r.stats.total_draft_tokens for r in results)
+        accepted += sum(r.stats.total_accepted_draft_tokens for r in results)
+    assert drafted > accepted > 0, (drafted, accepted)
+    p_value = _chi_square_p(out, _exact_joint(target, params))
+    assert p_value > ALPHA, p_value

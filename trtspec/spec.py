@@ -52,6 +52,14 @@ class Quantization(str, Enum):
     NVFP4 = "nvfp4"
 
 
+class DrafterKind(str, Enum):
+    """What proposes the draft tokens (``speculative.drafter``)."""
+
+    MODEL = "model"
+    NGRAM = "ngram"
+    HYBRID = "hybrid"
+
+
 class KVCacheFormat(str, Enum):
     """KV-cache storage format; ``auto`` keeps the model dtype."""
 
@@ -88,6 +96,13 @@ class SpeculativeSpec(_Section):
     )
     route_threshold: int = Field(
         100, ge=0, description="requests asking fewer max_tokens than this go straight to the target"
+    )
+    drafter: DrafterKind = Field(
+        DrafterKind.MODEL, description="model: the draft model; ngram: prompt lookup + the n-gram pool; hybrid: "
+        "n-gram on a >= 2-token match, else the draft model"
+    )
+    ngram_pool: Path | None = Field(
+        None, description="n-gram pool (ngram_pool.npz from trtspec distill); empty: the one in the draft's directory"
     )
 
 
@@ -226,6 +241,12 @@ class BuildSpec(_Section):
     def default_notes(self) -> dict[str, str]:
         """Why a default was chosen, by field path (e.g. ``draft.quantization``): `trtspec init` writes them."""
         return dict(self._notes)
+
+    @property
+    def ngram_pool_path(self) -> Path:
+        """The n-gram pool the ngram and hybrid drafters read (resolved against the spec's directory)."""
+        pool = self.speculative.ngram_pool
+        return self.model_path("draft") / "ngram_pool.npz" if pool is None else self.resolve(pool)
 
     @property
     def build_dir(self) -> Path:

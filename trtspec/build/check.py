@@ -11,9 +11,23 @@ from trtspec.build.tokenizers import TokenizerInfo, first_vocab_difference, read
 from trtspec.build.toolchain import Toolchain, detect_toolchain
 from trtspec.errors import IncompatibleModelsError, TrtspecError
 from trtspec.families import NormalizedConfig, known_families, read_config
-from trtspec.spec import BuildSpec, Quantization, Runtime
+from trtspec.spec import BuildSpec, DrafterKind, Quantization, Runtime
 
 BLOCK_SIZE_4BIT = 128
+# Which drafters each runtime serves. The torch runtime's in-flight engine drafts with the draft model, n-grams or
+# the hybrid (trtspec.engines.inflight.token_drafters), in process and in its in-process Triton model; its BLS
+# orchestration and trtllm-engine's orchestrator draft with the draft model's engine only. The LLM API maps ngram to
+# TensorRT-LLM's own NGram drafter and has no hybrid of a draft model and n-grams.
+ALL_DRAFTERS = {DrafterKind.MODEL, DrafterKind.NGRAM, DrafterKind.HYBRID}
+DRAFTERS_SERVED = {Runtime.TORCH: ALL_DRAFTERS, Runtime.TRTLLM_ENGINE: {DrafterKind.MODEL},
+                   Runtime.TRTLLM_LLMAPI: {DrafterKind.MODEL, DrafterKind.NGRAM}}
+
+
+def drafters_served(spec: BuildSpec) -> set[DrafterKind]:
+    """The drafters ``spec``'s runtime and orchestration serve."""
+    if spec.runtime is Runtime.TORCH and not spec.in_process:
+        return {DrafterKind.MODEL}  # the BLS orchestrator drafts through the draft model's engine
+    return DRAFTERS_SERVED[spec.runtime]
 CUDA_ONLY_FORMATS = (Quantization.NVFP4,)
 
 
@@ -160,6 +174,51 @@ def _check_speculative(report: CheckReport, spec: BuildSpec, t: NormalizedConfig
                    "use_draft_logits applies to the trtllm-engine runtime")
 
 
+def _check_drafter(report: CheckReport, spec: BuildSpec, t: NormalizedConfig, tt: TokenizerInfo) -> None:
+    kind = spec.speculative.drafter
+    if kind is DrafterKind.MODEL:
+        report.add("drafter", Level.OK, "model: the draft model proposes")
+        return
+    served = drafters_served(spec)
+    where = spec.runtime.value + (" with triton.orchestration bls" if spec.runtime is Runtime.TORCH else "")
+    if kind not in served:
+        names = ", ".join(sorted(k.value for k in served))
+        hint = ("use triton.orchestration auto (in_process) or speculative.drafter: model"
+                if spec.runtime is Runtime.TORCH else
+                "use speculative.drafter: model, or runtime torch (ngram, hybrid) or trtllm-llmapi (ngram)")
+        report.add("drafter", Level.ERROR, f"runtime {where} does not serve drafter '{kind.value}' (it serves: "
+                   f"{names})", hint)
+    else:
+        report.add("drafter", Level.OK, f"{kind.value}: " + ("prompt lookup + the n-gram pool propose"
+                   if kind is DrafterKind.NGRAM else "n-grams on a confident match, else the draft model"))
+    pool = spec.ngram_pool_path
+    if not pool.is_file() and spec.speculative.ngram_pool is None and spec.runtime is Runtime.TORCH:
+        report.add("n-gram pool", Level.WARN, f"{pool}: missing; the {kind.value} drafter proposes by prompt "
+                   "lookup only", "trtspec distill writes ngram_pool.npz next to the draft; or set "
+                   "speculative.ngram_pool")
+        return
+    try:
+        from trtspec.engines.drafters.ngram import read_pool_meta, vocab_fingerprint
+
+        meta = read_pool_meta(pool)
+    except (OSError, KeyError, ValueError) as exc:
+        level = Level.WARN if spec.runtime is Runtime.TRTLLM_LLMAPI else Level.ERROR
+        report.add("n-gram pool", level, f"{pool}: {'missing' if not pool.is_file() else f'not a pool ({exc})'}",
+                   "trtspec distill writes ngram_pool.npz next to the draft; set speculative.ngram_pool to one")
+        return
+    if int(meta["vocab_size"]) != t.vocab_size or meta.get("tokenizer_sha256") not in (None, vocab_fingerprint(tt.vocab)):
+        report.add("n-gram pool", Level.ERROR, f"{pool}: built with another tokenizer than the target's",
+                   "rebuild it with trtspec distill for this target")
+        return
+    detail = f"{pool.name}: {meta['tokens']:,} tokens ({meta.get('source', 'unknown source')})"
+    if spec.runtime is Runtime.TRTLLM_LLMAPI:
+        report.add("n-gram pool", Level.WARN, detail + "; TensorRT-LLM's NGram drafter builds its own pool from the "
+                   "requests it serves (public pool) and cannot be pre-seeded from this file",
+                   "its acceptance starts at prompt lookup's and grows with traffic")
+    else:
+        report.add("n-gram pool", Level.OK, detail)
+
+
 def _check_host_memory(report: CheckReport, spec: BuildSpec, t: NormalizedConfig, d: NormalizedConfig) -> None:
     """The torch runtime runs on this machine's CPU: its RAM is what must hold the models (spec.gpu is not used)."""
     plan = plan_host_memory(spec, t, d)
@@ -264,6 +323,7 @@ def run_check(spec: BuildSpec, toolchain: Toolchain | None = None) -> CheckRepor
             _check_context(report, spec, role, cfg)
             _check_quantization(report, spec, role, cfg, tools)
         _check_speculative(report, spec, t[0], d[0])
+        _check_drafter(report, spec, t[0], t[1])
         _check_memory(report, spec, t[0], d[0])
     _check_dtype(report, spec)
     _check_calibration(report, spec)

@@ -20,7 +20,9 @@ _REPORT_ROWS = [
     ("bound_s", "speedup bound S"),
     ("measured_speedup", "measured speedup on held-out prompts"),
     ("identical_greedy", "greedy output identical to target-only"),
+    ("predicted_speedup", "predicted speedup (exact simulation, measured costs)"),
     ("head_coverage", "held-out answer tokens the head covers"),
+    ("full_head_agreement", "full-vocabulary head proposes as the frequent head"),
     ("train_answer_tokens", "training tokens (target answers)"),
     ("total_s", "wall time (s)"),
 ]
@@ -31,6 +33,17 @@ def _report_table(report: dict, k: int) -> Table:
     for key, label in _REPORT_ROWS:
         if key in report:
             table.add_row(label, str(report[key]))
+    if report.get("per_position"):
+        table.add_row("per-position acceptance (1..8)", " ".join(f"{x:.2f}" for x in report["per_position"]))
+    for name, fig in (report.get("drafters") or {}).items():
+        if isinstance(fig, dict):
+            table.add_row(f"{name}: tokens/step, predicted speedup",
+                          f"{fig['tokens_per_step']}, {fig['predicted_speedup']}")
+    placement = report.get("placement") or {}
+    if placement:
+        table.add_row("ran on", f"teacher {placement['teacher_device']} {placement['teacher_dtype']}, draft "
+                                f"{placement['draft_device']} (bf16 autocast {placement['train_bf16']}), report "
+                                f"target {placement['eval_dtype']}")
     return table
 
 
@@ -84,7 +97,18 @@ def distill(
     threads: Annotated[int, typer.Option(help="torch threads (1 is fastest on a shared CPU: OpenMP threads spin "
                                               "on each other)")] = 1,
     bf16: Annotated[Optional[bool], typer.Option("--bf16/--no-bf16", help="bfloat16 autocast while training "
-                                                 "(default: where the CPU supports it)")] = None,
+                                                 "(default: where the device supports it)")] = None,
+    loss: Annotated[str, typer.Option(help="fkl (target's top-k), tvd (total variation) or fkl+ce (plus the "
+                                           "greedy label)")] = "fkl",
+    device: Annotated[str, typer.Option(help="auto (the GPUs when there are any: teacher device_map=auto, draft on "
+                                             "the first), cpu or cuda")] = "auto",
+    teacher_dtype: Annotated[str, typer.Option("--teacher-dtype", help="auto (bfloat16 where the hardware has it), "
+                                               "float32, bfloat16, float16 (GPU)")] = "auto",
+    ngram_traffic: Annotated[Optional[Path], typer.Option("--ngram-traffic", help="build the n-gram pool from "
+                                                          "these texts (the target's served outputs: lines or JSONL "
+                                                          "'response') instead of the teacher answers")] = None,
+    ngram_pool: Annotated[bool, typer.Option("--ngram-pool/--no-ngram-pool", help="write ngram_pool.npz for the "
+                                             "n-gram and hybrid drafters")] = True,
     as_json: JsonOpt = False,
 ) -> None:
     """Distill a draft for TARGET: the target answers prompts, the draft learns its next-token distributions."""
@@ -100,10 +124,13 @@ def distill(
         intermediate_size=intermediate_size, tokens=tokens, max_new_tokens=max_new_tokens,
         gen_batch_size=gen_batch_size, answers_per_prompt=answers_per_prompt, sample_temperature=sample_temperature,
         top_k=top_k, held_out=held_out, eval_prompts=eval_prompts,
-        eval_max_tokens=eval_max_tokens, k=k,
-        train=TrainSettings(steps=steps, batch_size=batch_size, lr=lr, seed=seed, bf16=bool(bf16)))
+        eval_max_tokens=eval_max_tokens, k=k, device=device, teacher_dtype=teacher_dtype, ngram_pool=ngram_pool,
+        train=TrainSettings(steps=steps, batch_size=batch_size, lr=lr, seed=seed, bf16=bf16, loss=loss))
     settings.validate()  # what needs no model: fail before importing torch or loading anything
     check_dirs(target, out)
+    if ngram_traffic is not None and not ngram_traffic.is_file():
+        raise DistillError(f"--ngram-traffic {ngram_traffic}: file not found",
+                           hint="one text per line, or JSONL with 'response'")
 
     import torch
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
@@ -113,15 +140,10 @@ def distill(
     from trtspec.engines.distill.pipeline import distill as run_distill
 
     torch.set_num_threads(threads)
-    if bf16 is None:
-        import dataclasses
-
-        settings = dataclasses.replace(settings, train=dataclasses.replace(
-            settings.train, bf16=bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())))
     quiet_transformers()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with make_progress(*columns, console=err_console, transient=as_json) as progress:
-        result = run_distill(target, out, settings, work_dir=work_dir, progress=progress)
+        result = run_distill(target, out, settings, work_dir=work_dir, progress=progress, traffic=ngram_traffic)
     if as_json:
         print_json({"out": str(result.out), "skipped": result.skipped, "report": result.report})
         return

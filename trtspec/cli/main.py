@@ -8,7 +8,8 @@ import sys
 import typer
 
 from trtspec import __version__
-from trtspec.cli import build_cmds, distill_cmds, generate_cmds, probe_cmds, quant_cmds, serve_cmds, spec_cmds
+from trtspec.cli import (build_cmds, distill_cmds, generate_cmds, probe_cmds, quant_cmds, serve_cmds, spec_cmds,
+                         tune_cmds)
 from trtspec.errors import TrtspecError
 
 
@@ -59,6 +60,7 @@ quant_cmds.register(app)
 serve_cmds.register(app)
 distill_cmds.register(app)
 probe_cmds.register(app)
+tune_cmds.register(app)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -16,15 +16,30 @@ from trtspec.errors import SpecError
 from trtspec.spec import BuildSpec
 
 MODEL_NAME = "tensorrt_llm"  # the upstream llmapi model's name
+# NGramDecodingConfig (tensorrt_llm/llmapi/llm_args.py; tests/upstream/ngram_decoding.json): its pool is built at run time
+# from the requests served (is_public_pool: one pool for all of them); it cannot be pre-seeded from a file.
+NGRAM_DECODING_TYPE = "NGram"
 
 
 def speculative_config(spec: BuildSpec) -> dict[str, Any]:
-    """``speculative_config`` for DraftTarget with the targeted release's field names."""
+    """``speculative_config`` for DraftTarget (or NGram, ``speculative.drafter: ngram``) with the targeted release's
+    field names."""
+    from trtspec.engines.drafters.ngram import MAX_MATCH
+    from trtspec.spec import DrafterKind
+
     version = spec.engine.trtllm_version
     fields = get_release(version).llmapi
     if not fields.supported:
         raise SpecError(f"runtime trtllm-llmapi needs TensorRT-LLM >= 1.0; engine.trtllm_version is {version}",
                         hint="set engine.trtllm_version to 1.0.0 or later, or use runtime trtllm-engine")
+    drafter = spec.speculative.drafter
+    if drafter is DrafterKind.HYBRID:
+        raise SpecError("runtime trtllm-llmapi has no hybrid drafter (TensorRT-LLM runs a draft model or n-grams)",
+                        hint="set speculative.drafter to model or ngram")
+    if drafter is DrafterKind.NGRAM:
+        return {"decoding_type": NGRAM_DECODING_TYPE, "max_draft_len": spec.speculative.max_draft_len,
+                "max_matching_ngram_size": MAX_MATCH, "is_keep_all": True, "is_use_oldest": True,
+                "is_public_pool": True}
     return {
         "decoding_type": fields.decoding_type,
         "max_draft_len": spec.speculative.max_draft_len,

@@ -15,7 +15,7 @@ from typing import Any
 
 from trtspec.build.plan import serving_model_dir
 from trtspec.engines.speculation import MAX_DRAFT_LEN
-from trtspec.spec import BuildSpec, Runtime
+from trtspec.spec import BuildSpec, DrafterKind, Runtime
 from trtspec.triton_repo import tensors as t
 from trtspec.triton_repo.names import BLS, DRAFT, ENSEMBLE, POST, PRE, TARGET
 from trtspec.triton_repo.pbtxt import add_inputs, add_outputs, new_config, set_dynamic_batching
@@ -171,6 +171,12 @@ def torch_in_process_model(spec: BuildSpec) -> ModelDefinition:
     is upstream's shape: preprocessing -> tensorrt_llm -> postprocessing."""
     sp, mbs = spec.speculative, spec.engine.max_batch_size
     dirs = {role: serving_model_dir(spec, role) for role in ("target", "draft")}
+    external = list(dirs.values())
+    pool = ""  # the n-gram pool of the ngram and hybrid drafters (empty: prompt lookup only)
+    if sp.drafter is not DrafterKind.MODEL and spec.ngram_pool_path.is_file():
+        pool = str(spec.ngram_pool_path)
+        if spec.ngram_pool_path.parent not in external:
+            external.append(spec.ngram_pool_path.parent)
     c = new_config(TARGET, backend="python", max_batch_size=mbs, decoupled=spec.triton.decoupled,
                    instances=spec.triton.target_instances, parameters={
                        "model_dir": dirs["target"], "dtype": spec.target.dtype.value,
@@ -180,11 +186,12 @@ def torch_in_process_model(spec: BuildSpec) -> ModelDefinition:
                        "max_draft_len": sp.max_draft_len, "engine_max_draft_len": MAX_DRAFT_LEN,
                        "route_threshold": sp.route_threshold, "exclude_input_in_output": False,
                        "stream_context_tokens": STREAM_CONTEXT_TOKENS,
+                       "drafter": sp.drafter.value, "ngram_pool": pool,
                    })
     set_dynamic_batching(c, spec.triton.max_queue_delay_us)
     add_inputs(c, t.BLS_INPUTS)
     add_outputs(c, t.BLS_OUTPUTS)
-    return ModelDefinition(TARGET, c, _python_files("tensorrt_llm_spec_torch"), list(dirs.values()))
+    return ModelDefinition(TARGET, c, _python_files("tensorrt_llm_spec_torch"), external)
 
 
 def trtllm_engine_models(spec: BuildSpec) -> list[ModelDefinition]:

@@ -68,6 +68,31 @@ def load_prompts(path: Path | None) -> list[str]:
     return out
 
 
+def load_texts(path: Path) -> list[str]:
+    """Texts of a traffic file (the target's outputs as served): one per line, or JSONL with a ``response``,
+    ``output``, ``completion`` or ``text`` string."""
+    out: list[str] = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        if path.suffix == ".jsonl":
+            try:
+                obj = json.loads(line)
+                text = next((obj[k] for k in ("response", "output", "completion", "text") if isinstance(obj.get(k), str)),
+                            None)
+            except (json.JSONDecodeError, AttributeError):
+                text = None
+            if text is None:
+                raise DistillError(f"{path}:{n}: not a JSON object with a 'response', 'output', 'completion' or "
+                                   "'text' string", hint="one JSON object per line, e.g. {\"response\": \"...\"}")
+            out.append(text)
+        else:
+            out.append(line.rstrip("\n"))
+    if not out:
+        raise DistillError(f"{path}: no texts", hint="one text per line, or JSONL with 'response'")
+    return out
+
+
 def split_prompts(prompts: Sequence[str], held_out: float) -> tuple[list[str], list[str]]:
     """(train, held-out) by a hash of each prompt's text: stable under reordering and additions."""
     def bucket(text: str) -> float:
@@ -102,11 +127,14 @@ def answer_batch(target: Any, prompts: Sequence[Sequence[int]], max_new_tokens: 
     more distinct answers per prompt. The labels are the target's own distribution (temperature 1) either way: a
     sampled answer only changes which contexts the draft is taught at, not what it is taught.
 
-    The target runs in its own dtype: under bfloat16 autocast SmolLM2's greedy answers left the float32 ones after
-    ~30 tokens (median), and the draft must predict the target that verifies it."""
+    The target runs as loaded (see ``placement``: bfloat16 where the hardware has it). A bf16 teacher's greedy answers
+    leave the float32 target's after ~30 tokens (median, SmolLM2) but stay the target's kind of text, and its labels
+    agree with float32's top-1 at 98 % of positions; the report measures the draft against the target as it serves.
+    ``target`` may sit on GPUs: its inputs move there (``placement.OnDevice``), samples come back on the CPU."""
+    from trtspec.engines.distill.placement import on_device
     from trtspec.engines.torch_runtime.state import ModelState
 
-    state = ModelState(target, len(prompts), pad_id)
+    state = ModelState(on_device(target), len(prompts), pad_id)
     if any(len(p) > 1 for p in prompts):
         state.forward([list(p[:-1]) for p in prompts], keep=1)
     active = list(range(len(prompts)))
@@ -119,19 +147,19 @@ def answer_batch(target: Any, prompts: Sequence[Sequence[int]], max_new_tokens: 
     gen = torch.Generator().manual_seed(seed)
     for _ in range(max_new_tokens):
         logp = torch.log_softmax(state.forward(feed, keep=1)[:, -1].float(), dim=-1)
-        top = logp.topk(top_k, dim=-1)
-        nxt = top.indices[:, 0].tolist()  # the greedy token is the top-1
+        top_values, top_indices = (x.cpu() for x in logp.topk(top_k, dim=-1))
+        nxt = top_indices[:, 0].tolist()  # the greedy token is the top-1
         t = temps[active]
         if bool((t > 0).any()):
             hot = (t > 0).nonzero().flatten()
-            probs = torch.softmax(logp[hot] / t[hot, None], dim=-1)
+            probs = torch.softmax(logp[hot.to(logp.device)].cpu() / t[hot, None], dim=-1)
             for i, x in zip(hot.tolist(), torch.multinomial(probs, 1, generator=gen).flatten().tolist()):
                 nxt[i] = x
         keep = []
         for i, row in enumerate(active):
             answers[row].append(nxt[i])
-            tk_ids[row].append(top.indices[i])
-            tk_logp[row].append(top.values[i])
+            tk_ids[row].append(top_indices[i])
+            tk_logp[row].append(top_values[i])
             if nxt[i] not in stops:
                 keep.append(i)
         if not keep:

@@ -1,4 +1,8 @@
-"""The distilled draft's architecture: a small Llama whose vocabulary head scores only the target's frequent tokens.
+"""The distilled draft while it trains: a small Llama whose vocabulary head scores only the target's frequent tokens.
+
+What `trtspec distill` writes is not this class: :func:`to_standard` turns it into a standard checkpoint of the
+target's family (full-vocabulary ``lm_head``: the trained rows at the frequent tokens, zero rows elsewhere, recorded
+in config.json), and trtspec's loader applies the frequent head from those weights (``frequent_head``).
 
 On a CPU the draft's cost is dominated by its vocabulary head (FACTS: "the draft's vocabulary head dominates its cost").
 ``DraftForCausalLM`` keeps the target's input embeddings (frozen: the lookup is free and any prompt token embeds
@@ -7,8 +11,8 @@ exactly) and scores only ``head_token_ids``, the most frequent tokens of the tar
 full-vocabulary logits (-inf outside the subset), so the draft proposes frequent tokens only while the target still
 verifies over its whole vocabulary: greedy output stays identical to target-only decoding.
 
-Registered with transformers' Auto classes as model type ``trtspec_draft`` (:func:`register`), so
-``AutoModelForCausalLM.from_pretrained`` and ``loading.load_model`` load it like any HF model.
+Registered with transformers' Auto classes as model type ``trtspec_draft`` (:func:`register`), so drafts written by
+older trtspec versions still load through ``loading.load_model``.
 """
 
 from __future__ import annotations
@@ -122,25 +126,88 @@ def draft_config(target_config: Any, layers: int, head_tokens: int,
 
 @torch.no_grad()
 def draft_from_target(target: Any, layer_indices: Sequence[int], head_token_ids: torch.Tensor,
-                      intermediate_size: int | None = None) -> DraftForCausalLM:
+                      intermediate_size: int | None = None,
+                      weights: dict[str, torch.Tensor] | None = None) -> DraftForCausalLM:
     """A draft initialized from the target: its embeddings (frozen), the decoder layers ``layer_indices``, its final
     norm, and a head over ``head_token_ids`` starting from the target's output rows. A narrower MLP keeps the target's
-    strongest channels (largest gate x up x down norms)."""
+    strongest channels (largest gate x up x down norms). ``weights`` (the target's tensors by checkpoint name, e.g.
+    from :func:`source_weights`) replace the loaded modules' when those are in another dtype or on GPUs: the draft
+    must share the target's exact embeddings."""
     cfg = draft_config(target.config, len(layer_indices), int(head_token_ids.numel()), intermediate_size)
     draft = DraftForCausalLM(cfg)
-    draft.model.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
-    draft.model.norm.load_state_dict(target.model.norm.state_dict())
+    if weights is None:
+        weights = {"model.embed_tokens.weight": target.get_input_embeddings().weight,
+                   "model.norm.weight": target.model.norm.weight,
+                   "lm_head.weight": target.get_output_embeddings().weight}
+        for i in layer_indices:
+            weights.update({f"model.layers.{i}.{k}": v for k, v in target.model.layers[i].state_dict().items()})
+    embed = weights["model.embed_tokens.weight"]
+    draft.model.embed_tokens.weight.copy_(embed)
+    draft.model.norm.weight.copy_(weights["model.norm.weight"])
     for dst, i in zip(draft.model.layers, layer_indices):
-        src = target.model.layers[i].state_dict()
+        prefix = f"model.layers.{i}."
+        src = {k[len(prefix):]: v.float().cpu() for k, v in weights.items() if k.startswith(prefix)}
         if cfg.intermediate_size != target.config.intermediate_size:
             src = _narrow_mlp(src, cfg.intermediate_size)
         dst.load_state_dict(src)
     ids = torch.sort(head_token_ids.long()).values
     draft.lm_head.token_ids.copy_(ids)
-    # The head starts as the target's own output rows for these tokens (its head is tied to its embeddings).
-    draft.lm_head.weight.copy_(target.get_output_embeddings().weight[ids])
+    # The head starts as the target's own output rows for these tokens (tied heads: its embedding rows).
+    out_rows = weights.get("lm_head.weight", embed)
+    draft.lm_head.weight.copy_(out_rows[ids.to(out_rows.device)])
     draft.model.embed_tokens.weight.requires_grad_(False)
     return draft
+
+
+def source_weights(model_dir: Any, layer_indices: Sequence[int]) -> dict[str, torch.Tensor] | None:
+    """The target's tensors a draft starts from, read in float32 from its safetensors files (a few layers of a
+    large target, not the whole model); None when it has none (then the loaded model's are used)."""
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        return None
+    wanted = ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight")
+    layers = tuple(f"model.layers.{i}." for i in layer_indices)
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        with safe_open(str(f), framework="pt") as handle:
+            for name in handle.keys():
+                if name in wanted or name.startswith(layers):
+                    out[name] = handle.get_tensor(name).float()
+    return out if "model.embed_tokens.weight" in out else None
+
+
+@torch.no_grad()
+def to_standard(draft: DraftForCausalLM, target_config: Any) -> Any:
+    """The draft as a standard model of the target's family (e.g. LlamaForCausalLM): ``vocab_size`` the target's, a
+    full-vocabulary ``lm_head`` whose rows are the trained ones at the head's tokens and zeros elsewhere, and
+    ``trtspec_frequent_head`` in its config so that trtspec's loader scores only those rows."""
+    from trtspec.engines.torch_runtime.frequent_head import CONFIG_KEY
+
+    d = target_config.to_dict()
+    for key in ("architectures", "transformers_version", "_name_or_path", "auto_map", "quantization_config",
+                "head_vocab_size", CONFIG_KEY):
+        d.pop(key, None)
+    cfg = draft.config
+    if d.get("layer_types"):
+        d["layer_types"] = d["layer_types"][: cfg.num_hidden_layers]
+    d.update(num_hidden_layers=cfg.num_hidden_layers, intermediate_size=cfg.intermediate_size,
+             tie_word_embeddings=False)
+    config = type(target_config).from_dict(d)
+    ids = draft.head_token_ids
+    setattr(config, CONFIG_KEY, {"tokens": int(ids.numel()),
+                                 "rows": "lm_head rows that are not all zero (the others are zero)"})
+    model = AutoModelForCausalLM.from_config(config)
+    state = {k: v for k, v in draft.state_dict().items() if k != "lm_head.token_ids"}
+    rows = state.pop("lm_head.weight")
+    head = rows.new_zeros(int(config.vocab_size), rows.shape[1])
+    head[ids] = rows
+    state["lm_head.weight"] = head
+    model.load_state_dict(state, strict=True)
+    return model.eval()
 
 
 def _narrow_mlp(state: dict[str, torch.Tensor], width: int) -> dict[str, torch.Tensor]:

@@ -1,5 +1,9 @@
 """`trtspec distill` end to end: teacher data -> head tokens -> draft init -> training -> held-out report -> output.
 
+The output is a standard checkpoint of the target's family (``model.to_standard``) plus ``ngram_pool.npz`` (the
+n-gram drafter's pool, from the same teacher answers or a traffic file) and ``distill_report.json``, which records
+where each part ran (``placement``).
+
 Resumable: the target's answers are cached as shards and the training loop checkpoints, both in a work directory keyed
 by a hash of everything they depend on; the output directory is written atomically with a manifest, and an output
 already made from the same inputs is kept as it is.
@@ -11,7 +15,7 @@ import hashlib
 import json
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,12 +66,14 @@ def _combine(hashes: dict[str, str], settings: dict[str, Any]) -> str:
 
 
 def distill(target_dir: Path, out: Path, settings: DistillSettings, *, work_dir: Path | None = None,
-            progress: Any | None = None) -> DistillResult:
-    """Distill a draft for the target in ``target_dir`` into ``out`` (a loadable HF directory + report)."""
+            progress: Any | None = None, machine: Any | None = None, traffic: Path | None = None) -> DistillResult:
+    """Distill a draft for the target in ``target_dir`` into ``out`` (a loadable HF directory + report); ``machine``
+    (default: detected) decides the placement, ``traffic`` (texts) replaces the teacher answers as the n-gram pool."""
     from trtspec.build.artifacts import hash_dir, is_up_to_date
     from trtspec.engines.distill.data import (encode_prompt, generate_teacher_data, load_prompts, select_head_tokens,
                                               shipped_prompts, split_prompts, token_counts)
-    from trtspec.engines.distill.model import draft_from_target, register
+    from trtspec.engines.distill.model import draft_from_target, register, source_weights
+    from trtspec.engines.distill.placement import Machine, plan_placement
     from trtspec.engines.distill.report import measure
     from trtspec.engines.distill.train import train
     from trtspec.engines.torch_runtime.loading import load_model, load_tokenizer
@@ -76,15 +82,22 @@ def distill(target_dir: Path, out: Path, settings: DistillSettings, *, work_dir:
     target_dir, out = Path(target_dir), Path(out)
     check_dirs(target_dir, out)
     settings.validate()
+    if traffic is not None and not Path(traffic).is_file():
+        raise DistillError(f"{traffic}: traffic file not found", hint="one text per line, or JSONL with 'text'")
+    placement = plan_placement(machine or Machine.detect(), settings.device, settings.teacher_dtype,
+                               settings.train.bf16)
+    settings = replace(settings, train=replace(settings.train, bf16=placement.train_bf16))
     prompts_path = settings.prompts or shipped_prompts()
     prompts = load_prompts(prompts_path)
     hashes = {"target": hash_dir(target_dir), "prompts": hash_dir(prompts_path)}
-    inputs_hash = _combine(hashes, settings.to_dict())
+    if traffic is not None:
+        hashes["traffic"] = hash_dir(Path(traffic))
+    inputs_hash = _combine(hashes, {**settings.to_dict(), "placement": placement.to_dict()})
     if is_up_to_date(out, inputs_hash) and (out / REPORT_FILE).is_file():
         return DistillResult(out, json.loads((out / REPORT_FILE).read_text()), skipped=True)
 
     register()
-    target = load_model(target_dir)
+    target = load_model(target_dir, placement.teacher_dtype, device_map=placement.teacher_device_map)
     tokenizer = load_tokenizer(target_dir)
     if not hasattr(getattr(target, "model", None), "layers") or not hasattr(target.model, "norm"):
         raise DistillError(f"{target_dir}: {type(target).__name__} is not a Llama-style decoder (model.layers, "
@@ -96,10 +109,11 @@ def distill(target_dir: Path, out: Path, settings: DistillSettings, *, work_dir:
     train_prompts, test_prompts = split_prompts(prompts, settings.held_out)
     work = Path(work_dir) if work_dir else default_work_dir(out)
     # Teacher data depends on the target, the prompts and how they are answered, not on the draft's settings.
-    data_key = _short_hash(_combine(hashes, settings.data_settings()))
+    data_key = _short_hash(_combine(hashes, settings.data_settings(placement.teacher_dtype)))
     timings: dict[str, float] = {}
 
-    task = progress.add_task("target answers (tokens)", total=settings.tokens) if progress else None
+    task = progress.add_task(f"target answers (tokens, {placement.teacher_device} {placement.teacher_dtype})",
+                             total=settings.tokens) if progress else None
     samples, timings["teacher_data_s"] = generate_teacher_data(
         target, tokenizer, train_prompts, work / f"teacher-{data_key}", max_new_tokens=settings.max_new_tokens,
         tokens=settings.tokens, batch_size=settings.gen_batch_size, top_k=settings.top_k, eos_ids=eos,
@@ -111,8 +125,11 @@ def distill(target_dir: Path, out: Path, settings: DistillSettings, *, work_dir:
 
     head = select_head_tokens(token_counts(samples, vocab), settings.head_tokens, eos)
     layers = settings.init_layers or tuple(range(settings.layers))
-    draft = draft_from_target(target, layers, head, settings.intermediate_size)
-    task = progress.add_task("training (steps)", total=settings.train.steps) if progress else None
+    # From the target's own float32 tensors (the teacher may be bfloat16, or spread over GPUs).
+    init = source_weights(target_dir, layers) if placement.teacher_dtype != "float32" or placement.gpus else None
+    draft = draft_from_target(target, layers, head, settings.intermediate_size, init).to(placement.draft_device)
+    task = progress.add_task(f"training (steps, {placement.draft_device})", total=settings.train.steps) \
+        if progress else None
     ckpt = work / f"checkpoint-{_short_hash(data_key, settings.to_dict())}.pt"
 
     def on_step(log) -> None:
@@ -123,11 +140,16 @@ def distill(target_dir: Path, out: Path, settings: DistillSettings, *, work_dir:
     logs, timings["train_s"] = train(draft, samples, settings.train, ckpt, pad_id=pad, on_step=on_step)
 
     t0 = time.perf_counter()
+    pool = build_pool(samples, tokenizer, target_dir, vocab, traffic) if settings.ngram_pool else None
+    eval_target = target
+    if placement.reload_for_eval:  # the report judges the draft against the target as it serves (float32 on a CPU)
+        del target
+        eval_target = load_model(target_dir, placement.eval_dtype)
     eval_ids = [encode_prompt(tokenizer, p) for p in test_prompts[: settings.eval_prompts]]
     if progress:
         task = progress.add_task("held-out evaluation", total=None)
-    report = measure(target, draft, eval_ids, k=settings.k, max_tokens=settings.eval_max_tokens, eos_ids=eos,
-                     pad_id=pad, head_tokens=head).to_dict()
+    report = measure(eval_target, draft.eval(), eval_ids, k=settings.k, max_tokens=settings.eval_max_tokens,
+                     eos_ids=eos, pad_id=pad, head_tokens=head, pool=pool).to_dict()
     timings["eval_s"] = time.perf_counter() - t0
     if progress:
         progress.update(task, total=1, completed=1)
@@ -137,19 +159,55 @@ def distill(target_dir: Path, out: Path, settings: DistillSettings, *, work_dir:
         "train_answer_tokens": sum(len(s.answer) for s in samples), "train_prompts": len(samples),
         "final_loss": logs[-1].loss if logs else None, "final_top1": logs[-1].top1 if logs else None,
         "draft_parameters": sum(p.numel() for n, p in draft.named_parameters() if "embed_tokens" not in n),
+        "placement": placement.to_dict(), "loss": settings.train.loss,
         **{k: round(v, 1) for k, v in timings.items()}})
-    _write_output(out, draft, tokenizer, target_dir, report, inputs_hash, settings)
+    standard = to_standard_cpu(draft, eval_target.config)
+    _write_output(out, standard, tokenizer, target_dir, report, inputs_hash, settings, pool)
     ckpt.unlink(missing_ok=True)  # the teacher shards stay: another draft shape can reuse them
     return DistillResult(out, report)
 
 
+def to_standard_cpu(draft: Any, target_config: Any) -> Any:
+    """The trained draft as a standard checkpoint of the target's family, in float32 on the CPU."""
+    from trtspec.engines.distill.model import to_standard
+
+    return to_standard(draft.float().cpu(), target_config)
+
+
+def build_pool(samples: Any, tokenizer: Any, target_dir: Path, vocab: int, traffic: Path | None) -> Any:
+    """The n-gram pool: the teacher answers with the target's greedy label at every position (sampled answers
+    included: their contexts are the target's kind of text, their labels its choices), or a traffic file's texts."""
+    from trtspec.build.tokenizers import read_tokenizer
+    from trtspec.engines.drafters.ngram import MAX_MATCH, NgramPool, vocab_fingerprint
+
+    # the fingerprint `trtspec check` compares (its tokenizer reader, not transformers')
+    meta = {"tokenizer_sha256": vocab_fingerprint(read_tokenizer(target_dir).vocab)}
+    if traffic is not None:
+        from trtspec.engines.distill.data import load_texts
+
+        texts = load_texts(Path(traffic))
+        seqs = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+        return NgramPool.from_sequences(seqs, vocab_size=vocab, meta={**meta, "source": f"traffic:{Path(traffic).name}",
+                                                                     "documents": len(seqs)})
+    seqs, labels = [], []
+    for s in samples:
+        s0 = max(0, s.start - MAX_MATCH)
+        seqs.append(s.ids[s0:].tolist())
+        labels.append([-1] * (s.start - 1 - s0) + s.topk_ids[:, 0].tolist() + [-1])
+    return NgramPool.from_sequences(seqs, labels, vocab_size=vocab,
+                                    meta={**meta, "source": "teacher answers", "documents": len(seqs)})
+
+
 def _write_output(out: Path, draft: Any, tokenizer: Any, target_dir: Path, report: dict[str, Any],
-                  inputs_hash: str, settings: DistillSettings) -> None:
-    """The draft as an HF directory (weights, config, tokenizer, generation config), its report and manifest."""
+                  inputs_hash: str, settings: DistillSettings, pool: Any | None) -> None:
+    """The draft as an HF directory (weights, config, tokenizer, generation config), its pool, report and manifest."""
     from trtspec.build.artifacts import atomic_dir, tool_versions, write_manifest
+    from trtspec.engines.drafters.ngram import POOL_FILE
 
     with atomic_dir(out) as tmp:
         draft.save_pretrained(tmp, safe_serialization=True)
+        if pool is not None:
+            pool.save(tmp / POOL_FILE)
         tokenizer.save_pretrained(tmp)
         if (target_dir / "generation_config.json").is_file():
             shutil.copy2(target_dir / "generation_config.json", tmp / "generation_config.json")

@@ -8,6 +8,8 @@ from typing import Any
 
 from trtspec.engines.distill import DistillError
 
+LOSSES = ("fkl", "tvd", "fkl+ce")
+
 
 @dataclass(frozen=True)
 class TrainSettings:
@@ -21,7 +23,8 @@ class TrainSettings:
     teacher_temperature: float = 1.0
     seed: int = 0
     checkpoint_every: int = 25
-    bf16: bool = False  # bfloat16 autocast for the draft's matmuls (2-3x faster where the CPU has AVX512-BF16/AMX)
+    bf16: bool | None = None  # bfloat16 autocast (2-3x faster where the CPU has AVX512-BF16/AMX); None: placement
+    loss: str = "fkl"  # fkl: cross-entropy to the target's top-k; tvd: total variation; fkl+ce: fkl plus greedy CE
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,9 @@ class DistillSettings:
     eval_prompts: int = 12
     eval_max_tokens: int = 96
     k: int = 4
+    device: str = "auto"  # where the draft trains and the teacher runs: auto (GPUs when there are any), cpu, cuda
+    teacher_dtype: str = "auto"  # auto: bfloat16 where the hardware has it (see placement), else float32
+    ngram_pool: bool = True  # write ngram_pool.npz (the n-gram drafter's pool) from the teacher answers
     train: TrainSettings = field(default_factory=TrainSettings)
 
     def validate(self, target_layers: int | None = None, vocab: int | None = None) -> None:
@@ -67,6 +73,13 @@ class DistillSettings:
             (1 <= self.k <= 16, f"--k {self.k} must be in 1..16", "the draft length K of the report"),
             (self.train.steps > 0 and self.train.batch_size > 0 and self.train.lr > 0,
              "--steps, --batch-size and --lr must be > 0", "use positive values"),
+            (self.train.loss in LOSSES, f"--loss {self.train.loss!r} is not one of {', '.join(LOSSES)}",
+             "fkl (the default) matches the target's top-k distribution"),
+            (self.device in ("auto", "cpu", "cuda"), f"--device {self.device!r} is not one of auto, cpu, cuda",
+             "auto uses the GPUs when there are any"),
+            (self.teacher_dtype in ("auto", "float32", "bfloat16", "float16"),
+             f"--teacher-dtype {self.teacher_dtype!r} is not one of auto, float32, bfloat16, float16",
+             "auto: bfloat16 where the hardware has it"),
         ]
         if self.init_layers is not None:
             layers = self.init_layers
@@ -77,10 +90,14 @@ class DistillSettings:
             if not ok:
                 raise DistillError(message, hint=hint)
 
-    def data_settings(self) -> dict[str, Any]:
-        return {"max_new_tokens": self.max_new_tokens, "gen_batch_size": self.gen_batch_size, "top_k": self.top_k,
-                "held_out": self.held_out, "answers_per_prompt": self.answers_per_prompt,
-                "sample_temperature": self.sample_temperature}
+    def data_settings(self, teacher_dtype: str) -> dict[str, Any]:
+        """What the teacher data depends on (``teacher_dtype`` resolved by the placement, never "auto")."""
+        d = {"max_new_tokens": self.max_new_tokens, "gen_batch_size": self.gen_batch_size, "top_k": self.top_k,
+             "held_out": self.held_out, "answers_per_prompt": self.answers_per_prompt,
+             "sample_temperature": self.sample_temperature}
+        if teacher_dtype != "float32":  # float32 teacher data keeps the key it had before teacher dtypes existed
+            d["teacher_dtype"] = teacher_dtype
+        return d
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -1,9 +1,12 @@
 """The training loop: the draft learns the target's next-token distributions on the target's own answers.
 
-Loss: cross-entropy of the draft's distribution over its head tokens against the target's top-k distribution,
-renormalized over the head tokens (forward KL up to a constant; the target's greedy token is its top-1, so the
-greedy label is the heaviest term and the rest of the top-k adds the target's ranking of alternatives, a denser
-signal per token than the greedy label alone). Only answer positions are trained: those are what the draft proposes.
+Loss (``TrainSettings.loss``): ``fkl``, cross-entropy of the draft's distribution over its head tokens against the
+target's top-k distribution renormalized over the head tokens (forward KL up to a constant; the target's greedy token
+is its top-1, so the greedy label is the heaviest term and the rest of the top-k adds the target's ranking of
+alternatives, a denser signal per token than the greedy label alone); ``tvd``, the total variation distance between
+the two (DistillSpec, Zhou et al. 2023: it bounds the acceptance rate directly); ``fkl+ce``, fkl plus cross-entropy
+on the greedy label (greedy acceptance counts the top-1 only). Only answer positions are trained: those are what the
+draft proposes. The draft trains where its parameters are (a GPU when the placement put it there).
 
 Checkpoints (trainable weights, optimizer, step, RNG) are written atomically every ``checkpoint_every`` steps;
 ``train`` resumes from one when its settings match.
@@ -61,6 +64,24 @@ def _collate(batch: Sequence[Sample], sub_index: torch.Tensor, pad_id: int, temp
     return ids, torch.cat(rows)[usable], torch.cat(cols)[usable], t_sub[usable].clamp_min(0), probs, greedy
 
 
+def distill_loss(kind: str, log_q: torch.Tensor, t_sub: torch.Tensor, probs: torch.Tensor,
+                 greedy: torch.Tensor) -> torch.Tensor:
+    """The training loss over M answer positions: ``log_q`` [M, N] the draft's log-probabilities over its head,
+    ``t_sub`` [M, k] head indices of the target's top-k, ``probs`` [M, k] their renormalized probabilities, ``greedy``
+    [M] the head index of the target's greedy token (-1 outside the head)."""
+    picked = log_q.gather(-1, t_sub)
+    if kind == "tvd":
+        q = picked.exp() * (probs > 0)  # top-k entries outside the head were masked to p = 0 (and index 0)
+        # 0.5 * sum |p - q| over the vocabulary: the top-k terms, plus the draft's mass outside the top-k (p = 0 there)
+        return (0.5 * ((probs - q).abs().sum(-1) + (1 - q.sum(-1)).clamp_min(0))).mean()
+    loss = -(probs * picked).sum(-1).mean()
+    if kind == "fkl+ce":
+        ok = greedy >= 0
+        if bool(ok.any()):
+            loss = loss - log_q[ok].gather(-1, greedy[ok, None]).mean()
+    return loss
+
+
 def train(draft: Any, samples: Sequence[Sample], settings: TrainSettings, checkpoint: Path, *, pad_id: int = 0,
           on_step: Callable[[StepLog], None] | None = None) -> tuple[list[StepLog], float]:
     """Train ``draft`` in place for ``settings.steps`` steps (resuming from ``checkpoint`` when it exists); return the
@@ -68,6 +89,7 @@ def train(draft: Any, samples: Sequence[Sample], settings: TrainSettings, checkp
     vocab = draft.config.vocab_size
     sub_index = torch.full((vocab,), -1, dtype=torch.long)
     sub_index[draft.head_token_ids] = torch.arange(draft.head_token_ids.numel())
+    device = next(draft.parameters()).device
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=settings.lr, betas=(0.9, 0.95), weight_decay=settings.weight_decay)
     rng = random.Random(settings.seed)
@@ -75,7 +97,7 @@ def train(draft: Any, samples: Sequence[Sample], settings: TrainSettings, checkp
     start, logs, order, seconds = 0, [], [], 0.0  # order: sample indices left in the current epoch
     t0 = time.perf_counter()
     if checkpoint.is_file():
-        state = torch.load(checkpoint, weights_only=False)
+        state = torch.load(checkpoint, weights_only=False, map_location="cpu")
         if state["settings"] == asdict(settings):
             draft.load_state_dict(state["model"], strict=False)
             opt.load_state_dict(state["optimizer"])
@@ -90,14 +112,15 @@ def train(draft: Any, samples: Sequence[Sample], settings: TrainSettings, checkp
             order += perm
         batch = [samples[i] for i in order[: settings.batch_size]]
         del order[: settings.batch_size]
-        ids, rows, cols, t_sub, probs, greedy = _collate(batch, sub_index, pad_id, settings.teacher_temperature)
+        ids, rows, cols, t_sub, probs, greedy = (x.to(device) for x in _collate(
+            batch, sub_index, pad_id, settings.teacher_temperature))
         for group in opt.param_groups:
             group["lr"] = _lr_at(step, settings)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bool(settings.bf16)):
             hidden = draft.model(input_ids=ids, use_cache=False).last_hidden_state[rows, cols]
             logits = draft.subset_logits(hidden)
         log_q = torch.log_softmax(logits.float(), dim=-1)
-        loss = -(probs * log_q.gather(-1, t_sub)).sum(-1).mean()
+        loss = distill_loss(settings.loss, log_q, t_sub, probs, greedy)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

@@ -2,11 +2,12 @@
 manager does, so concurrent requests share each pass instead of queueing behind each other.
 
 Each iteration admits waiting jobs (each takes the KV slot with the longest shared prefix and feeds only the rest),
-asks the drafter (when the engine has one) for every speculative job's proposals, feeds every active job its pending
-tokens plus its draft tokens (proposals, or the draft sent with an external verification request) in one packed pass
-of the target, and decides each job's step with the one acceptance routine (trtspec.engines.torch_runtime.acceptance:
-lossless greedy exact match or rejection sampling; with no draft, plain decoding). The same engine serves the torch
-runtime's Triton models and in-process decoding (``run_until_idle``).
+asks the drafter (when the engine has one: a draft model, n-grams or the hybrid) for every speculative job's
+proposals, feeds every active job its pending tokens plus its draft tokens (proposals, or the draft sent with an
+external verification request) in one packed pass of the target, and decides each job's step with the one
+acceptance routine (trtspec.engines.torch_runtime.acceptance: lossless greedy exact match or rejection sampling; with
+no draft, plain decoding). The same engine serves the torch runtime's Triton models and in-process decoding
+(``run_until_idle``).
 """
 
 from __future__ import annotations
@@ -43,17 +44,20 @@ class InflightEngine:
 
     def __init__(self, model: Any, *, draft_model: Any = None, max_batch_size: int = 8, slots: int | None = None,
                  capacity: int = 2048, max_queue_delay_s: float = 0.0, name: str = "engine",
-                 use_lazy_head: bool = True) -> None:
+                 use_lazy_head: bool = True, drafter: Any = None) -> None:
         self.model = prepare_model(model)
         self.geometry = KVGeometry.of(self.model)
         self.vocab = int(self.model.get_output_embeddings().weight.shape[0])
         self.max_batch_size = max_batch_size
         n_slots = slots or 2 * max_batch_size
         self.pool = SlotKVPool(self.geometry, n_slots, capacity)
-        self.drafter: ModelDrafter | None = None
-        if draft_model is not None:
+        # The drafter: a draft model (ModelDrafter), or any object with its interface (admit, propose, commit,
+        # release, free; trtspec.engines.inflight.token_drafters: n-gram, hybrid), built for these slots.
+        self.drafter: Any = drafter
+        if drafter is None and draft_model is not None:
             self.drafter = ModelDrafter(draft_model, slots=n_slots, capacity=capacity)
-            if self.drafter.vocab != self.vocab:
+        if self.drafter is not None:
+            if getattr(self.drafter, "vocab", self.vocab) != self.vocab:
                 raise GenerationError(f"draft vocabulary ({self.drafter.vocab}) differs from the target's "
                                       f"({self.vocab})", hint="draft and target must share one tokenizer")
         # Logits only where they can be used (trtspec.engines.torch_runtime.head), for plain-head model classes.
@@ -106,7 +110,7 @@ class InflightEngine:
                                   "tokens", hint="send one row of logits per draft token")
         if job.num_draft_tokens:
             if self.drafter is None:
-                raise GenerationError("this engine has no draft model", hint="send num_draft_tokens 0")
+                raise GenerationError("this engine has no drafter (no draft model)", hint="send num_draft_tokens 0")
             if not 0 <= job.num_draft_tokens <= MAX_DRAFT_LEN or job.draft is not None:
                 raise GenerationError(f"num_draft_tokens must be in 0..{MAX_DRAFT_LEN} and without draft_input_ids",
                                       hint="one source of draft tokens per request")

@@ -69,3 +69,72 @@ def step_cost_ratios(target: Any, draft: Any, context: int, k: int, tokens_per_s
 def speedup_bound(tokens_per_step: float, k: int, c: float, v: float) -> float:
     """Expected tokens per target step over the cost of one speculative step, in target steps."""
     return tokens_per_step / (k * c + v)
+
+
+@torch.inference_mode()
+def measure_step_costs(target: Any, draft: Any | None, context: int, k_max: int, prompt_len: int,
+                       reps: int = 15) -> Any:
+    """``speedup.StepCosts`` measured on the models: the target's body over k + 1 tokens for k = 0..k_max and its head
+    at one position (the decoder's lazy head; without one, full forwards and ``head`` 0), a draft step, and both
+    prefills of a ``prompt_len``-token prompt, all after ``context`` cached tokens and relative to one target step."""
+    from trtspec.engines.torch_runtime.speedup import StepCosts
+
+    head = lazy_head(target)
+    vocab = target.config.vocab_size
+
+    def cached(model):
+        cache = GrowableCache()
+        model(input_ids=torch.randint(0, vocab, (1, context)), cache=cache, use_cache=True, logits_to_keep=1)
+        return cache
+
+    def forward(model, cache, n_new, body_only):
+        new = torch.randint(0, vocab, (1, n_new))
+
+        def once() -> float:
+            t0 = time.perf_counter()
+            if body_only:
+                model.model(input_ids=new, cache=cache, use_cache=True)
+            else:
+                model(input_ids=new, cache=cache, use_cache=True, logits_to_keep=1 if n_new == 1 else n_new)
+            cache.crop(-n_new)
+            return time.perf_counter() - t0
+
+        return once
+
+    def prefill(model):
+        ids = torch.randint(0, vocab, (1, max(1, prompt_len - 1)))
+
+        def once() -> float:
+            t0 = time.perf_counter()
+            model(input_ids=ids, cache=GrowableCache(), use_cache=True, logits_to_keep=1)
+            return time.perf_counter() - t0
+
+        return once
+
+    hidden = torch.randn(1, target.config.hidden_size, dtype=next(target.parameters()).dtype)
+
+    def head_once() -> float:
+        t0 = time.perf_counter()
+        head(hidden)
+        return time.perf_counter() - t0
+
+    t_cache = cached(target)
+    fns: dict[str, Any] = {"t1": forward(target, t_cache, 1, False), "tp": prefill(target)}
+    for k in range(0, k_max + 1):
+        fns[f"b{k}"] = forward(target, t_cache, k + 1, head is not None)
+    if head is not None:
+        fns["head"] = head_once
+    if draft is not None:
+        fns["d1"] = forward(draft, cached(draft), 1, False)
+        fns["dp"] = prefill(draft)
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for rep in range(reps + 1):
+        for name, fn in fns.items():
+            t = fn()
+            if rep:
+                times[name].append(t)
+    med = {name: statistics.median(t) for name, t in times.items()}
+    t1 = med["t1"]
+    return StepCosts(c=med.get("d1", 0.0) / t1, body={k: med[f"b{k}"] / t1 for k in range(0, k_max + 1)},
+                     head=med.get("head", 0.0) / t1, target_prefill=med["tp"] / t1,
+                     draft_prefill=med.get("dp", 0.0) / t1)

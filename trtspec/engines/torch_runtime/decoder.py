@@ -2,9 +2,10 @@
 
 A thin front of the in-flight engine (trtspec.engines.inflight), run in the caller's thread: the same draft-target
 loop, acceptance rules and KV caches serve ``trtspec generate``, the benchmarks and the torch runtime's Triton models.
-Each step the draft proposes K tokens from its own KV cache, the target scores all of them (plus the bonus position)
-in one forward pass, the longest acceptable prefix is emitted with the target's own next token, and both caches are
-cut back to the committed length (never recomputed). Greedy output equals target-only greedy output; sampled output
+Each step the drafter (``drafter``: the draft model, n-grams, or the hybrid of both) proposes up to K tokens (the
+draft from its own KV cache), the target scores all of them (plus the bonus position) in one forward pass, the longest
+acceptable prefix is emitted with the target's own next token, and both caches are cut back to the committed length
+(never recomputed). Greedy output equals target-only greedy output; sampled output
 follows the target's distribution (see ``acceptance``). ``use_draft=False`` runs target-only decoding through the
 same code path.
 """
@@ -14,10 +15,13 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from trtspec.engines.drafters import DrafterKind
 from trtspec.engines.inflight.engine import InflightEngine
 from trtspec.engines.inflight.jobs import Job
+from trtspec.engines.inflight.token_drafters import make_drafter
 from trtspec.engines.speculation import MAX_DRAFT_LEN, SamplingParams, SpecStats
 from trtspec.engines.torch_runtime.head import lazy_head
 from trtspec.errors import GenerationError, IncompatibleModelsError
@@ -44,7 +48,21 @@ class SpeculativeDecoder:
     """Draft-target decoding with a target and an optional draft (both eval-mode HF causal LMs on one device)."""
 
     def __init__(self, target: Any, draft: Any | None = None, *, max_draft_len: int = 4,
-                 eos_ids: Sequence[int] = (), pad_id: int = 0) -> None:
+                 eos_ids: Sequence[int] = (), pad_id: int = 0, drafter: DrafterKind | str = DrafterKind.MODEL,
+                 ngram_pool: Any = None) -> None:
+        """``drafter`` (``speculative.drafter``): model (the draft proposes), ngram (prompt lookup + ``ngram_pool``,
+        an ``NgramPool`` or its file; no draft model needed) or hybrid (n-grams on a confident match, else the
+        draft)."""
+        self.drafter = DrafterKind(drafter)
+        if self.drafter is DrafterKind.HYBRID and draft is None:
+            raise GenerationError(f"drafter {self.drafter.value} needs a draft model", hint="load the draft too")
+        if self.drafter is DrafterKind.NGRAM:
+            draft = None  # proposals are the n-grams'; a draft model is not used
+        if isinstance(ngram_pool, (str, Path)):
+            from trtspec.engines.drafters.ngram import NgramPool
+
+            ngram_pool = NgramPool.load(Path(ngram_pool))
+        self.ngram_pool = ngram_pool
         if not 1 <= max_draft_len <= MAX_DRAFT_LEN:
             raise GenerationError(f"draft length K={max_draft_len} is out of range", hint=f"use 1..{MAX_DRAFT_LEN}")
         if draft is not None and _vocab(draft) != _vocab(target):
@@ -60,6 +78,11 @@ class SpeculativeDecoder:
         # The target's lm_head applied only where logits are used; None: full logits (other model classes).
         self.head = lazy_head(target)
         self._engines: dict[bool, InflightEngine] = {}
+
+    @property
+    def speculates(self) -> bool:
+        """Whether this decoder has something to draft with (a draft model, or n-grams)."""
+        return self.draft is not None or self.drafter is DrafterKind.NGRAM
 
     # -- public API ---------------------------------------------------------------------------------------------
     def generate(self, prompts: Sequence[Sequence[int]], max_tokens: int, sampling: SamplingParams | None = None,
@@ -118,8 +141,12 @@ class SpeculativeDecoder:
         if engine is None or engine.max_batch_size < batch or engine.pool.capacity < need:
             capacity = min(self.context, max(MIN_CAPACITY, 1 << (need - 1).bit_length()))
             size = max(batch, engine.max_batch_size if engine is not None else 1)
-            engine = InflightEngine(self.target, draft_model=self.draft if use_draft else None,
-                                    max_batch_size=size, slots=size, capacity=capacity, name="decoder")
+            drafter = None
+            if use_draft:
+                drafter = make_drafter(self.drafter, draft_model=self.draft, pool=self.ngram_pool,
+                                       vocab=_vocab(self.target), slots=size, capacity=capacity)
+            engine = InflightEngine(self.target, drafter=drafter, max_batch_size=size, slots=size,
+                                    capacity=capacity, name="decoder")
             self._engines[use_draft] = engine
         engine.head = self.head
         return engine
@@ -127,7 +154,7 @@ class SpeculativeDecoder:
     def _submit(self, prompts, max_tokens, sampling, draft_len, use_draft, stop_ids, stream):
         sampling = sampling or SamplingParams()
         k = self.max_draft_len if draft_len is None else draft_len
-        use_draft = use_draft and self.draft is not None and k > 0
+        use_draft = use_draft and self.speculates and k > 0
         self._validate(prompts, max_tokens, k if use_draft else 0)
         stops = [[t] for t in sorted(set(self.eos_ids) | set(stop_ids))]
         need = max(len(p) for p in prompts) + max_tokens + 1

@@ -1,4 +1,5 @@
-"""Load a causal LM and its tokenizer for the torch runtime (quantized ModelOpt exports with their scales applied)."""
+"""Load a causal LM and its tokenizer for the torch runtime (quantized ModelOpt exports with their scales applied;
+a distilled draft's frequent-token head applied, see ``frequent_head``)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,12 @@ def _torch_dtype(dtype: str) -> Any:
         raise ModelLoadError(f"unknown dtype {dtype!r}", hint="one of float32, float16, bfloat16") from None
 
 
-def load_model(path: Path | str, dtype: str = "float32") -> Any:
-    """An eval-mode causal LM from a local directory; ModelOpt exports go through the quantized loader."""
+def load_model(path: Path | str, dtype: str = "float32", device_map: str | None = None,
+               frequent_head: bool = True) -> Any:
+    """An eval-mode causal LM from a local directory; ModelOpt exports go through the quantized loader.
+
+    ``device_map`` ("auto": spread over the GPUs) goes to ``from_pretrained``; ``frequent_head=False`` keeps a
+    distilled draft's full vocabulary head (what every other runtime computes)."""
     path = Path(path)
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"{path}: not a model directory (no config.json)", hint="point at a local HF model dir")
@@ -33,12 +38,17 @@ def load_model(path: Path | str, dtype: str = "float32") -> Any:
 
         from trtspec.engines.distill.model import register as register_draft
 
-        register_draft()  # drafts made by `trtspec distill` (model type trtspec_draft) load like any HF model
+        register_draft()  # drafts of older trtspec versions (model type trtspec_draft) load like any HF model
+        extra = {"device_map": device_map} if device_map else {}
         try:
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=_torch_dtype(dtype))
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=_torch_dtype(dtype), **extra)
         except (OSError, ValueError) as exc:
             raise ModelLoadError(f"{path}: cannot load model ({str(exc).splitlines()[0]})",
                                  hint="is it a complete HF causal-LM directory?") from None
+    if frequent_head:
+        from trtspec.engines.torch_runtime.frequent_head import apply_frequent_head
+
+        apply_frequent_head(model)
     model.eval()
     return model
 

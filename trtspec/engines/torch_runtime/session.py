@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trtspec.engines.drafters import DrafterKind
 from trtspec.engines.torch_runtime.decoder import GenerationResult, SpeculativeDecoder
 from trtspec.engines.torch_runtime.loading import load_model, load_tokenizer
 from trtspec.engines.torch_runtime.sampling import SamplingParams
@@ -66,19 +67,29 @@ class TorchSession:
     """The torch runtime for one spec: models loaded once, prompts encoded with the target's chat template."""
 
     def __init__(self, target_dir: Path, draft_dir: Path | None, *, dtype: str = "float32",
-                 draft_dtype: str | None = None, max_draft_len: int = 4) -> None:
+                 draft_dtype: str | None = None, max_draft_len: int = 4, drafter: DrafterKind | str = "model",
+                 ngram_pool: Any = None) -> None:
+        """``drafter`` and ``ngram_pool``: see ``SpeculativeDecoder`` (ngram needs no draft_dir)."""
         self.tokenizer = load_tokenizer(target_dir)
         self.target = load_model(target_dir, dtype)
         self.draft = load_model(draft_dir, draft_dtype or dtype) if draft_dir is not None else None
         pad = self.tokenizer.pad_token_id
+        drafter = DrafterKind(drafter)
+        if drafter is DrafterKind.HYBRID and self.draft is None:
+            drafter = DrafterKind.NGRAM  # no draft loaded (target only): nothing but the n-grams could draft
         self.decoder = SpeculativeDecoder(self.target, self.draft, max_draft_len=max_draft_len,
                                           eos_ids=eos_ids_of(self.target, self.tokenizer),
-                                          pad_id=pad if pad is not None else 0)
+                                          pad_id=pad if pad is not None else 0, drafter=drafter,
+                                          ngram_pool=ngram_pool)
 
     @classmethod
-    def from_spec(cls, spec: BuildSpec, with_draft: bool = True) -> TorchSession:
-        """Load the models the torch runtime serves for this spec (quantized checkpoints once built)."""
+    def from_spec(cls, spec: BuildSpec, with_draft: bool = True, load_draft: bool | None = None) -> TorchSession:
+        """Load the models the torch runtime serves for this spec (quantized checkpoints once built) and its drafter
+        (``speculative.drafter``; the n-gram pool for ngram and hybrid). ``with_draft=False``: target only.
+        ``load_draft`` (default: unless the drafter is ngram, which drafts without it) loads the draft model."""
         from trtspec.build.plan import serving_model_dir
+        from trtspec.engines.drafters.ngram import pool_for_spec
+        from trtspec.families import read_config
         from trtspec.spec import Runtime
 
         def model_dir(role: str) -> Path:
@@ -88,9 +99,16 @@ class TorchSession:
                     return path
             return spec.model_path(role)
 
-        return cls(model_dir("target"), model_dir("draft") if with_draft else None,
+        kind = spec.speculative.drafter
+        if load_draft is None:
+            load_draft = kind is not DrafterKind.NGRAM
+        pool = None
+        if with_draft and kind is not DrafterKind.MODEL:
+            pool = pool_for_spec(spec, read_config(model_dir("target")).vocab_size)
+        return cls(model_dir("target"), model_dir("draft") if with_draft and load_draft else None,
                    dtype=spec.target.dtype.value, draft_dtype=spec.draft.dtype.value,
-                   max_draft_len=spec.speculative.max_draft_len)
+                   max_draft_len=spec.speculative.max_draft_len,
+                   drafter=kind if with_draft else DrafterKind.MODEL, ngram_pool=pool)
 
     def encode(self, prompt: str, chat: bool = True) -> list[int]:
         """Token ids of a prompt, through the chat template when the tokenizer has one and ``chat`` is set."""

@@ -1,5 +1,8 @@
 """trtspec torch runtime, orchestration in_process: `tensorrt_llm` with the target and the draft in this one process.
 
+The drafter is ``speculative.drafter`` (parameter ``drafter``): the draft model, n-grams (prompt lookup + the pool in
+``ngram_pool``; no draft model is loaded) or the hybrid of both (trtspec.engines.inflight.token_drafters).
+
 One in-flight engine (trtspec.engines.inflight) runs the draft-target loop for every active request: per step, one
 packed draft pass per draft token and one packed target pass, no per-step IPC and no BLS. The tensor contract is the
 orchestrator's (input_ids ... num_draft_tokens -> output_ids, decoded_length, is_final, statistics), checked by the
@@ -100,6 +103,7 @@ class TritonPythonModel:
         import torch
 
         from trtspec.engines.inflight.engine import InflightEngine
+        from trtspec.engines.inflight.token_drafters import make_drafter
         from trtspec.engines.torch_runtime.loading import load_model
 
         p = model_params(args)
@@ -114,15 +118,20 @@ class TritonPythonModel:
                                      draft_len_limit=int(p.get("engine_max_draft_len") or max_draft_len),
                                      route_threshold=int(p.get("route_threshold") or 0),
                                      draft_logits_available=True, max_seq_len=int(p["max_seq_len"]))
+        kind = p.get("drafter") or "model"  # speculative.drafter: model, ngram (no draft model loaded), hybrid
+        pool = p.get("ngram_pool") or None  # ngram_pool.npz; none: prompt lookup only
         target = load_model(p["model_dir"], p.get("dtype") or "float32")
-        draft = load_model(p["draft_model_dir"], p.get("draft_dtype") or "float32")
+        draft = load_model(p["draft_model_dir"], p.get("draft_dtype") or "float32") if kind != "ngram" else None
+        slots, capacity = int(p["kv_cache_slots"]), int(p["max_seq_len"])
+        vocab = int(target.get_output_embeddings().weight.shape[0])
+        drafter = make_drafter(kind, draft_model=draft, pool=pool, vocab=vocab, slots=slots, capacity=capacity)
         self.engine = InflightEngine(
-            target, draft_model=draft, max_batch_size=int(p["max_batch_size"]), slots=int(p["kv_cache_slots"]),
-            capacity=int(p["max_seq_len"]),
+            target, drafter=drafter, max_batch_size=int(p["max_batch_size"]), slots=slots, capacity=capacity,
             max_queue_delay_s=int(p.get("max_queue_delay_microseconds") or 0) / 1e6,
             name=args["model_name"]).start()
         self.control = ModelControl(pb_utils, args["model_name"])  # drain, cancellation (trtspec.triton_repo.control)
-        print(f"[trtspec] {args['model_name']}: target {p['model_dir']} + draft {p['draft_model_dir']}, "
+        source = f"draft {p['draft_model_dir']}" if kind == "model" else f"{kind} drafter (pool {pool or 'none'})"
+        print(f"[trtspec] {args['model_name']}: target {p['model_dir']} + {source}, "
               f"pid {os.getpid()}, {torch.get_num_threads()} threads", flush=True)
 
     def execute(self, requests):

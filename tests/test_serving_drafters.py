@@ -1,0 +1,61 @@
+"""The in-process Triton model (runtime torch, orchestration in_process) honours ``speculative.drafter``: n-grams
+(no draft model loaded) and the hybrid serve the target's greedy text, streamed and not, with draft statistics."""
+
+from __future__ import annotations
+
+import pytest
+
+from serving_helpers import make_noisy_draft, torch_spec_dict
+from trtspec.serving.client import TritonLLMClient
+from trtspec.spec import spec_from_dict
+
+pytestmark = pytest.mark.triton
+
+PROMPTS = ["The quick brown fox", "def add(a, b):\n    return a", "The lazy dog. The quick"]
+MAX_TOKENS = 32
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_pair):
+    from trtspec.engines.torch_runtime.session import TorchSession
+
+    session = TorchSession(tiny_pair[0], None)
+    return {p: session.generate(p, MAX_TOKENS, use_draft=False, chat=False) for p in PROMPTS}
+
+
+@pytest.fixture(scope="module", params=["ngram", "hybrid"])
+def served(request, tiny_pair, reference, tmp_path_factory):
+    """A pool of the target's own answers to the first prompt (its proposals are accepted there)."""
+    from trtspec.engines.drafters.ngram import NgramPool
+    from trtspec.engines.torch_runtime.loading import load_tokenizer
+    from trtspec.families import read_config
+    from trtspec.serving.server import TritonServer
+    from trtspec.triton_repo.writer import write_repo
+
+    root = tmp_path_factory.mktemp(f"serving-{request.param}")
+    draft = make_noisy_draft(tiny_pair[0], root / "draft")
+    tok = load_tokenizer(tiny_pair[0])
+    first = reference[PROMPTS[0]]
+    NgramPool.from_sequences([tok.encode(PROMPTS[0]) + first.token_ids],
+                             vocab_size=read_config(tiny_pair[0]).vocab_size).save(draft / "ngram_pool.npz")
+    spec = spec_from_dict(torch_spec_dict(tiny_pair[0], draft, speculative={"route_threshold": 0,
+                                                                            "drafter": request.param},
+                                          triton={"orchestration": "in_process"}), base_dir=root, environ={})
+    write_repo(spec)
+    with TritonServer(spec.repo_dir, log_file=root / "server.log") as server:
+        yield server
+
+
+def test_served_drafters_return_the_target_s_greedy_text(served, reference):
+    with TritonLLMClient(served.grpc_url) as client:
+        drafted = accepted = 0
+        for prompt in PROMPTS:
+            r = client.generate(prompt, MAX_TOKENS)
+            assert r.text == reference[prompt].text
+            drafted += r.stats["total_draft_tokens"]
+            accepted += r.stats["total_accepted_draft_tokens"]
+        assert drafted > accepted > 0, (drafted, accepted)
+        streamed = client.generate(PROMPTS[1], MAX_TOKENS, stream=True)
+        assert "".join(streamed.chunks) == reference[PROMPTS[1]].text
+        plain = client.generate(PROMPTS[0], MAX_TOKENS, num_draft_tokens=0)
+        assert plain.text == reference[PROMPTS[0]].text and plain.stats["total_draft_tokens"] == 0

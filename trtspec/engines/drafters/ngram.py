@@ -1,0 +1,256 @@
+"""N-gram drafting: prompt lookup over the request's own tokens, plus a pool of n-grams from the target's answers.
+
+Prompt lookup (Saxena 2023; TensorRT-LLM's NGram drafter, vLLM's ngram proposer) finds the longest suffix of the
+context (up to ``max_match`` tokens) that occurred earlier in the same context and proposes what followed it. The pool
+does the same over a corpus: the target's own teacher answers from `trtspec distill` (or a user's traffic), where each
+n-gram maps to the token the target chose most often after it; the pool proposes a chain, one lookup per token.
+
+On disk the pool is its corpus (``ngram_pool.npz``: token ids and, where known, the target's greedy next token at each
+position); the lookup tables are built from it at load time (about a second for 300k tokens). Keys are 64-bit
+polynomial hashes of the n-gram: a collision only makes a proposal wrong, which verification rejects.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trtspec.engines.drafters import Proposal
+
+POOL_FILE = "ngram_pool.npz"
+MAX_MATCH = 4  # longest n-gram looked up (TensorRT-LLM: max_matching_ngram_size)
+MIN_MATCH = 1
+_MULT = np.uint64(0x9E3779B97F4A7C15)
+_SEP = -1
+
+
+def _hash_windows(tokens: np.ndarray, n: int) -> np.ndarray:
+    """uint64 hash of every window of ``n`` tokens (len(tokens) - n + 1 of them)."""
+    h = np.zeros(len(tokens) - n + 1, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for i in range(n):
+            h = h * _MULT + (tokens[i:len(tokens) - n + 1 + i].astype(np.uint64) + np.uint64(1))
+    return h
+
+
+def _hash(seq: Sequence[int]) -> np.uint64:
+    h = np.uint64(0)
+    with np.errstate(over="ignore"):
+        for t in seq:
+            h = h * _MULT + np.uint64(int(t) + 1)
+    return h
+
+
+@dataclass
+class _Table:
+    keys: np.ndarray  # sorted uint64 hashes of n-grams
+    next: np.ndarray  # int32: the most frequent next token after each
+    count: np.ndarray  # int32: how often it followed
+
+    def lookup(self, key: np.uint64) -> tuple[int, int] | None:
+        i = int(np.searchsorted(self.keys, key))
+        if i < len(self.keys) and self.keys[i] == key:
+            return int(self.next[i]), int(self.count[i])
+        return None
+
+
+class NgramPool:
+    """N-gram -> most frequent next token, for n in 1..max_match, over a corpus of token sequences."""
+
+    def __init__(self, tokens: np.ndarray, labels: np.ndarray | None = None, *, vocab_size: int,
+                 max_match: int = MAX_MATCH, meta: dict | None = None) -> None:
+        self.tokens = np.asarray(tokens, dtype=np.int32)  # documents separated by -1
+        self.labels = None if labels is None else np.asarray(labels, dtype=np.int32)
+        self.vocab_size = int(vocab_size)
+        self.max_match = int(max_match)
+        self.meta = dict(meta or {})
+        self.tables = {n: self._build(n) for n in range(1, self.max_match + 1)}
+
+    # -- building ---------------------------------------------------------------------------------------------
+    @classmethod
+    def from_sequences(cls, sequences: Iterable[Sequence[int]], labels: Iterable[Sequence[int]] | None = None, *,
+                       vocab_size: int, max_match: int = MAX_MATCH, meta: dict | None = None) -> NgramPool:
+        """A pool over token sequences. ``labels[i][j]``, when given, is the target's greedy choice after
+        ``sequences[i][:j + 1]`` (a sampled answer's next token is not): the pool then predicts those."""
+        toks: list[int] = []
+        labs: list[int] = []
+        label_iter = iter(labels) if labels is not None else None
+        for seq in sequences:
+            seq = [int(t) for t in seq]
+            lab = [int(t) for t in next(label_iter)] if label_iter is not None else seq[1:] + [_SEP]
+            if len(lab) != len(seq):
+                raise ValueError("labels must be as long as their sequence")
+            toks += seq + [_SEP]
+            labs += lab + [_SEP]
+        return cls(np.array(toks, dtype=np.int32), np.array(labs, dtype=np.int32) if labels is not None else None,
+                   vocab_size=vocab_size, max_match=max_match, meta=meta)
+
+    def _build(self, n: int) -> _Table:
+        t = self.tokens
+        if len(t) <= n:
+            return _Table(np.zeros(0, np.uint64), np.zeros(0, np.int32), np.zeros(0, np.int32))
+        # window i covers t[i:i+n]; what follows it: the label at its last token, else the next corpus token
+        nxt = (self.labels[n - 1:] if self.labels is not None else t[n:])[: len(t) - n + 1 - (self.labels is None)]
+        keys = _hash_windows(t, n)[: len(nxt)]
+        win_ok = np.ones(len(nxt), dtype=bool)
+        sep = (t == _SEP).astype(np.int32)
+        csum = np.concatenate([[0], np.cumsum(sep)])
+        win_ok &= (csum[n:n + len(nxt)] - csum[: len(nxt)]) == 0  # no separator inside the window
+        win_ok &= nxt != _SEP
+        keys, nxt = keys[win_ok], nxt[win_ok]
+        if not len(keys):
+            return _Table(np.zeros(0, np.uint64), np.zeros(0, np.int32), np.zeros(0, np.int32))
+        order = np.lexsort((nxt, keys))
+        k, x = keys[order], nxt[order]
+        new = np.concatenate([[True], (k[1:] != k[:-1]) | (x[1:] != x[:-1])])
+        starts = np.flatnonzero(new)
+        rk, rx = k[starts], x[starts]
+        rc = np.diff(np.concatenate([starts, [len(k)]])).astype(np.int32)
+        best = np.lexsort((rx, -rc, rk))  # per key: highest count first, ties to the lower token id
+        rk, rx, rc = rk[best], rx[best], rc[best]
+        first = np.concatenate([[True], rk[1:] != rk[:-1]])
+        return _Table(rk[first], rx[first].astype(np.int32), rc[first])
+
+    # -- lookups ----------------------------------------------------------------------------------------------
+    def next_token(self, context: Sequence[int], min_match: int = MIN_MATCH) -> tuple[int, int] | None:
+        """(token, match length) for the longest suffix of ``context`` in the pool, or None."""
+        for n in range(min(self.max_match, len(context)), min_match - 1, -1):
+            hit = self.tables[n].lookup(_hash(context[-n:]))
+            if hit is not None:
+                return hit[0], n
+        return None
+
+    def chain(self, context: Sequence[int], k: int, min_match: int = MIN_MATCH) -> Proposal:
+        """Up to ``k`` tokens, each the pool's next token after the context extended by the ones before it."""
+        ctx = list(context[-self.max_match:])
+        out: list[int] = []
+        first = 0
+        for _ in range(k):
+            hit = self.next_token(ctx, min_match)
+            if hit is None:
+                break
+            tok, n = hit
+            first = first or n
+            out.append(tok)
+            ctx = (ctx + [tok])[-self.max_match:]
+        return Proposal(out, first, "pool" if out else "none")
+
+    @property
+    def n_tokens(self) -> int:
+        return int((self.tokens != _SEP).sum())
+
+    # -- files ------------------------------------------------------------------------------------------------
+    def save(self, path: Path) -> Path:
+        """Write the corpus (and labels) as ``.npz``; the tables are rebuilt on load."""
+        path = Path(path)
+        dtype = np.uint16 if self.vocab_size <= 0xFFFF else np.int32
+        arrays = {"tokens": np.where(self.tokens == _SEP, self.vocab_size, self.tokens).astype(dtype)}
+        if self.labels is not None:
+            arrays["labels"] = np.where(self.labels == _SEP, self.vocab_size, self.labels).astype(dtype)
+        meta = {**self.meta, "vocab_size": self.vocab_size, "max_match": self.max_match, "format": 1}
+        arrays["meta"] = np.frombuffer(json.dumps(meta, sort_keys=True).encode(), dtype=np.uint8)
+        tmp = path.with_name(path.name + ".tmp.npz")
+        np.savez_compressed(tmp, **arrays)
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def load(cls, path: Path, max_match: int | None = None) -> NgramPool:
+        """A pool written by :meth:`save` (ValueError when it is not one)."""
+        try:
+            with np.load(Path(path)) as data:
+                meta = json.loads(bytes(data["meta"]).decode())
+                vocab = int(meta["vocab_size"])
+                tokens = data["tokens"].astype(np.int32)
+                labels = data["labels"].astype(np.int32) if "labels" in data else None
+        except (OSError, KeyError, ValueError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{path}: not an n-gram pool ({exc})") from None
+        tokens[tokens == vocab] = _SEP
+        if labels is not None:
+            labels[labels == vocab] = _SEP
+        return cls(tokens, labels, vocab_size=vocab, max_match=max_match or int(meta.get("max_match", MAX_MATCH)),
+                   meta=meta)
+
+
+def read_pool_meta(path: Path) -> dict:
+    """The metadata of a pool file without building its tables (for `trtspec check`)."""
+    with np.load(Path(path)) as data:
+        meta = json.loads(bytes(data["meta"]).decode())
+        meta["tokens"] = int((data["tokens"] != int(meta["vocab_size"])).sum())
+    return meta
+
+
+def vocab_fingerprint(vocab: dict[str, int]) -> str:
+    """SHA-256 of a tokenizer's token-to-id mapping: a pool only fits the tokenizer it was built with."""
+    return hashlib.sha256(json.dumps(sorted(vocab.items()), ensure_ascii=False).encode()).hexdigest()
+
+
+def prompt_lookup(context: Sequence[int], k: int, max_match: int = MAX_MATCH, min_match: int = MIN_MATCH) -> Proposal:
+    """Prompt lookup: the longest suffix (``max_match``..``min_match`` tokens) that occurred earlier in ``context``,
+    and up to ``k`` tokens that followed its most recent earlier occurrence."""
+    n_ctx = len(context)
+    if n_ctx < 2 or k <= 0:
+        return Proposal()
+    ctx = np.asarray(context, dtype=np.int64)
+    for n in range(min(max_match, n_ctx - 1), min_match - 1, -1):
+        suffix = ctx[n_ctx - n:]
+        windows = np.lib.stride_tricks.sliding_window_view(ctx[: n_ctx - 1], n)  # starts 0 .. n_ctx - 1 - n
+        hits = np.flatnonzero((windows == suffix).all(axis=1))
+        if len(hits):
+            start = int(hits[-1]) + n
+            cont = ctx[start:start + k].tolist()
+            if cont:
+                return Proposal([int(t) for t in cont], n, "prompt")
+    return Proposal()
+
+
+class NgramDrafter:
+    """Prompt lookup over the request's tokens, else (or for a longer match) the pool; the pool extends a short
+    prompt-lookup continuation to ``k`` tokens. Draft cost: a few array lookups per step."""
+
+    def __init__(self, pool: NgramPool | None = None, max_match: int = MAX_MATCH, min_match: int = MIN_MATCH,
+                 use_prompt: bool = True) -> None:
+        self.pool = pool
+        self.max_match = max_match if pool is None else min(max_match, pool.max_match)
+        self.min_match = min_match
+        self.use_prompt = use_prompt
+
+    def propose(self, context: Sequence[int], k: int) -> Proposal:
+        if k <= 0 or not context:
+            return Proposal()
+        local = prompt_lookup(context, k, self.max_match, self.min_match) if self.use_prompt else Proposal()
+        pooled = self.pool.chain(context, k, self.min_match) if self.pool is not None else Proposal()
+        if pooled.match_len > local.match_len:
+            return pooled
+        if local.tokens and len(local.tokens) < k and self.pool is not None:
+            more = self.pool.chain(list(context) + local.tokens, k - len(local.tokens), self.min_match)
+            return Proposal(local.tokens + more.tokens, local.match_len, local.source)
+        return local if local.tokens else pooled
+
+
+def pool_for_spec(spec: Any, target_vocab: int | None = None) -> NgramPool | None:
+    """The n-gram pool the spec's ngram / hybrid drafter reads (``speculative.ngram_pool``, else the draft's
+    ``ngram_pool.npz``); None (prompt lookup only) when the default file is absent. GenerationError when a pool named
+    in the spec is missing, or a pool is not one or was built for another vocabulary."""
+    from trtspec.errors import GenerationError
+
+    path = spec.ngram_pool_path
+    if not path.is_file():
+        if spec.speculative.ngram_pool is None:
+            return None
+        raise GenerationError(f"speculative.ngram_pool {path}: file not found",
+                              hint="trtspec distill writes ngram_pool.npz next to the draft")
+    try:
+        pool = NgramPool.load(path)
+    except ValueError as exc:
+        raise GenerationError(str(exc), hint="trtspec distill writes ngram_pool.npz; set speculative.ngram_pool")
+    if target_vocab is not None and pool.vocab_size != target_vocab:
+        raise GenerationError(f"{path}: built for a vocabulary of {pool.vocab_size}, the target has {target_vocab}",
+                              hint="rebuild the pool with trtspec distill for this target")
+    return pool
