@@ -119,7 +119,8 @@ def test_ctrl_c_during_build_says_interrupted_and_what_was_kept(tmp_path, tiny_p
     env = {**os.environ, "PATH": f"{standin_bin}{os.pathsep}{os.environ['PATH']}",
            "TRTLLM_STANDIN_VERSION": "1.0.0", "TRTLLM_STANDIN_SLEEP": "600"}
     proc = subprocess.Popen([*TRTSPEC, "build", str(path)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as in a terminal
     log = spec.engines_dir / "logs" / "target.trtllm-build.log"
     end = time.monotonic() + 300
     while not (log.is_file() and "Building engine for rank 0" in log.read_text()):

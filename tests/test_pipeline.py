@@ -82,7 +82,13 @@ def _start_runner(tmp_path, spec, checkpoints, sleep: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, str(Path(__file__).parent / "pipeline_runner.py"),
                              str(_write_spec(tmp_path, spec)), json.dumps({k: str(v) for k, v in checkpoints.items()})],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_default_sigint)
+
+
+def _default_sigint() -> None:
+    """Ctrl-C as in a terminal: a suite started in the background (``pytest &``) has SIGINT ignored, children inherit
+    that, and a Python started with SIGINT ignored never raises KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _wait_for_build_mid_stage(spec, proc, deadline_s: float = 180) -> None:
