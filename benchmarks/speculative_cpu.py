@@ -5,8 +5,9 @@ tok/s (constant K), trtspec speculative tok/s, measured acceptance a (accepted /
 draft step / one target step), verify cost ratio v (one verification / one target step: the body over K + 1 tokens
 plus the head where the decoder applies it), the bound S = (tokens per target step) / (K c + v), and
 efficiency = measured speedup / S (speedup of trtspec speculative over trtspec target-only: the same code path that the
-bound models). Pairs: (i) draft == target (a = 1: isolates our overhead), (ii) the embedded example, (iii) tiny random
-models (a ~ 0: the overhead bound when no draft token is ever accepted).
+bound models). Pairs: (i) draft == target (a = 1: isolates our overhead), (ii) the embedded example, with its draft
+model, with the n-gram drafter (prompt lookup + the shipped pool; compared with transformers' prompt lookup decoding)
+and with the hybrid drafter, (iii) tiny random models (a ~ 0: the overhead bound when no draft token is ever accepted).
 
     python benchmarks/speculative_cpu.py [--max-tokens 64] [--k 4] [--json out.json] [--plot out.png]
 """
@@ -54,9 +55,11 @@ class Row:
     identical_greedy: bool
 
 
-def _hf_kwargs(max_tokens, eos, assistant=None, k=4) -> dict:
+def _hf_kwargs(max_tokens, eos, assistant=None, k=4, prompt_lookup=False) -> dict:
     kwargs = dict(max_new_tokens=max_tokens, do_sample=False, eos_token_id=eos, pad_token_id=0)
-    if assistant is not None:
+    if prompt_lookup:  # transformers' prompt lookup decoding: the n-gram drafter's nearest counterpart
+        kwargs["prompt_lookup_num_tokens"] = k
+    elif assistant is not None:
         assistant.generation_config.num_assistant_tokens = k
         assistant.generation_config.num_assistant_tokens_schedule = "constant"
         assistant.generation_config.assistant_confidence_threshold = 0.0
@@ -67,9 +70,10 @@ def _hf_kwargs(max_tokens, eos, assistant=None, k=4) -> dict:
 @torch.inference_mode()
 def run_methods(target, draft, dec: SpeculativeDecoder, prompts, max_tokens, eos, k) -> dict:
     """Each prompt through every method in turn (interleaved, so background load hits all methods alike)."""
+    lookup = dec.drafter.value == "ngram"
     methods = {
         "hf_target": lambda p: target.generate(torch.tensor([p]), **_hf_kwargs(max_tokens, eos))[0, len(p):].tolist(),
-        "hf_assisted": lambda p: target.generate(torch.tensor([p]), **_hf_kwargs(max_tokens, eos, draft, k))[
+        "hf_assisted": lambda p: target.generate(torch.tensor([p]), **_hf_kwargs(max_tokens, eos, draft, k, lookup))[
             0, len(p):].tolist(),
         "target_only": lambda p: dec.generate([p], max_tokens, draft_len=k, use_draft=False)[0],
         "trtspec": lambda p: dec.generate([p], max_tokens, draft_len=k)[0],
@@ -98,13 +102,17 @@ def run_methods(target, draft, dec: SpeculativeDecoder, prompts, max_tokens, eos
             "tokens_per_step": emitted / steps if steps else 1.0}
 
 
-def measure_pair(name, target, draft, prompts, eos, k, max_tokens) -> Row:
-    dec = SpeculativeDecoder(target, draft, max_draft_len=k, eos_ids=eos)
+def measure_pair(name, target, draft, prompts, eos, k, max_tokens, drafter="model", pool=None) -> Row:
+    """``drafter`` ngram: trtspec's n-gram drafter (prompt lookup + ``pool``) against transformers' prompt lookup;
+    model and hybrid: against transformers' assisted generation with the draft model."""
+    dec = SpeculativeDecoder(target, draft, max_draft_len=k, eos_ids=eos, drafter=drafter, ngram_pool=pool)
     run_methods(target, draft, dec, prompts[:1], 8, eos, k)  # warm-up: first calls allocate
     m = run_methods(target, draft, dec, prompts, max_tokens, eos, k)
     tps, a = m["tps"], m["acceptance"]
     context = int(statistics.mean(len(p) for p in prompts)) + max_tokens // 2
     c, v = step_cost_ratios(target, draft, context, k, m["tokens_per_step"])
+    if drafter == "ngram":
+        c = 0.0  # a table lookup: no draft forward pass
     s = speedup_bound(m["tokens_per_step"], k, c, v)
     speedup = tps["trtspec"] / tps["target_only"]
     return Row(name, k, tps["hf_target"], tps["hf_assisted"], tps["target_only"], tps["trtspec"], a, c, v, s,
@@ -166,7 +174,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--k", type=int, default=4)
-    parser.add_argument("--pairs", default="self,example,tiny", help="comma-separated subset of self,example,tiny")
+    parser.add_argument("--pairs", default="self,example,ngram,hybrid,tiny",
+                        help="comma-separated subset of self,example,ngram,hybrid,tiny (ngram and hybrid: the "
+                             "example's target with the n-gram / hybrid drafter and the shipped n-gram pool)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--plot", type=Path)
     args = parser.parse_args()
@@ -176,7 +186,7 @@ def main() -> None:
     hf_logging.disable_progress_bar()
     wanted = args.pairs.split(",")
     rows: list[Row] = []
-    if {"self", "example"} & set(wanted):
+    if {"self", "example", "ngram", "hybrid"} & set(wanted):
         from trtspec.engines.torch_runtime.session import TorchSession
         from trtspec.example import example_models
 
@@ -192,6 +202,12 @@ def main() -> None:
 
             rows.append(measure_pair(f"(ii) example ({Path(example_draft()).name})", session.target, session.draft,
                                      prompts, eos, args.k, args.max_tokens))
+        pool = Path(paths.draft) / "ngram_pool.npz"
+        for kind in ("ngram", "hybrid"):
+            if kind in wanted:
+                rows.append(measure_pair(f"(ii) example, {kind} drafter", session.target, session.draft, prompts,
+                                         eos, args.k, args.max_tokens, drafter=kind,
+                                         pool=pool if pool.is_file() else None))
     if "tiny" in wanted:
         target, draft, prompts = tiny_random_pair()
         rows.append(measure_pair("(iii) tiny random", target, draft, prompts, [], args.k, args.max_tokens))

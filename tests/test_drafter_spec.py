@@ -68,11 +68,16 @@ def test_torch_without_a_pool_warns_prompt_lookup_only(tiny_pair):
 
 @pytest.mark.parametrize("runtime, drafter, orchestration", [
     ("torch", "ngram", "bls"), ("torch", "hybrid", "bls"), ("trtllm-engine", "hybrid", "auto"),
-    ("trtllm-engine", "ngram", "auto"), ("trtllm-llmapi", "hybrid", "auto")])
-def test_drafters_a_runtime_does_not_serve_are_blocking(tiny_pair, pool_file, runtime, drafter, orchestration):
+    ("trtllm-engine", "ngram", "auto")])
+def test_the_bls_orchestrator_serves_ngram_and_hybrid(tiny_pair, pool_file, runtime, drafter, orchestration):
     report = run_check(_spec(tiny_pair, runtime, drafter, pool_file, orchestration), NO_TOOLS)
+    assert _finding(report, "drafter").level is Level.OK
+
+
+def test_a_drafter_the_runtime_does_not_serve_is_blocking(tiny_pair, pool_file):
+    report = run_check(_spec(tiny_pair, "trtllm-llmapi", "hybrid", pool_file), NO_TOOLS)
     finding = _finding(report, "drafter")
-    assert finding.level is Level.ERROR and f"'{drafter}'" in finding.detail and not report.ok
+    assert finding.level is Level.ERROR and "'hybrid'" in finding.detail and not report.ok
 
 
 def test_missing_pool_and_pool_of_another_tokenizer_are_reported(tiny_pair, tmp_path):

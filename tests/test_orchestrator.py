@@ -130,3 +130,45 @@ def test_accepted_tokens_are_counted_by_prefix_match_of_the_target_output(setup)
                         Deployment(draft_model="tensorrt_llm", max_draft_len=4))
     assert out == target_only(decoder, PROMPTS[3], 20)
     assert stats.total_accepted_draft_tokens == stats.total_draft_tokens > 0
+
+
+class _CountingEngines:
+    """The engines, counting the calls each model gets."""
+
+    def __init__(self, engines):
+        self.engines, self.calls = engines, {}
+
+    def generate(self, model, row):
+        self.calls[model] = self.calls.get(model, 0) + 1
+        return self.engines.generate(model, row)
+
+
+@pytest.mark.parametrize("kind", ["ngram", "hybrid"])
+def test_ngram_and_hybrid_proposals_reach_the_target_as_draft_tokens_losslessly(setup, kind):
+    """The BLS orchestrator's n-gram drafter: a pool of the target's own answers makes its proposals accepted; ngram
+    never calls the draft engine; greedy output is the target's either way."""
+    from trtspec.engines.drafters.hybrid import HybridRule
+    from trtspec.engines.drafters.ngram import NgramDrafter, NgramPool
+
+    engines, decoder = setup
+    answers = {tuple(p): target_only(decoder, p, 24) for p in PROMPTS}
+    pool = NgramPool.from_sequences([p + answers[tuple(p)] for p in PROMPTS[:3]], vocab_size=512)
+    drafter = NgramDrafter(pool) if kind == "ngram" else HybridRule(NgramDrafter(pool))
+    counting = _CountingEngines(engines)
+    proposed = accepted = 0
+    for p in PROMPTS:
+        async def one(p=p):
+            stats, out = SpecStats(), []
+            async for tokens in generate(RowRequest(p, 24, end_id=EOS), counting, Deployment(max_draft_len=4),
+                                         stats, drafter=drafter):
+                out += tokens
+            return out, stats
+        out, stats = asyncio.run(one())
+        assert out == answers[tuple(p)]
+        proposed += stats.total_draft_tokens
+        accepted += stats.total_accepted_draft_tokens
+    assert proposed >= accepted > 0.5 * proposed  # the pool holds the answers of half the prompts
+    if kind == "ngram":
+        assert "tensorrt_llm_draft" not in counting.calls
+    else:
+        assert counting.calls.get("tensorrt_llm_draft", 0) > 0  # prompts without a pooled answer use the model

@@ -1,5 +1,6 @@
-"""The in-process Triton model (runtime torch, orchestration in_process) honours ``speculative.drafter``: n-grams
-(no draft model loaded) and the hybrid serve the target's greedy text, streamed and not, with draft statistics."""
+"""Both Triton orchestrations honour ``speculative.drafter``: the in-process model (n-grams: no draft model loaded)
+and the BLS orchestrator (n-grams proposed in its process, sent to the target engine as draft tokens) serve the
+target's greedy text with n-grams and with the hybrid, streamed and not, with draft statistics."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ def reference(tiny_pair):
     return {p: session.generate(p, MAX_TOKENS, use_draft=False, chat=False) for p in PROMPTS}
 
 
-@pytest.fixture(scope="module", params=["ngram", "hybrid"])
+@pytest.fixture(scope="module", params=[("ngram", "in_process"), ("hybrid", "in_process"), ("ngram", "bls"),
+                                        ("hybrid", "bls")], ids=lambda p: "-".join(p))
 def served(request, tiny_pair, reference, tmp_path_factory):
     """A pool of the target's own answers to the first prompt (its proposals are accepted there)."""
     from trtspec.engines.drafters.ngram import NgramPool
@@ -32,15 +34,16 @@ def served(request, tiny_pair, reference, tmp_path_factory):
     from trtspec.serving.server import TritonServer
     from trtspec.triton_repo.writer import write_repo
 
-    root = tmp_path_factory.mktemp(f"serving-{request.param}")
+    drafter, orchestration = request.param
+    root = tmp_path_factory.mktemp(f"serving-{drafter}-{orchestration}")
     draft = make_noisy_draft(tiny_pair[0], root / "draft")
     tok = load_tokenizer(tiny_pair[0])
     first = reference[PROMPTS[0]]
     NgramPool.from_sequences([tok.encode(PROMPTS[0]) + first.token_ids],
                              vocab_size=read_config(tiny_pair[0]).vocab_size).save(draft / "ngram_pool.npz")
     spec = spec_from_dict(torch_spec_dict(tiny_pair[0], draft, speculative={"route_threshold": 0,
-                                                                            "drafter": request.param},
-                                          triton={"orchestration": "in_process"}), base_dir=root, environ={})
+                                                                            "drafter": drafter},
+                                          triton={"orchestration": orchestration}), base_dir=root, environ={})
     write_repo(spec)
     with TritonServer(spec.repo_dir, log_file=root / "server.log") as server:
         yield server

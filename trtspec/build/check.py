@@ -15,19 +15,20 @@ from trtspec.spec import BuildSpec, DrafterKind, Quantization, Runtime
 
 BLOCK_SIZE_4BIT = 128
 # Which drafters each runtime serves. The torch runtime's in-flight engine drafts with the draft model, n-grams or
-# the hybrid (trtspec.engines.inflight.token_drafters), in process and in its in-process Triton model; its BLS
-# orchestration and trtllm-engine's orchestrator draft with the draft model's engine only. The LLM API maps ngram to
-# TensorRT-LLM's own NGram drafter and has no hybrid of a draft model and n-grams.
+# the hybrid (trtspec.engines.inflight.token_drafters), in process and in its in-process Triton model; the BLS
+# orchestrator (torch with orchestration bls, and trtllm-engine) proposes n-grams in its own process and sends them
+# as draft_input_ids (trtspec.triton_repo.orchestrator). The LLM API maps ngram to TensorRT-LLM's own NGram drafter
+# and has no hybrid of a draft model and n-grams.
 ALL_DRAFTERS = {DrafterKind.MODEL, DrafterKind.NGRAM, DrafterKind.HYBRID}
-DRAFTERS_SERVED = {Runtime.TORCH: ALL_DRAFTERS, Runtime.TRTLLM_ENGINE: {DrafterKind.MODEL},
+DRAFTERS_SERVED = {Runtime.TORCH: ALL_DRAFTERS, Runtime.TRTLLM_ENGINE: ALL_DRAFTERS,
                    Runtime.TRTLLM_LLMAPI: {DrafterKind.MODEL, DrafterKind.NGRAM}}
 
 
 def drafters_served(spec: BuildSpec) -> set[DrafterKind]:
     """The drafters ``spec``'s runtime and orchestration serve."""
-    if spec.runtime is Runtime.TORCH and not spec.in_process:
-        return {DrafterKind.MODEL}  # the BLS orchestrator drafts through the draft model's engine
     return DRAFTERS_SERVED[spec.runtime]
+
+
 CUDA_ONLY_FORMATS = (Quantization.NVFP4,)
 
 
@@ -180,14 +181,11 @@ def _check_drafter(report: CheckReport, spec: BuildSpec, t: NormalizedConfig, tt
         report.add("drafter", Level.OK, "model: the draft model proposes")
         return
     served = drafters_served(spec)
-    where = spec.runtime.value + (" with triton.orchestration bls" if spec.runtime is Runtime.TORCH else "")
     if kind not in served:
         names = ", ".join(sorted(k.value for k in served))
-        hint = ("use triton.orchestration auto (in_process) or speculative.drafter: model"
-                if spec.runtime is Runtime.TORCH else
-                "use speculative.drafter: model, or runtime torch (ngram, hybrid) or trtllm-llmapi (ngram)")
-        report.add("drafter", Level.ERROR, f"runtime {where} does not serve drafter '{kind.value}' (it serves: "
-                   f"{names})", hint)
+        report.add("drafter", Level.ERROR, f"runtime {spec.runtime.value} does not serve drafter '{kind.value}' (it "
+                   f"serves: {names})", "use speculative.drafter: model or ngram, or runtime torch or trtllm-engine "
+                   "(hybrid)")
     else:
         report.add("drafter", Level.OK, f"{kind.value}: " + ("prompt lookup + the n-gram pool propose"
                    if kind is DrafterKind.NGRAM else "n-grams on a confident match, else the draft model"))

@@ -90,8 +90,16 @@ def engine_capabilities(spec: BuildSpec) -> dict[str, Any]:
             "engine_generation_logits": spec.speculative.use_draft_logits}
 
 
+NGRAM_POOL_FILE = "ngram_pool.npz"  # in the orchestrator's version directory: served wherever the repository is
+
+
 def orchestrator(spec: BuildSpec) -> ModelDefinition:
     sp = spec.speculative
+    files = _python_files(BLS)
+    pool = ""  # the n-gram pool of the ngram and hybrid drafters, copied into the model (empty: prompt lookup only)
+    if sp.drafter is not DrafterKind.MODEL and spec.ngram_pool_path.is_file():
+        files[f"1/{NGRAM_POOL_FILE}"] = spec.ngram_pool_path
+        pool = NGRAM_POOL_FILE
     c = new_config(BLS, backend="python", max_batch_size=spec.engine.max_batch_size,
                    decoupled=spec.triton.decoupled, instances=spec.triton.orchestrator_instances, parameters={
                        "tensorrt_llm_model_name": TARGET, "tensorrt_llm_draft_model_name": DRAFT,
@@ -99,10 +107,11 @@ def orchestrator(spec: BuildSpec) -> ModelDefinition:
                        **engine_capabilities(spec),
                        "route_threshold": sp.route_threshold, "max_seq_len": spec.engine.max_seq_len,
                        "exclude_input_in_output": False, "stream_context_tokens": STREAM_CONTEXT_TOKENS,
+                       "drafter": sp.drafter.value, "ngram_pool": pool,
                    })
     add_inputs(c, t.BLS_INPUTS)
     add_outputs(c, t.BLS_OUTPUTS)
-    return ModelDefinition(BLS, c, _python_files(BLS))
+    return ModelDefinition(BLS, c, files)
 
 
 def _step(c: Any, model: str, inputs: dict[str, str], outputs: dict[str, str]) -> None:

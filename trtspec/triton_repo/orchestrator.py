@@ -8,6 +8,12 @@ asking fewer than ``route_threshold`` tokens (or K = 0) straight to the target. 
 every token, so greedy output equals target-only greedy output. Accepted draft tokens are counted by prefix match of
 the target's output against the draft (TensorRT-LLM's ``examples/prompt_lookup/run_dtm_pld.py``).
 
+Drafters (``speculative.drafter``): ``model`` asks the draft engine; ``ngram`` proposes in this process (prompt lookup
+plus the shipped n-gram pool, trtspec.engines.drafters.ngram) and never calls the draft engine; ``hybrid`` takes the
+n-grams on a confident match, else the draft engine at a smaller K. Either way the proposal reaches the target as
+``draft_input_ids``, so the engines need nothing new; an n-gram step sends no draft logits (the proposal is a point
+mass, which the target's acceptance handles exactly).
+
 The engines are reached through ``EngineClient``: BLS requests inside Triton, or in-process engines in tests and
 benchmarks. This path serves runtime ``trtllm-engine`` (the engines are C++ backend models); the torch runtime
 runs the same rules inside one in-flight engine instead (trtspec.engines.inflight).
@@ -93,9 +99,24 @@ def _step_row(row: RowRequest, tokens: list[int], max_new: int, base_seed: int |
                                use_draft_logits=None, **changes)
 
 
+def _local_draft(drafter: Any, seq: list[int], k: int) -> tuple[list[int] | None, int]:
+    """(n-gram tokens, 0), or (None, how many tokens to ask the draft engine for)."""
+    if drafter is None:
+        return None, k
+    if hasattr(drafter, "choose"):  # HybridRule: n-grams on a confident match, else the draft model
+        from trtspec.engines.drafters import DrafterKind
+
+        choice = drafter.choose(seq, k)
+        if choice.kind is DrafterKind.NGRAM and choice.proposal is not None:
+            return choice.proposal.tokens[:k], 0
+        return None, min(choice.k, k)
+    return drafter.propose(seq, k).tokens[:k], 0  # NgramDrafter
+
+
 async def generate(row: RowRequest, engines: EngineClient, deployment: Deployment,
-                   stats: SpecStats | None = None) -> AsyncIterator[list[int]]:
-    """Yield the tokens each step commits (end_id excluded); statistics accumulate in ``stats``."""
+                   stats: SpecStats | None = None, drafter: Any = None) -> AsyncIterator[list[int]]:
+    """Yield the tokens each step commits (end_id excluded); statistics accumulate in ``stats``. ``drafter``: None
+    (the draft engine proposes), an ``NgramDrafter`` or a ``HybridRule`` (see the module docstring)."""
     stats = stats if stats is not None else SpecStats()
     stats.num_input_tokens = len(row.tokens)
     plan = plan_request(row, deployment)
@@ -119,16 +140,20 @@ async def generate(row: RowRequest, engines: EngineClient, deployment: Deploymen
         k_eff = min(plan.k, row.max_new - produced - 1)
         draft: list[int] = []
         draft_logits = None
-        if k_eff > 0:
+        local, k_model = _local_draft(drafter, seq, k_eff) if k_eff > 0 else (None, 0)
+        if local is not None:
+            draft = list(local)  # may be empty (no match): the target steps alone
+        elif k_model > 0:
             async for tokens, logits in engines.generate(deployment.draft_model, _step_row(
-                    row, seq, k_eff, base_seed, step, 0, stream=False, return_logits=plan.use_draft_logits)):
+                    row, seq, k_model, base_seed, step, 0, stream=False, return_logits=plan.use_draft_logits)):
                 draft += tokens
                 if logits is not None:
                     draft_logits = logits if draft_logits is None else _concat(draft_logits, logits)
         new: list[int] = []
         async for tokens, _ in engines.generate(deployment.target_model, dataclasses.replace(_step_row(
                 row, seq, len(draft) + 1, base_seed, step, 1, stream=False, return_logits=False),
-                draft=draft or None, draft_logits=draft_logits if plan.use_draft_logits and draft else None)):
+                draft=draft or None,
+                draft_logits=draft_logits if plan.use_draft_logits and draft and local is None else None)):
             new += tokens
         step += 1
         stats.note_step(len(draft), accepted_prefix(draft, new))

@@ -91,6 +91,20 @@ class BlsEngines:
             raise RequestCancelled("the request was cancelled", hint="the client cancelled it or went away")
 
 
+def _load_drafter(kind, pool_file, version_dir):
+    """speculative.drafter: None for ``model`` (the draft engine proposes), else the n-gram drafter over the pool
+    shipped in this model's directory (none: prompt lookup only), wrapped in the hybrid rule for ``hybrid``."""
+    if kind == "model":
+        return None
+    from trtspec.engines.drafters.hybrid import HybridRule
+    from trtspec.engines.drafters.ngram import NgramDrafter, NgramPool
+
+    pool = NgramPool.load(os.path.join(version_dir, pool_file)) if pool_file else None
+    ngram = NgramDrafter(pool)
+    print(f"[trtspec] tensorrt_llm_bls: {kind} drafter, pool {pool_file or 'none (prompt lookup only)'}", flush=True)
+    return ngram if kind == "ngram" else HybridRule(ngram)
+
+
 class TritonPythonModel:
     def initialize(self, args):
         p = model_params(args)
@@ -100,6 +114,8 @@ class TritonPythonModel:
             draft_len_limit=int(p.get("engine_max_draft_len") or p["max_draft_len"]),
             route_threshold=int(p["route_threshold"]), use_draft_logits=as_bool(p.get("use_draft_logits")),
             draft_logits_available=as_bool(p.get("engine_generation_logits")), max_seq_len=int(p["max_seq_len"]))
+        self.drafter = _load_drafter(p.get("drafter") or "model", p.get("ngram_pool") or "",
+                                     os.path.join(args["model_repository"], str(args["model_version"])))
         self.exclude_default = as_bool(p.get("exclude_input_in_output"))
         self.context = int(p.get("stream_context_tokens") or 32)
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"]))
@@ -133,7 +149,8 @@ class TritonPythonModel:
 
             async def run(b):
                 # aclosing: leaving early closes the steps now, so their iterators are retired before we answer.
-                async with contextlib.aclosing(generate(rows[b], engines, self.deployment, state.stats[b])) as steps:
+                steps = generate(rows[b], engines, self.deployment, state.stats[b], drafter=self.drafter)
+                async with contextlib.aclosing(steps):
                     async for tokens in steps:
                         if sender.cancelled:  # by the client, or cut at the drain deadline: answered already
                             raise RequestCancelled("the request was cancelled", hint="the client cancelled it")
