@@ -65,8 +65,9 @@ print(spec.repo_dir, spec.speculative.max_draft_len)
 def write_repo(root: Path, pair: str, orchestration: str, trtspec_root: Path | None) -> tuple[Path, int]:
     """A repository written by the given checkout of trtspec (this one by default), in a child process."""
     env = dict(os.environ, PYTHONPATH=str(trtspec_root or ROOT))
+    # cwd=root: python -c puts the cwd first on sys.path, ahead of PYTHONPATH (run from a checkout, it would win).
     out = subprocess.run([sys.executable, "-c", WRITE, str(root), pair, orchestration], capture_output=True,
-                         text=True, env=env, timeout=1800)
+                         text=True, env=env, timeout=1800, cwd=root)
     if out.returncode != 0:
         sys.exit(f"writing the {orchestration} repository failed:\n{out.stderr[-3000:]}")
     repo, k = out.stdout.split()[-2:]

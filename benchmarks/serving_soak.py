@@ -65,7 +65,10 @@ print(spec.repo_dir)
     env = dict(os.environ)
     if trtspec_root is not None:
         env["PYTHONPATH"] = str(trtspec_root)
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=1800)
+    # cwd: the repository's root directory, not this checkout (python -c puts the cwd first on sys.path, ahead of
+    # PYTHONPATH: run from here it would write this checkout's models whatever --trtspec-root says).
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=1800,
+                         cwd=root)
     if out.returncode != 0:
         sys.exit(f"writing the repository failed:\n{out.stderr[-3000:]}")
     return Path(out.stdout.strip().splitlines()[-1])

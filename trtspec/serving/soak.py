@@ -103,9 +103,12 @@ def dmesg_segfaults() -> list[str] | None:
 
 
 def backend_failures(metrics_url: str) -> int:
-    """``nv_inference_request_failure{reason="BACKEND"}`` summed over models (what a dead stub increments)."""
+    """``nv_inference_request_failure{reason="BACKEND"}`` summed over models (what a dead stub increments); -1 when
+    unknown (no metrics URL, or it did not answer)."""
     import urllib.request
 
+    if not metrics_url:
+        return -1
     try:
         with urllib.request.urlopen(metrics_url, timeout=5) as r:
             text = r.read().decode("utf-8")
