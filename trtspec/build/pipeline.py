@@ -1,4 +1,5 @@
-"""`trtspec build`: check -> quantize -> quality -> compile -> repo, resumable, atomic, Ctrl-C safe, with one progress display.
+"""`trtspec build`: check -> quantize -> quality -> compile -> repo, resumable, atomic, Ctrl-C safe, with one progress
+display.
 
 Every stage with an output writes it through ``atomic_dir`` and stamps it with a manifest whose ``inputs_hash`` covers
 the stage's input paths (content) and settings; a stage whose output carries the current hash is skipped. A killed

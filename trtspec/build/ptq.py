@@ -80,7 +80,8 @@ def preflight(spec: BuildSpec, role: str, cuda: bool) -> tuple[dict[str, Any], l
     algo = get_format(q).trtllm_algo
     if spec.runtime is Runtime.TORCH and algo is not None and algo not in SUPPORTED_ALGOS:
         raise QuantizationError(f"the torch runtime cannot run {q.value} checkpoints (no PyTorch kernels for {algo})",
-                                hint=f"use runtime trtllm-llmapi for {q.value}, or another format for the torch runtime")
+                                hint=f"use runtime trtllm-llmapi for {q.value}, "
+                                     "or another format for the torch runtime")
     src = spec.model_path(role)
     cfg = read_config(src)
     if spec.runtime is Runtime.TRTLLM_ENGINE:

@@ -54,7 +54,8 @@ def fake_quant_int(x: torch.Tensor, amax: torch.Tensor, num_bits: int = 8) -> to
 
 
 def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
-    """ModelOpt's packed INT4 [out/2, in] (uint8 or int8 bytes; rows 2r, 2r+1 in the low, high nibble) -> int8 [out, in]."""
+    """ModelOpt's packed INT4 [out/2, in] (uint8 or int8 bytes; rows 2r, 2r+1 in the low, high nibble) -> int8
+    [out, in]."""
     b = packed.view(torch.uint8).to(torch.int16)
     low, high = b & 0x0F, (b >> 4) & 0x0F
     low = torch.where(low >= 8, low - 16, low)
@@ -92,7 +93,8 @@ def dequantize_weight(algo: str, weight: torch.Tensor, weight_scale: torch.Tenso
 
 
 class QuantLinear(nn.Module):
-    """A linear layer running a quantized checkpoint's arithmetic: pre-quant scale, input fake-quant, dequantized weight."""
+    """A linear layer running a quantized checkpoint's arithmetic: pre-quant scale, input fake-quant, dequantized
+    weight."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *, algo: str,
                  input_amax: torch.Tensor | None = None, pre_quant_scale: torch.Tensor | None = None) -> None:
@@ -103,7 +105,8 @@ class QuantLinear(nn.Module):
         self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
         self.input_kind = ACTIVATION_KIND.get(algo) if input_amax is not None else None
         self.register_buffer("input_amax", input_amax.to(torch.float32).reshape(()) if input_amax is not None else None)
-        self.register_buffer("pre_quant_scale", pre_quant_scale.to(weight.dtype) if pre_quant_scale is not None else None)
+        self.register_buffer("pre_quant_scale",
+                             pre_quant_scale.to(weight.dtype) if pre_quant_scale is not None else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.pre_quant_scale is not None:  # AWQ / SmoothQuant: part of ModelOpt's input quantizer
@@ -141,7 +144,7 @@ def _kv_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, val
         # As ModelOpt's k/v_bmm_quantizer: applied to the full key/value states after RoPE and the cache update.
         key, value = fq(key, module.trtspec_k_amax), fq(value, module.trtspec_v_amax)
     if base == "eager":
-        fn = getattr(sys.modules[type(module).__module__], "eager_attention_forward")
+        fn = sys.modules[type(module).__module__].eager_attention_forward
     else:
         fn = ALL_ATTENTION_FUNCTIONS[base]
     return fn(module, query, key, value, attention_mask, **kwargs)

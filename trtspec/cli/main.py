@@ -8,8 +8,16 @@ import sys
 import typer
 
 from trtspec import __version__
-from trtspec.cli import (build_cmds, distill_cmds, generate_cmds, probe_cmds, quant_cmds, serve_cmds, spec_cmds,
-                         tune_cmds)
+from trtspec.cli import (
+    build_cmds,
+    distill_cmds,
+    generate_cmds,
+    probe_cmds,
+    quant_cmds,
+    serve_cmds,
+    spec_cmds,
+    tune_cmds,
+)
 from trtspec.errors import TrtspecError
 
 

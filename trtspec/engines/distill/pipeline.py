@@ -70,8 +70,15 @@ def distill(target_dir: Path, out: Path, settings: DistillSettings, *, work_dir:
     """Distill a draft for the target in ``target_dir`` into ``out`` (a loadable HF directory + report); ``machine``
     (default: detected) decides the placement, ``traffic`` (texts) replaces the teacher answers as the n-gram pool."""
     from trtspec.build.artifacts import hash_dir, is_up_to_date
-    from trtspec.engines.distill.data import (encode_prompt, generate_teacher_data, load_prompts, select_head_tokens,
-                                              shipped_prompts, split_prompts, token_counts)
+    from trtspec.engines.distill.data import (
+        encode_prompt,
+        generate_teacher_data,
+        load_prompts,
+        select_head_tokens,
+        shipped_prompts,
+        split_prompts,
+        token_counts,
+    )
     from trtspec.engines.distill.model import draft_from_target, register, source_weights
     from trtspec.engines.distill.placement import Machine, plan_placement
     from trtspec.engines.distill.report import measure

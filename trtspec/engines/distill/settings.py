@@ -52,7 +52,8 @@ class DistillSettings:
     train: TrainSettings = field(default_factory=TrainSettings)
 
     def validate(self, target_layers: int | None = None, vocab: int | None = None) -> None:
-        """Raise DistillError for settings that cannot work (with this target when its depth and vocabulary are given)."""
+        """Raise DistillError for settings that cannot work (with this target when its depth and vocabulary are
+        given)."""
         depth = target_layers or 1 << 20
         checks = [
             (1 <= self.layers <= depth, f"--layers {self.layers} must be in 1..{target_layers or 'the target depth'}",

@@ -22,9 +22,17 @@ from typing import Any
 from trtspec.serving.openai.asgi import DONE, JSON, SSE, GenerationResponse, json_bytes, send_json, sse
 from trtspec.serving.openai.backend import TritonBackend, TritonRequestError, TritonUnavailable
 from trtspec.serving.openai.deployment import ServedDeployment
-from trtspec.serving.openai.protocol import (ChatCompletionRequest, CompletionRequest, OpenAIError, bad_field,
-                                             check_generation_fields, message_text, parse_request,
-                                             requested_max_tokens, stop_strings)
+from trtspec.serving.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    OpenAIError,
+    bad_field,
+    check_generation_fields,
+    message_text,
+    parse_request,
+    requested_max_tokens,
+    stop_strings,
+)
 from trtspec.serving.openai.text import PromptTokenizer, StopMatcher
 
 # Phrases of the request errors trtspec's models answer (preprocessing, orchestrator, LLM-API model): a 400, not a 500.
@@ -164,7 +172,7 @@ class OpenAIService:
         if not p.request.stream:
             parts = [echo]
             async with aclosing(self.run(p)) as stream:
-                async for text, stats, done in stream:
+                async for text, stats, _done in stream:  # noqa: B007 (stats: the last step's, read after the loop)
                     parts.append(text)
             reason, usage, spec = self.finish(p, stats)
             text = "".join(parts)
