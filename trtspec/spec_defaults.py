@@ -70,7 +70,8 @@ def fill_gpu_defaults(data: dict[str, Any], base: Path) -> dict[str, str]:
     runtime = data.get("runtime", "torch")
     if runtime not in ("trtllm-engine", "trtllm-llmapi"):
         return {}
-    gpu = data.get("gpu") if isinstance(data.get("gpu"), dict) else {}
+    gpu_raw = data.get("gpu")
+    gpu: dict[str, Any] = gpu_raw if isinstance(gpu_raw, dict) else {}
     capability = parse_capability(gpu.get("compute_capability"))
     notes: dict[str, str] = {}
     for role in ("target", "draft"):

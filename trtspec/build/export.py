@@ -28,7 +28,8 @@ def source_rope(raw_config: dict[str, Any]) -> dict[str, Any]:
     params = raw_config.get("rope_parameters")
     params = dict(params) if isinstance(params, dict) and "rope_theta" in params else {}
     theta = raw_config.get("rope_theta", params.get("rope_theta"))
-    legacy = raw_config.get("rope_scaling") if isinstance(raw_config.get("rope_scaling"), dict) else {}
+    legacy_raw = raw_config.get("rope_scaling")
+    legacy: dict[str, Any] = legacy_raw if isinstance(legacy_raw, dict) else {}
     rope_type = params.get("rope_type") or legacy.get("rope_type") or legacy.get("type") or "default"
     scaling = {k: v for k, v in (params or legacy).items() if k != "rope_theta"}
     return {"rope_theta": float(theta) if theta is not None else None, "rope_type": rope_type, "scaling": scaling}

@@ -149,6 +149,7 @@ def check_block_size(q: Quantization, linears: list[tuple[str, int]], *, cuda_av
         return
     name, dim = problem
     block = get_format(q).block_size
+    assert block is not None  # block_size_problem reports only formats with a block size
     fits = formats_that_fit(linears, cuda_available=cuda_available)
     raise QuantizationError(
         f"{q.value} quantizes weights in blocks of {block} input channels, but layer {name} has input dimension {dim} "

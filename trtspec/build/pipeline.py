@@ -103,13 +103,15 @@ def _needs_quantize(spec: BuildSpec, role: str) -> bool:
 def pipeline_stages(spec: BuildSpec, bodies: StageBodies | None = None) -> list[PipelineStage]:
     """Every stage of `trtspec build` for this spec, in order."""
     b = bodies or StageBodies()
+
+    def role_stage(name: str, output: Path, role: str) -> PipelineStage:
+        return PipelineStage(f"{name}:{role}", output, inputs=lambda: b.get(f"{name}_inputs")(spec, role),
+                             body=lambda out, progress: b.get(f"{name}_into")(spec, role, out, progress))
+
     stages = [PipelineStage("check", None)]
     for role in ROLES:
         if _needs_quantize(spec, role):
-            stages.append(PipelineStage(
-                f"quantize:{role}", checkpoint_dir(spec, role),
-                inputs=lambda r=role: b.get("quantize_inputs")(spec, r),
-                body=lambda out, progress, r=role: b.get("quantize_into")(spec, r, out, progress)))
+            stages.append(role_stage("quantize", checkpoint_dir(spec, role), role))
         else:
             stages.append(PipelineStage(f"quantize:{role}", None,
                                         not_needed="quantization none: served from its source directory"))
@@ -119,10 +121,7 @@ def pipeline_stages(spec: BuildSpec, bodies: StageBodies | None = None) -> list[
         stages.append(PipelineStage("quality", None, not_needed="nothing is quantized"))
     for role in ROLES:
         if spec.runtime is Runtime.TRTLLM_ENGINE:
-            stages.append(PipelineStage(
-                f"compile:{role}", engine_dir(spec, role),
-                inputs=lambda r=role: b.get("compile_inputs")(spec, r),
-                body=lambda out, progress, r=role: b.get("compile_into")(spec, r, out, progress)))
+            stages.append(role_stage("compile", engine_dir(spec, role), role))
         else:
             stages.append(PipelineStage(f"compile:{role}", None,
                                         not_needed=f"{spec.runtime.value} loads the checkpoint at serve time"))

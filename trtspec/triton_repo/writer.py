@@ -31,7 +31,7 @@ def repo_inputs(spec: BuildSpec) -> tuple[dict[str, Path | None], dict]:
     from trtspec import __version__
     from trtspec.build.plan import serving_model_dir
 
-    settings = {
+    settings: dict[str, Any] = {
         "trtspec": __version__,
         "name": spec.name,  # the served model's id (the OpenAI frontend's /v1/models)
         "runtime": spec.runtime.value,

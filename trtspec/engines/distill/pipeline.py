@@ -134,7 +134,8 @@ def distill(target_dir: Path, out: Path, settings: DistillSettings, *, work_dir:
     layers = settings.init_layers or tuple(range(settings.layers))
     # From the target's own float32 tensors (the teacher may be bfloat16, or spread over GPUs).
     init = source_weights(target_dir, layers) if placement.teacher_dtype != "float32" or placement.gpus else None
-    draft = draft_from_target(target, layers, head, settings.intermediate_size, init).to(placement.draft_device)
+    draft = draft_from_target(target, layers, head, settings.intermediate_size, init)
+    draft = draft.to(placement.draft_device)  # type: ignore[arg-type]  # transformers' decorated to() takes a device
     task = progress.add_task(f"training (steps, {placement.draft_device})", total=settings.train.steps) \
         if progress else None
     ckpt = work / f"checkpoint-{_short_hash(data_key, settings.to_dict())}.pt"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -128,7 +128,7 @@ class OpenAIService:
         routed = d.contract == "ensemble" and (k == 0 or asked < d.route_threshold)
         return Prepared(kind, r, prompt, n_prompt, asked, values, stops, 0 if routed else k, routed)
 
-    async def run(self, p: Prepared) -> AsyncIterator[tuple[str, dict[str, float], bool]]:
+    async def run(self, p: Prepared) -> AsyncGenerator[tuple[str, dict[str, float], bool], None]:
         """(new text, statistics so far, finished) as the text arrives; stop sequences are cut here."""
         matcher = StopMatcher(p.stops)
         stats: dict[str, float] = {}
@@ -164,7 +164,7 @@ class OpenAIService:
                 "draft_len": p.draft_len, "routed_to_target": p.routed}
         return reason, usage, spec
 
-    async def body(self, p: Prepared) -> AsyncIterator[bytes]:
+    async def body(self, p: Prepared) -> AsyncGenerator[bytes, None]:
         """The whole response (one JSON piece), or its server-sent events."""
         chat = p.kind == "chat"
         head = {"id": ("chatcmpl-" if chat else "cmpl-") + p.id, "created": p.created, "model": self.deployment.name}
