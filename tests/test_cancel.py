@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 
-from serving_helpers import torch_spec_dict
+from tests.serving_helpers import torch_spec_dict
 from trtspec.serving.client import TritonLLMClient
 from trtspec.spec import spec_from_dict
 

@@ -13,7 +13,7 @@ import time
 import pytest
 import yaml
 
-from engine_helpers import engine_spec
+from tests.engine_helpers import engine_spec
 
 TRTSPEC = [sys.executable, "-m", "trtspec"]
 COMMANDS = ["init", "check", "plan", "quantize", "compile", "build", "repo", "serve", "generate", "bench", "distill"]

@@ -22,7 +22,7 @@ PROMPTS = [list(range(10, 10 + 4 * i + 3)) for i in range(6)]
 
 @pytest.fixture(scope="module")
 def setup(tiny_pair, tmp_path_factory):
-    from serving_helpers import make_noisy_draft
+    from tests.serving_helpers import make_noisy_draft
 
     noisy = make_noisy_draft(tiny_pair[0], tmp_path_factory.mktemp("noisy") / "draft")
     engines = {"tensorrt_llm": InflightEngine(load_model(tiny_pair[0])).start(),

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from serving_helpers import make_noisy_draft, torch_spec_dict
+from tests.serving_helpers import make_noisy_draft, torch_spec_dict
 from trtspec.spec import spec_from_dict
 
 pytestmark = pytest.mark.triton

@@ -11,7 +11,7 @@ import sys
 import pytest
 import yaml
 
-from serving_helpers import torch_spec_dict
+from tests.serving_helpers import torch_spec_dict
 from trtspec.errors import SpecError, TrtspecError
 from trtspec.spec import spec_from_dict
 from trtspec.triton_repo import pbtxt

@@ -9,12 +9,12 @@ import pytest
 import yaml
 from tritonclient.grpc import model_config_pb2 as pb
 
-from engine_helpers import engine_spec
-from standin.trtllm_build_standin import make_parser
+from tests.engine_helpers import engine_spec
+from tests.standin.trtllm_build_standin import make_parser
+from tests.upstream import facts
 from trtspec.engines.trtllm_build import trtllm_build_command
 from trtspec.engines.trtllm_versions import NGC_TAGS, RELEASES, normalize_version
 from trtspec.triton_repo.engine_definitions import config_text, engine_model_configs
-from upstream import facts
 
 VERSIONS = {"0.20": "0.20.0", "0.21": "0.21.0", "1.0": "1.0.0", "1.1": "1.1.0", "1.2": "1.2.1"}
 _DTYPES = {"float16": "TYPE_FP16", "bfloat16": "TYPE_BF16", "float32": "TYPE_FP32"}

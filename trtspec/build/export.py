@@ -3,7 +3,7 @@
 - runtime ``trtllm-engine``: a TensorRT-LLM checkpoint (ModelOpt ``export_tensorrt_llm_checkpoint``) for trtllm-build;
 - runtimes ``trtllm-llmapi`` and ``torch``: a unified HF checkpoint (ModelOpt ``export_hf_checkpoint``).
 
-Guard (FACTS.md): transformers 5 moved ``rope_theta`` (and ``rope_scaling``) into ``config.rope_parameters``, and
+Guard: transformers 5 moved ``rope_theta`` (and ``rope_scaling``) into ``config.rope_parameters``, and
 ModelOpt 0.47's TRT-LLM export reads ``config.rope_theta``: without a fix the checkpoint has no ``rotary_base`` and
 TensorRT-LLM silently uses 10000. We restore the legacy attributes before the export and check the result after it.
 """

@@ -4,7 +4,7 @@ display.
 Every stage with an output writes it through ``atomic_dir`` and stamps it with a manifest whose ``inputs_hash`` covers
 the stage's input paths (content) and settings; a stage whose output carries the current hash is skipped. A killed
 build leaves only ``.tmp-*`` siblings, which the next run removes before it starts (under a lock, so never another
-build's). The stage bodies live with their owners and are imported lazily by the names in INTERFACES.md.
+build's). The stage bodies live with their owners and are imported lazily by the names in ``DEFAULT_BODIES``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from trtspec.spec import BuildSpec, Runtime
 InputsFn = Callable[[], tuple[dict[str, Path | None], dict]]
 BodyFn = Callable[[Path, Any], dict]
 
-# Where each stage body lives (INTERFACES.md); resolved on first use so that `trtspec --help` stays light.
+# Where each stage body lives; resolved on first use so that `trtspec --help` stays light.
 DEFAULT_BODIES: dict[str, tuple[str, str]] = {
     "quantize_inputs": ("trtspec.build.quantize", "quantize_inputs"),
     "quantize_into": ("trtspec.build.quantize", "quantize_into"),

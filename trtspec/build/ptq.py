@@ -205,7 +205,7 @@ def calibrate(spec: BuildSpec, role: str, progress: Progress | None = None) -> C
     if not calibrating:
         return out
     assert data is not None
-    with quiet_libraries(out.modelopt_log):  # its import warns that transformers 5.24 is untested (FACTS.md: it works)
+    with quiet_libraries(out.modelopt_log):  # its import warns that transformers 5.24 is untested (it works)
         import modelopt.torch.quantization as mtq
         from modelopt.torch.export.unified_export_hf import requantize_resmooth_fused_llm_layers
     bs = spec.calibration.batch_size

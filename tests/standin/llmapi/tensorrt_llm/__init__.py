@@ -42,10 +42,10 @@ def _api(version: str) -> dict:
     import sys
     from pathlib import Path
 
-    tests_dir = str(Path(__file__).resolve().parents[3])
-    if tests_dir not in sys.path:
-        sys.path.insert(0, tests_dir)
-    from upstream.facts import llm_api, release_line
+    root = str(Path(__file__).resolve().parents[4])  # the repository root, for the tests package
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from tests.upstream.facts import llm_api, release_line
 
     major_minor = tuple(int(x) for x in release_line(version).split("."))
     if major_minor < (1, 0):
