@@ -278,8 +278,12 @@ def bench(url: Annotated[Optional[str], typer.Option("--url", help="Triton, HOST
     else:
         load, levels = "concurrency", _numbers("--concurrency", concurrency or "1,2,4,8", int, 1)
     ks = _numbers("--draft-len", draft_len, int, 1) if draft_len is not None else None
-    requester = (OpenAIRequester(openai) if openai is not None
-                 else TritonRequester(url, protocol.value if protocol else None))  # type: ignore[arg-type]
+    requester: OpenAIRequester | TritonRequester
+    if openai is not None:
+        requester = OpenAIRequester(openai)
+    else:
+        assert url is not None  # exactly one of --url and --openai (checked above)
+        requester = TritonRequester(url, protocol.value if protocol else None)
     try:
         results = run_bench(requester, workload, levels, load=load, draft_lens=ks, baseline=not no_baseline,
                             chat=not raw, requests_per_level=requests or None, seed=seed,
