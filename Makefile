@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.trtspec-installed
 
-.PHONY: venv demo test test-fast clean
+.PHONY: venv demo lint test test-fast clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,13 @@ venv: $(STAMP)
 demo: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" bash scripts/demo.sh
 
-test: $(STAMP)
+# Lint (ruff: pyflakes, pycodestyle, bugbear, import order) and types (mypy with the pydantic plugin); config in
+# pyproject.toml. `make test` runs them first and stops on the first failure.
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy trtspec
+
+test: lint
 	$(BIN)/python -m pytest -m "not gpu"
 
 test-fast: $(STAMP)

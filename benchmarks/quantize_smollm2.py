@@ -121,7 +121,8 @@ def main() -> None:
             base, fp8 = rows.get("baseline"), rows.get("fp8")
             q = r.get("quality") or {}
             print(f"{name:18} {fmt:9} {r['status'][:10]:10} {r['wall_s']:7.1f} "
-                  f"{r['timings'].get('calibrate_s', float('nan')):8.1f} {r['timings'].get('export_s', float('nan')):8.1f} "
+                  f"{r['timings'].get('calibrate_s', float('nan')):8.1f} "
+                  f"{r['timings'].get('export_s', float('nan')):8.1f} "
                   f"{r['peak_rss_mib']:8.0f} "
                   f"{r['peak_rss_mib'] / base['peak_rss_mib'] if base else float('nan'):8.2f} "
                   f"{r['wall_s'] / fp8['wall_s'] if fp8 and fp8['status'] == 'ok' else float('nan'):8.2f} "

@@ -5,7 +5,8 @@ this project), and material from the running CPython's standard library, under t
 corpus as LICENSE-PSF.txt): the language reference topics in ``pydoc_data.topics`` (prose), source code of selected
 stdlib modules (code), and their docstrings recast as question-and-answer turns (dialogue).
 
-Deterministic for a given CPython version: ``python scripts/make_calibration_corpus.py`` (3.11.7 wrote the shipped file).
+Deterministic for a given CPython version: ``python scripts/make_calibration_corpus.py`` (3.11.7 wrote the shipped
+file).
 """
 
 from __future__ import annotations

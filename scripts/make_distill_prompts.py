@@ -20,8 +20,9 @@ THINGS = ["a bicycle", "photosynthesis", "a compiler", "the stock market", "a va
           "a search engine", "an earthquake", "a battery", "the immune system", "a hash table", "a blockchain",
           "a thermostat", "GPS", "a jet engine", "evolution", "a password manager", "a heat pump", "a camera lens",
           "the human heart", "a wind turbine", "compound interest", "a database index", "a telescope", "recycling",
-          "a nuclear reactor", "Wi-Fi", "a language model", "the moon's phases", "an electric guitar", "coffee roasting",
-          "a sourdough starter", "a spreadsheet", "an operating system", "a bee colony", "the seasons"]
+          "a nuclear reactor", "Wi-Fi", "a language model", "the moon's phases", "an electric guitar",
+          "coffee roasting", "a sourdough starter", "a spreadsheet", "an operating system", "a bee colony",
+          "the seasons"]
 SKILLS = ["learning to play the piano", "running a first marathon", "saving money on groceries", "public speaking",
           "starting a vegetable garden", "writing a resume", "learning to code", "keeping a houseplant alive",
           "studying for an exam", "cooking rice", "training a puppy", "staying focused while working from home",
@@ -51,7 +52,8 @@ SUBJECTS = ["the ocean", "autumn leaves", "a lighthouse", "a city at night", "a 
             "a forgotten letter", "a time traveler", "a busy kitchen", "the last day of school"]
 FACTS = ["Who wrote Romeo and Juliet?", "What is the largest planet in our solar system?",
          "How many continents are there?", "What is the boiling point of water at sea level?",
-         "What is the chemical symbol for gold?", "Who painted the Mona Lisa?", "What is the tallest mountain on Earth?",
+         "What is the chemical symbol for gold?", "Who painted the Mona Lisa?",
+         "What is the tallest mountain on Earth?",
          "What language is spoken in Brazil?", "How many days are in a leap year?", "What is the speed of light?",
          "What is the capital of Japan?", "What is the capital of Canada?", "What is the capital of Italy?",
          "What is the smallest prime number?", "What gas do plants absorb from the air?",
@@ -84,7 +86,8 @@ COMPARE = ["Compare {a} and {b}.", "What are the pros and cons of {a} versus {b}
 CREATIVE = ["Write a short poem about {x}.", "Write a haiku about {x}.", "Write a four-line rhyme about {x}.",
             "Tell me a short story about {x}.", "Describe {x} in vivid detail.", "Write a limerick about {x}."]
 TASKS = ["Write a polite email asking my manager for a day off next Friday.",
-         "Write a thank-you note to a friend who helped me move.", "Summarize the plot of Cinderella in three sentences.",
+         "Write a thank-you note to a friend who helped me move.",
+         "Summarize the plot of Cinderella in three sentences.",
          "Give me a recipe for a simple tomato pasta.", "Suggest five names for a new coffee shop.",
          "Write a product description for a reusable water bottle.", "Draft a short birthday message for my sister.",
          "What should I pack for a weekend camping trip?", "Plan a healthy breakfast for a busy morning.",

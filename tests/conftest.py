@@ -6,8 +6,6 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
 
 def _has_cuda() -> bool:
     return shutil.which("nvidia-smi") is not None
@@ -34,7 +32,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tmp_path_factory) -> Path:
-    from tiny import make_tokenizer
+    from tests.tiny import make_tokenizer
 
     return make_tokenizer(tmp_path_factory.mktemp("tok"))
 
@@ -42,7 +40,7 @@ def tiny_tokenizer(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_pair(tmp_path_factory, tiny_tokenizer) -> tuple[Path, Path]:
     """A tiny random target (4 layers) and draft (1 layer) sharing one tokenizer; hidden 128 so 4-bit formats work."""
-    from tiny import make_llama
+    from tests.tiny import make_llama
 
     root = tmp_path_factory.mktemp("pair")
     target = make_llama(root / "target", tiny_tokenizer, layers=4, seed=0)
@@ -78,7 +76,6 @@ STANDIN_DIR = Path(__file__).parent / "standin"
 def standin_bin(tmp_path_factory) -> Path:
     """A directory holding the trtllm-build STAND-IN, to put first on PATH (runs with this interpreter)."""
     import os
-    import sys
 
     bin_dir = tmp_path_factory.mktemp("standin-bin")
     script = bin_dir / "trtllm-build"
@@ -105,7 +102,7 @@ def with_standin(monkeypatch, standin_bin):
 @pytest.fixture(scope="session")
 def trtllm_checkpoints(tmp_path_factory, tiny_pair) -> dict[str, Path]:
     """TensorRT-LLM checkpoints of the tiny pair, exported by ModelOpt (float16, unquantized, TP 1)."""
-    from engine_helpers import export_trtllm_checkpoint
+    from tests.engine_helpers import export_trtllm_checkpoint
 
     root = tmp_path_factory.mktemp("trtllm-ckpt")
     return {role: export_trtllm_checkpoint(src, root / role) for role, src in zip(("target", "draft"), tiny_pair)}

@@ -15,7 +15,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from serving_helpers import torch_spec_dict
+from tests.serving_helpers import torch_spec_dict
 from trtspec.spec import spec_from_dict
 
 pytestmark = pytest.mark.triton

@@ -1,12 +1,7 @@
-"""`trtspec build` through the real CLI, with every real stage body.
-
-These run once the quantize (trtspec.build.quantize) and repository (trtspec.triton_repo.writer) stages are merged;
-until then they are skipped. trtllm-build is the STAND-IN from tests/standin.
-"""
+"""`trtspec build` through the real CLI, with every real stage body; trtllm-build is the STAND-IN from tests/standin."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -15,13 +10,7 @@ import sys
 import pytest
 import yaml
 
-from engine_helpers import engine_spec
-
-needs_all_stages = pytest.mark.skipif(
-    importlib.util.find_spec("trtspec.build.quantize") is None
-    or importlib.util.find_spec("trtspec.triton_repo.writer") is None,
-    reason="the quantize and repository stages are not merged into this branch yet",
-)
+from tests.engine_helpers import engine_spec
 
 
 def _trtspec(*args, cwd, env):
@@ -30,7 +19,6 @@ def _trtspec(*args, cwd, env):
 
 
 @pytest.mark.slow
-@needs_all_stages
 def test_build_twice_through_the_cli_with_the_standin(tmp_path, tiny_pair, standin_bin):
     spec = engine_spec(tmp_path, tiny_pair)
     path = tmp_path / "trtspec.yaml"
@@ -52,7 +40,6 @@ def test_build_twice_through_the_cli_with_the_standin(tmp_path, tiny_pair, stand
 
 
 @pytest.mark.slow
-@needs_all_stages
 def test_build_without_spec_builds_the_embedded_example_with_the_torch_runtime(tmp_path, example_paths):
     r = _trtspec("build", "--json", cwd=tmp_path, env=dict(os.environ))
     assert r.returncode == 0, r.stdout + r.stderr

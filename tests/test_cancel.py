@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 
-from serving_helpers import torch_spec_dict
+from tests.serving_helpers import torch_spec_dict
 from trtspec.serving.client import TritonLLMClient
 from trtspec.spec import spec_from_dict
 
@@ -158,7 +158,8 @@ class TritonPythonModel:
             f.write(f"{r.request_id()} {outcome}\\n")
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 """
-IO = 'input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ] output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]'
+IO = ('input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ] '
+      'output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]')
 
 
 def test_triton_2_51_does_not_tell_an_ensemble_step_that_its_request_was_cancelled(tmp_path):

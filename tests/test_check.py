@@ -30,7 +30,7 @@ def test_tiny_pair_passes(tiny_pair):
 
 
 def test_draft_tokenizer_differing_by_one_token_is_blocking(tiny_pair, tmp_path):
-    from tiny import perturb_tokenizer
+    from tests.tiny import perturb_tokenizer
 
     target, draft = tiny_pair
     bad = perturb_tokenizer(draft, tmp_path / "bad-draft", token_id=300, new_token="ZZZ-not-a-token")
@@ -68,7 +68,7 @@ def test_context_shorter_than_max_seq_len_is_blocking(tiny_pair):
 
 @pytest.mark.parametrize("fmt", ["int4_awq", "w4a8_awq"])
 def test_4bit_on_hidden_not_multiple_of_128_is_blocking(tmp_path, tiny_tokenizer, fmt):
-    from tiny import make_llama
+    from tests.tiny import make_llama
 
     t = make_llama(tmp_path / "t", tiny_tokenizer, hidden=96, heads=4, kv_heads=2, layers=1)
     report = run_check(_spec(t, t, draft={"quantization": fmt}), NO_TOOLS)

@@ -45,7 +45,7 @@ def test_init_writes_a_spec_that_checks(tmp_path, tiny_pair):
 
 
 def test_check_exits_1_on_tokenizer_difference(tmp_path, tiny_pair):
-    from tiny import perturb_tokenizer
+    from tests.tiny import perturb_tokenizer
 
     bad = perturb_tokenizer(tiny_pair[1], tmp_path / "bad", token_id=42, new_token="XX-odd")
     r = run("check", str(_tiny_spec(tmp_path, tiny_pair[0], bad)))

@@ -16,7 +16,7 @@ import sys
 import pytest
 import yaml
 
-from engine_helpers import engine_spec
+from tests.engine_helpers import engine_spec
 from trtspec.build.pipeline import run_pipeline
 from trtspec.build.plan import checkpoint_dir, engine_dir
 from trtspec.engines.compile import compile_into, docker_command

@@ -13,8 +13,7 @@ import time
 import pytest
 
 from trtspec.serving.lifecycle import ControlDir, drain
-from trtspec.triton_repo.control import (CANCELLED, FINAL_FLAG, INTERNAL_PARAMETERS, REFUSED, ModelControl,
-                                         is_internal)
+from trtspec.triton_repo.control import CANCELLED, FINAL_FLAG, INTERNAL_PARAMETERS, REFUSED, ModelControl, is_internal
 
 
 class FakePbUtils:

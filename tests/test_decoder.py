@@ -146,7 +146,7 @@ def test_bad_input_is_a_clear_error(models, prompts, kwargs, message):
 
 
 def test_draft_with_other_vocabulary_is_refused(models, tmp_path, tiny_tokenizer):
-    from tiny import make_llama
+    from tests.tiny import make_llama
 
     other = tmp_path / "other"
     make_llama(other, tiny_tokenizer, layers=1)

@@ -15,7 +15,7 @@ import threading
 
 import pytest
 
-from serving_helpers import torch_spec_dict
+from tests.serving_helpers import torch_spec_dict
 from trtspec.errors import GenerationError
 from trtspec.serving.client import TritonLLMClient
 from trtspec.spec import spec_from_dict

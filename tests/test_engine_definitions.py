@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
-from engine_helpers import engine_spec
+from tests.engine_helpers import engine_spec
 from trtspec.build.memory import plan_memory
 from trtspec.families import read_config
 from trtspec.triton_repo.engine_definitions import config_text, engine_model_configs, serving_layout
 
-# What TensorRT-LLM's tensorrt_llm/config.pbtxt template needs filled (FACTS.md "Mandatory template values"),
+# What TensorRT-LLM's tensorrt_llm/config.pbtxt template needs filled (tests/upstream/tensorrt_llm_template.json),
 # as they appear in the written config.
 _MANDATORY_PARAMETERS = ("gpt_model_type", "gpt_model_path", "max_beam_width", "max_tokens_in_paged_kv_cache",
                          "gpu_device_ids", "enable_kv_cache_reuse", "batch_scheduler_policy")

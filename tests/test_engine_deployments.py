@@ -14,8 +14,8 @@ import pytest
 from tritonclient.grpc import model_config_pb2 as pb
 from typer.testing import CliRunner
 
-from engine_helpers import engine_spec
-from upstream import facts
+from tests.engine_helpers import engine_spec
+from tests.upstream import facts
 from trtspec.build.plan import checkpoint_dir, engine_dir
 from trtspec.engines.trtllm_build import trtllm_build_command
 from trtspec.engines.trtllm_versions import ngc_image
@@ -39,7 +39,7 @@ def _fake_checkpoint(out: Path, tp: int) -> None:
 
 def _deploy(tmp_path, tiny_pair, monkeypatch, overrides):
     """Engines built by the stand-in with trtspec's commands, then the repository trtspec writes for them."""
-    from standin.trtllm_build_standin import main as standin_build
+    from tests.standin.trtllm_build_standin import main as standin_build
     from trtspec.triton_repo.writer import write_repo
 
     spec = engine_spec(tmp_path, tiny_pair, **overrides)
@@ -151,8 +151,8 @@ def test_c_tp2_target_launches_one_rank_per_participant_with_spawning_off(tmp_pa
 def test_plan_json_shows_the_build_and_launch_commands_upstream_takes(tmp_path, tiny_pair, write_spec, name):
     import yaml
 
+    from tests.standin.trtllm_build_standin import make_parser
     from trtspec.cli.main import app
-    from standin.trtllm_build_standin import make_parser
 
     spec = engine_spec(tmp_path, tiny_pair, **DEPLOYMENTS[name])
     path = write_spec(yaml.safe_load(yaml.safe_dump(spec.to_yaml_dict())))

@@ -59,8 +59,9 @@ def test_bad_input_is_one_line_and_exit_1(spec_file, args, message):
 
 
 def test_pair_with_different_vocabularies_is_refused(tiny_pair, tiny_tokenizer, tmp_path):
-    from tiny import make_llama
     from transformers import AutoModelForCausalLM
+
+    from tests.tiny import make_llama
 
     other = make_llama(tmp_path / "other", tiny_tokenizer, layers=1)
     model = AutoModelForCausalLM.from_pretrained(other)

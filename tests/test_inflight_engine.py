@@ -200,7 +200,8 @@ def test_trtllm_tensor_contract_parse_and_format():
     rows = parse_request(inputs)
     assert rows[0].tokens == [1, 2, 3] and rows[1].tokens == [4, 5, 6, 7]
     assert rows[0].sampling.temperature == 0.0  # top_k 1 means greedy in TRT-LLM
-    assert rows[1].sampling.temperature == pytest.approx(0.7) and rows[0].stop_words == words and rows[1].stop_words == []
+    assert rows[1].sampling.temperature == pytest.approx(0.7)
+    assert rows[0].stop_words == words and rows[1].stop_words == []
     assert rows[0].stream and not rows[1].stream
     out = format_output([9, 8], prompt=[1, 2, 3])
     assert out["output_ids"].tolist() == [[[1, 2, 3, 9, 8]]] and out["sequence_length"].tolist() == [[5]]
@@ -211,10 +212,10 @@ def test_trtllm_tensor_contract_parse_and_format():
 def test_a_distilled_draft_serves_packed_batches_like_a_llama(tiny_pair, target):
     """The in-flight engine asks for logits at packed indices (a tensor logits_to_keep): the trtspec_draft model must
     give what it gives one sequence at a time (it once sliced with the tensor as a count: wrong rows, or an error)."""
+    import copy
+
     from trtspec.engines.distill.data import select_head_tokens
     from trtspec.engines.distill.model import draft_from_target
-
-    import copy
 
     draft = draft_from_target(target, [0, 1], select_head_tokens(torch.ones(512, dtype=torch.long), 256)).eval()
     expected = [reference(draft, p, 6) for p in PROMPTS[:4]]  # before the engine takes the model over

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from engine_helpers import engine_spec
+from tests.engine_helpers import engine_spec
 from trtspec.engines.llmapi import model_yaml_text
 from trtspec.errors import SpecError
 

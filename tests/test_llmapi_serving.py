@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from engine_helpers import engine_spec
-from serving_helpers import make_noisy_draft
+from tests.engine_helpers import engine_spec
+from tests.serving_helpers import make_noisy_draft
 from trtspec.serving.client import TritonLLMClient
 
 pytestmark = pytest.mark.triton

@@ -13,7 +13,7 @@ import time
 import pytest
 import yaml
 
-from engine_helpers import engine_spec
+from tests.engine_helpers import engine_spec
 
 TRTSPEC = [sys.executable, "-m", "trtspec"]
 COMMANDS = ["init", "check", "plan", "quantize", "compile", "build", "repo", "serve", "generate", "bench", "distill"]
@@ -55,9 +55,10 @@ def test_the_spec_comment_lists_the_runtimes_once(tmp_path, tiny_pair):
 
 
 def test_the_license_is_an_spdx_expression_setuptools_reads_without_warning():
-    import tomllib
     import warnings
     from pathlib import Path
+
+    import tomllib
 
     root = Path(__file__).resolve().parent.parent
     data = tomllib.loads((root / "pyproject.toml").read_text())
@@ -65,8 +66,8 @@ def test_the_license_is_an_spdx_expression_setuptools_reads_without_warning():
     assert any(re.fullmatch(r"setuptools>=(\d+)", r) and int(r.split(">=")[1]) >= 77
                for r in data["build-system"]["requires"])
     try:
-        from setuptools.config.pyprojecttoml import read_configuration
         import setuptools
+        from setuptools.config.pyprojecttoml import read_configuration
     except ImportError:
         pytest.skip("setuptools is not installed here")
     if int(setuptools.__version__.split(".")[0]) < 77:

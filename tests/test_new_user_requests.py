@@ -104,7 +104,7 @@ def _spec(tmp_path, target, draft):
 @pytest.fixture()
 def mismatched(tiny_pair, tmp_path):
     """The tiny pair, with a draft whose tokenizer maps one id to another token (same vocabulary size)."""
-    from tiny import perturb_tokenizer
+    from tests.tiny import perturb_tokenizer
 
     return _spec(tmp_path, tiny_pair[0], perturb_tokenizer(tiny_pair[1], tmp_path / "bad", 42, "XX-odd"))
 

@@ -23,7 +23,7 @@ def run(*args, cwd=None, env=None, timeout=300):
 @pytest.fixture(scope="module")
 def narrow_draft(tiny_tokenizer, tmp_path_factory):
     """A draft of hidden 96: 4-bit formats (blocks of 128) cannot take it."""
-    from tiny import make_llama
+    from tests.tiny import make_llama
 
     return make_llama(tmp_path_factory.mktemp("narrow") / "draft", tiny_tokenizer, hidden=96, intermediate=192,
                       layers=1, seed=2)

@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from openai_helpers import Served, with_chat_template
-from serving_helpers import torch_spec_dict
+from tests.openai_helpers import Served, with_chat_template
+from tests.serving_helpers import torch_spec_dict
 
 pytestmark = pytest.mark.triton
 

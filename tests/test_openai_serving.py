@@ -12,8 +12,8 @@ import httpx
 import openai
 import pytest
 
-from openai_helpers import Reference, Served, with_chat_template
-from serving_helpers import make_noisy_draft, torch_spec_dict
+from tests.openai_helpers import Reference, Served, with_chat_template
+from tests.serving_helpers import make_noisy_draft, torch_spec_dict
 
 pytestmark = pytest.mark.triton
 
@@ -34,7 +34,7 @@ def _spec(kind: str, root: Path, target: Path, draft: Path):
                                                                   "max_input_len": MAX_INPUT_LEN},
                                triton={"orchestration": "bls"})
         return spec_from_dict(data, base_dir=root, environ={}), {}
-    from engine_helpers import engine_spec
+    from tests.engine_helpers import engine_spec
 
     none = {"quantization": "none", "dtype": "float16"}
     spec = engine_spec(root, (target, draft), runtime="trtllm-llmapi", name=NAME, target=none, draft=none,

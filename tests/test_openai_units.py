@@ -7,8 +7,13 @@ import json
 
 import pytest
 
-from trtspec.serving.openai.protocol import (ChatCompletionRequest, CompletionRequest, OpenAIError,
-                                             check_generation_fields, parse_request)
+from trtspec.serving.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    OpenAIError,
+    check_generation_fields,
+    parse_request,
+)
 from trtspec.serving.openai.text import StopMatcher
 
 
@@ -21,7 +26,8 @@ def _chat(**kw):
     (_chat(tools=[{"type": "function"}]), "tools"), (_chat(stream_options={"include_usage": True}), "stream_options"),
     (_chat(messages=[]), "messages"), (_chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]),
                                       "messages.0.content"),
-    (_chat(stop=["a", "b", "c", "d", "e"]), None), ({"messages": []}, "model"), (_chat(max_tokens="many"), "max_tokens"),
+    (_chat(stop=["a", "b", "c", "d", "e"]), None), ({"messages": []}, "model"),
+    (_chat(max_tokens="many"), "max_tokens"),
     (_chat(response_format={"type": "json_object"}), "response_format"),
 ])
 def test_chat_requests_that_cannot_be_honoured_are_refused_by_field(body, param):
@@ -166,7 +172,8 @@ def test_table_and_plot_carry_the_setup(tmp_path):
     from trtspec.serving.bench import plot_results, render_table
 
     mode = dict(requests=4, errors=0, routed_to_target=0, output_tok_per_s=10.0, requests_per_s=1.0,
-                acceptance_rate=0.5, **{f"{m}_{p}_s": 0.1 for m in ("ttft", "itl", "e2e") for p in ("p50", "p90", "p99")})
+                acceptance_rate=0.5,
+                **{f"{m}_{p}_s": 0.1 for m in ("ttft", "itl", "e2e") for p in ("p50", "p90", "p99")})
     results = {"setup": {"protocol": "openai", "url": "http://x/v1", "model": "tiny", "runtime": "torch",
                          "load": "concurrency", "levels": [1, 2], "chat": True, "prompt_set": "built-in, 12 prompts",
                          "modes": [{"mode": "target_only", "draft_len": 0}, {"mode": "K=2", "draft_len": 2}]},

@@ -7,12 +7,12 @@ import asyncio
 
 import pytest
 
+from trtspec.engines.inflight.contract import RowRequest
 from trtspec.engines.inflight.engine import InflightEngine
 from trtspec.engines.inflight.local import LocalEngines
+from trtspec.engines.speculation import SamplingParams, SpecStats
 from trtspec.engines.torch_runtime.decoder import SpeculativeDecoder
 from trtspec.engines.torch_runtime.loading import load_model
-from trtspec.engines.inflight.contract import RowRequest
-from trtspec.engines.speculation import SamplingParams, SpecStats
 from trtspec.errors import GenerationError
 from trtspec.triton_repo.orchestrator import Deployment, generate
 
@@ -22,7 +22,7 @@ PROMPTS = [list(range(10, 10 + 4 * i + 3)) for i in range(6)]
 
 @pytest.fixture(scope="module")
 def setup(tiny_pair, tmp_path_factory):
-    from serving_helpers import make_noisy_draft
+    from tests.serving_helpers import make_noisy_draft
 
     noisy = make_noisy_draft(tiny_pair[0], tmp_path_factory.mktemp("noisy") / "draft")
     engines = {"tensorrt_llm": InflightEngine(load_model(tiny_pair[0])).start(),
@@ -65,7 +65,8 @@ def test_greedy_output_equals_target_only_for_concurrent_requests(setup, draft):
         assert stats.total_draft_tokens > 0 and 0 <= stats.total_accepted_draft_tokens <= stats.total_draft_tokens
         assert stats.num_output_tokens == len(out)
     if draft == "tensorrt_llm_draft":  # the noisy copy of the target agrees often (about half the time)
-        assert sum(s.total_accepted_draft_tokens for _, s, _ in results) / sum(s.total_draft_tokens for _, s, _ in results) > 0.25
+        accepted = sum(s.total_accepted_draft_tokens for _, s, _ in results)
+        assert accepted / sum(s.total_draft_tokens for _, s, _ in results) > 0.25
 
 
 def test_short_requests_and_k0_are_routed_to_the_target_alone(setup):

@@ -1,7 +1,7 @@
 """`trtspec build` orchestration: resume, partial rebuilds, kills mid-stage, the version guard before the repo.
 
-The compile stage is the real one (running the trtllm-build STAND-IN); quantize and repo are small bodies from
-tests/engine_helpers.py until those stages are merged.
+The compile stage is the real one (running the trtllm-build STAND-IN); quantize and repo are small stand-in bodies
+from tests/engine_helpers.py (tests/test_build_cli.py runs the real ones).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from engine_helpers import TinyStageBodies, engine_spec
+from tests.engine_helpers import TinyStageBodies, engine_spec
 from trtspec.build.pipeline import StageBodies, run_pipeline
 from trtspec.build.plan import engine_dir
 from trtspec.errors import EngineBuildError, MissingDependencyError, SpecError

@@ -95,7 +95,7 @@ def test_an_export_that_lost_rotary_base_is_refused_not_written(tmp_path, tiny_p
 @pytest.fixture(scope="session")
 def hidden_576(tmp_path_factory, tiny_tokenizer):
     """A one-layer Llama with SmolLM2-135M's widths (hidden 576: not a multiple of the 4-bit block size 128)."""
-    from tiny import make_llama
+    from tests.tiny import make_llama
 
     return make_llama(tmp_path_factory.mktemp("h576") / "m", tiny_tokenizer, hidden=576, layers=1, heads=9,
                       kv_heads=3, intermediate=1536)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from trtspec.build import formats
-from trtspec.build.calibration import (Document, is_heldout, read_documents, shipped_corpus, tokenize_calibration)
+from trtspec.build.calibration import Document, is_heldout, read_documents, shipped_corpus, tokenize_calibration
 from trtspec.errors import QuantizationError
 from trtspec.spec import KVCacheFormat, Quantization
 
@@ -20,7 +20,7 @@ def test_every_spec_format_maps_to_modelopt_and_trtllm():
     for q, fmt in formats.FORMATS.items():
         assert (fmt.modelopt_cfg is None) == (q is Quantization.NONE)
         assert (fmt.trtllm_algo is None) == (q is Quantization.NONE)
-    # QuantAlgo names TensorRT-LLM accepts in a checkpoint (FACTS.md)
+    # QuantAlgo names TensorRT-LLM accepts in a checkpoint (tensorrt_llm/quantization/mode.py QuantAlgo)
     assert {f.trtllm_algo for f in formats.FORMATS.values()} - {None} <= {
         "FP8", "W8A8_SQ_PER_CHANNEL", "W4A16_AWQ", "W4A8_AWQ", "W8A16", "NVFP4"}
 

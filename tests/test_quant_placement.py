@@ -62,7 +62,7 @@ def test_a_model_too_large_for_gpus_and_cpu_memory_is_one_clear_error(tiny_pair,
 def test_on_a_gpu_machine_calibration_runs_on_the_gpu_and_says_so(tmp_path, tiny_pair):
     import torch
 
-    from engine_helpers import engine_spec
+    from tests.engine_helpers import engine_spec
 
     spec = engine_spec(tmp_path, tiny_pair, runtime="trtllm-llmapi", target={"dtype": "bfloat16"},
                        calibration={"samples": 4, "seq_len": 32, "batch_size": 2})

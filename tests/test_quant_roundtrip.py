@@ -118,7 +118,7 @@ def fp8_kv_export(tiny_pair, tmp_path_factory):
 
 
 def test_naive_from_pretrained_of_an_fp8_export_is_wrong_and_the_loader_fixes_it(fp8_kv_export, tiny_pair, probe):
-    """FACTS.md: plain from_pretrained ignores the *_scale tensors. This is why the torch runtime needs the loader."""
+    """Plain from_pretrained ignores the *_scale tensors. This is why the torch runtime needs the loader."""
     from transformers import AutoModelForCausalLM
 
     from trtspec.build.quantized_loader import load_modelopt_checkpoint

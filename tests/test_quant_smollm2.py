@@ -1,4 +1,5 @@
-"""The embedded SmolLM2-135M-Instruct target quantized for real (fp8, int8_wo), reloaded as the torch runtime loads it."""
+"""The embedded SmolLM2-135M-Instruct target quantized for real (fp8, int8_wo), reloaded as the torch runtime loads
+it."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from serving_helpers import make_noisy_draft, torch_spec_dict
+from tests.serving_helpers import make_noisy_draft, torch_spec_dict
 from trtspec.spec import spec_from_dict
 
 pytestmark = pytest.mark.triton
@@ -49,7 +49,8 @@ def test_the_url_scheme_picks_the_protocol(served):
     assert grpc.returncode == 0 and http.returncode == 0, grpc.stderr + http.stderr
     assert json.loads(http.stdout)["text"] == json.loads(grpc.stdout)["text"]
     table = run("generate", "The quick", "--url", f"http://{served.http_url}", "-n", "4", "--raw", "--no-draft")
-    assert table.returncode == 0 and f"target only, served by http://{served.http_url}" in " ".join(table.stderr.split())
+    assert table.returncode == 0
+    assert f"target only, served by http://{served.http_url}" in " ".join(table.stderr.split())
 
 
 def test_the_wrong_port_for_the_protocol_says_so(served):

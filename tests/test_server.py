@@ -128,7 +128,7 @@ def test_busy_port_and_missing_repository_are_refused(tmp_path):
 
 
 def test_a_non_decoupled_repository_answers_and_refuses_streaming(tiny_pair, tmp_path):
-    from serving_helpers import torch_spec_dict
+    from tests.serving_helpers import torch_spec_dict
     from trtspec.errors import GenerationError
     from trtspec.serving.client import TritonLLMClient
     from trtspec.spec import spec_from_dict

@@ -13,7 +13,7 @@ import threading
 import numpy as np
 import pytest
 
-from serving_helpers import make_noisy_draft, torch_spec_dict
+from tests.serving_helpers import make_noisy_draft, torch_spec_dict
 from trtspec.errors import GenerationError
 from trtspec.serving.client import TritonLLMClient
 from trtspec.spec import spec_from_dict

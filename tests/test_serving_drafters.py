@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from serving_helpers import make_noisy_draft, torch_spec_dict
+from tests.serving_helpers import make_noisy_draft, torch_spec_dict
 from trtspec.serving.client import TritonLLMClient
 from trtspec.spec import spec_from_dict
 

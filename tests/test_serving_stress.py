@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from serving_helpers import make_noisy_draft, torch_spec_dict
+from tests.serving_helpers import make_noisy_draft, torch_spec_dict
 from trtspec.serving import soak
 from trtspec.spec import spec_from_dict
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 import yaml
 
-from serving_helpers import torch_spec_dict
+from tests.serving_helpers import torch_spec_dict
 from trtspec.errors import SpecError, TrtspecError
 from trtspec.spec import spec_from_dict
 from trtspec.triton_repo import pbtxt
@@ -202,8 +202,9 @@ def test_llmapi_repository_for_a_release_before_1_0_is_refused_and_nothing_is_le
 
 
 def test_model_sources_are_package_data():
-    import tomllib
     from pathlib import Path
+
+    import tomllib
 
     from trtspec.triton_repo.definitions import MODELS_DIR
 

@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from engine_helpers import engine_spec
-from standin.trtllm_build_standin import make_parser
+from tests.engine_helpers import engine_spec
+from tests.standin.trtllm_build_standin import make_parser
 from trtspec.engines.trtllm_build import trtllm_build_command, validate_command
 from trtspec.engines.trtllm_versions import (
     NGC_TAGS,

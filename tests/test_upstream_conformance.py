@@ -9,9 +9,9 @@ import pytest
 import yaml
 from tritonclient.grpc import model_config_pb2 as pb
 
-from engine_helpers import engine_spec
-from standin.trtllm_build_standin import make_parser
-from upstream import facts
+from tests.engine_helpers import engine_spec
+from tests.standin.trtllm_build_standin import make_parser
+from tests.upstream import facts
 from trtspec.engines.trtllm_build import trtllm_build_command
 from trtspec.engines.trtllm_versions import NGC_TAGS, RELEASES, normalize_version
 from trtspec.triton_repo.engine_definitions import config_text, engine_model_configs

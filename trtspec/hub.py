@@ -17,7 +17,8 @@ from trtspec.errors import MissingDependencyError, ModelLoadError
 
 # What `check`, `plan` and `init` read: configs, tokenizer files, chat templates; never weights.
 CONFIG_PATTERNS = ("*.json", "*.txt", "*.model", "*.tiktoken", "*.jinja", "tokenizer*")
-_HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*)(?:@(?P<rev>[A-Za-z0-9._/-]+))?$")
+_HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*)"
+                     r"(?:@(?P<rev>[A-Za-z0-9._/-]+))?$")
 _TRUE = ("1", "true", "yes", "on")
 
 

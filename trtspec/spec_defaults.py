@@ -21,7 +21,8 @@ _STATIC = {"target": "fp8", "draft": "int4_awq"}  # when the model's config cann
 
 def linear_input_dims(cfg: Any) -> list[tuple[str, int]]:
     """The input dimensions of a decoder's quantized linears, named as the config names them."""
-    return [("hidden_size", cfg.hidden_size), ("num_attention_heads x head_dim", cfg.num_attention_heads * cfg.head_dim),
+    return [("hidden_size", cfg.hidden_size),
+            ("num_attention_heads x head_dim", cfg.num_attention_heads * cfg.head_dim),
             ("intermediate_size", cfg.intermediate_size)]
 
 
@@ -29,7 +30,7 @@ def choose_format(role: str, dims: list[tuple[str, int]], compute_capability: tu
                   ) -> tuple[str, list[str]]:
     """The best format of ``role``'s preference list that these dimensions and GPU allow, and why the better ones
     were passed over."""
-    from trtspec.build.formats import FP8_FAST_CC, FORMATS
+    from trtspec.build.formats import FORMATS, FP8_FAST_CC
     from trtspec.spec import Quantization
 
     passed: list[str] = []
@@ -69,7 +70,8 @@ def fill_gpu_defaults(data: dict[str, Any], base: Path) -> dict[str, str]:
     runtime = data.get("runtime", "torch")
     if runtime not in ("trtllm-engine", "trtllm-llmapi"):
         return {}
-    gpu = data.get("gpu") if isinstance(data.get("gpu"), dict) else {}
+    gpu_raw = data.get("gpu")
+    gpu: dict[str, Any] = gpu_raw if isinstance(gpu_raw, dict) else {}
     capability = parse_capability(gpu.get("compute_capability"))
     notes: dict[str, str] = {}
     for role in ("target", "draft"):

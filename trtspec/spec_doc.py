@@ -12,9 +12,9 @@ from trtspec.spec import BuildSpec
 
 
 def _yaml_scalar(value: Any) -> str:
-    import yaml
-
     from pathlib import PurePath
+
+    import yaml
 
     if isinstance(value, enum.Enum):
         value = value.value

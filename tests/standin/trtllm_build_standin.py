@@ -22,9 +22,9 @@ import time
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for the recorded upstream facts
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root, for the recorded facts in tests.upstream
 
-from upstream.facts import load, trtllm_build_flags  # noqa: E402
+from tests.upstream.facts import load, trtllm_build_flags  # noqa: E402
 
 SPECULATIVE_MODE_VALUES = load("trtllm_build")["speculative_decoding_mode_values"]["values"]
 _TYPES = {"str": str, "int": int}

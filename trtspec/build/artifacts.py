@@ -167,7 +167,7 @@ def atomic_dir(final: Path) -> Iterator[Path]:
 
 def clean_stale_temporaries(parent: Path) -> list[Path]:
     """Remove ``.tmp-*`` / ``.old-*`` leftovers of killed runs in ``parent``; return what was removed."""
-    removed = []
+    removed: list[Path] = []
     parent = Path(parent)
     if not parent.is_dir():
         return removed

@@ -83,7 +83,8 @@ def _load(report: CheckReport, spec: BuildSpec, role: str) -> tuple[NormalizedCo
         report.add(f"{role} model", Level.ERROR, exc.message, exc.hint)
         return None
     report.add(f"{role} model", Level.OK,
-               f"{cfg.model_type}, {cfg.num_layers} layers, hidden {cfg.hidden_size}, {cfg.num_params / 1e6:.1f}M params")
+               f"{cfg.model_type}, {cfg.num_layers} layers, hidden {cfg.hidden_size}, "
+               f"{cfg.num_params / 1e6:.1f}M params")
     return cfg, tok
 
 
@@ -129,7 +130,8 @@ def _check_tokenizers(report: CheckReport, t: tuple[NormalizedConfig, TokenizerI
 def _check_context(report: CheckReport, spec: BuildSpec, role: str, cfg: NormalizedConfig) -> None:
     if cfg.max_position_embeddings < spec.engine.max_seq_len:
         report.add(f"{role} context", Level.ERROR,
-                   f"max_position_embeddings {cfg.max_position_embeddings} < engine.max_seq_len {spec.engine.max_seq_len}",
+                   f"max_position_embeddings {cfg.max_position_embeddings} < "
+                   f"engine.max_seq_len {spec.engine.max_seq_len}",
                    f"set engine.max_seq_len <= {cfg.max_position_embeddings}")
     else:
         report.add(f"{role} context", Level.OK,
@@ -170,7 +172,7 @@ def _check_speculative(report: CheckReport, spec: BuildSpec, t: NormalizedConfig
                    "a draft pays off when one of its steps costs a small fraction of a target step")
     else:
         report.add("draft size", Level.OK, f"draft/target parameters = {ratio:.3f}")
-    if spec.runtime is not Runtime.TORCH and spec.speculative.use_draft_logits and spec.runtime is Runtime.TRTLLM_LLMAPI:
+    if spec.speculative.use_draft_logits and spec.runtime is Runtime.TRTLLM_LLMAPI:
         report.add("draft logits", Level.WARN, "the LLM API DraftTarget path accepts by exact match only",
                    "use_draft_logits applies to the trtllm-engine runtime")
 
@@ -204,7 +206,8 @@ def _check_drafter(report: CheckReport, spec: BuildSpec, t: NormalizedConfig, tt
         report.add("n-gram pool", level, f"{pool}: {'missing' if not pool.is_file() else f'not a pool ({exc})'}",
                    "trtspec distill writes ngram_pool.npz next to the draft; set speculative.ngram_pool to one")
         return
-    if int(meta["vocab_size"]) != t.vocab_size or meta.get("tokenizer_sha256") not in (None, vocab_fingerprint(tt.vocab)):
+    fingerprint = meta.get("tokenizer_sha256")
+    if int(meta["vocab_size"]) != t.vocab_size or fingerprint not in (None, vocab_fingerprint(tt.vocab)):
         report.add("n-gram pool", Level.ERROR, f"{pool}: built with another tokenizer than the target's",
                    "rebuild it with trtspec distill for this target")
         return
@@ -282,7 +285,8 @@ def _check_memory(report: CheckReport, spec: BuildSpec, t: NormalizedConfig, d: 
                    "quantize harder, raise target.tp_size, or use a larger GPU")
     elif not plan.kv_sufficient:
         report.add("KV cache", Level.WARN,
-                   f"room for {plan.kv_tokens_capacity:,} tokens < max_batch_size x max_seq_len = {plan.kv_tokens_needed:,}",
+                   f"room for {plan.kv_tokens_capacity:,} tokens < "
+                   f"max_batch_size x max_seq_len = {plan.kv_tokens_needed:,}",
                    "requests will queue for KV blocks; lower max_batch_size or use fp8 KV cache")
     else:
         report.add("GPU memory", Level.OK,

@@ -3,7 +3,7 @@
 - runtime ``trtllm-engine``: a TensorRT-LLM checkpoint (ModelOpt ``export_tensorrt_llm_checkpoint``) for trtllm-build;
 - runtimes ``trtllm-llmapi`` and ``torch``: a unified HF checkpoint (ModelOpt ``export_hf_checkpoint``).
 
-Guard (FACTS.md): transformers 5 moved ``rope_theta`` (and ``rope_scaling``) into ``config.rope_parameters``, and
+Guard: transformers 5 moved ``rope_theta`` (and ``rope_scaling``) into ``config.rope_parameters``, and
 ModelOpt 0.47's TRT-LLM export reads ``config.rope_theta``: without a fix the checkpoint has no ``rotary_base`` and
 TensorRT-LLM silently uses 10000. We restore the legacy attributes before the export and check the result after it.
 """
@@ -28,7 +28,8 @@ def source_rope(raw_config: dict[str, Any]) -> dict[str, Any]:
     params = raw_config.get("rope_parameters")
     params = dict(params) if isinstance(params, dict) and "rope_theta" in params else {}
     theta = raw_config.get("rope_theta", params.get("rope_theta"))
-    legacy = raw_config.get("rope_scaling") if isinstance(raw_config.get("rope_scaling"), dict) else {}
+    legacy_raw = raw_config.get("rope_scaling")
+    legacy: dict[str, Any] = legacy_raw if isinstance(legacy_raw, dict) else {}
     rope_type = params.get("rope_type") or legacy.get("rope_type") or legacy.get("type") or "default"
     scaling = {k: v for k, v in (params or legacy).items() if k != "rope_theta"}
     return {"rope_theta": float(theta) if theta is not None else None, "rope_type": rope_type, "scaling": scaling}

@@ -85,11 +85,13 @@ def check_machine(q: Quantization, kv: KVCacheFormat, *, cuda_available: bool, h
         others = ", ".join(f.quantization.value for f in FORMATS.values()
                            if f.modelopt_cfg and not f.needs_cuda)
         raise QuantizationError(
-            f"{q.value} calibration needs a CUDA GPU and this machine has none (ModelOpt's NVFP4/MX kernels are CUDA-only)",
+            f"{q.value} calibration needs a CUDA GPU and this machine has none "
+            "(ModelOpt's NVFP4/MX kernels are CUDA-only)",
             hint=f"run `trtspec quantize` on a GPU machine, or pick a CPU-capable format: {others}")
     if kv is KVCacheFormat.INT8 and hf_export:
         raise QuantizationError(
-            "an INT8 KV cache cannot be written into a unified HF checkpoint (ModelOpt 0.47 exports only FP8 KV scales)",
+            "an INT8 KV cache cannot be written into a unified HF checkpoint "
+            "(ModelOpt 0.47 exports only FP8 KV scales)",
             hint="use kv_cache: fp8, or runtime trtllm-engine (its TRT-LLM checkpoint supports INT8 KV)")
 
 
@@ -147,6 +149,7 @@ def check_block_size(q: Quantization, linears: list[tuple[str, int]], *, cuda_av
         return
     name, dim = problem
     block = get_format(q).block_size
+    assert block is not None  # block_size_problem reports only formats with a block size
     fits = formats_that_fit(linears, cuda_available=cuda_available)
     raise QuantizationError(
         f"{q.value} quantizes weights in blocks of {block} input channels, but layer {name} has input dimension {dim} "

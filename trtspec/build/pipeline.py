@@ -1,9 +1,10 @@
-"""`trtspec build`: check -> quantize -> quality -> compile -> repo, resumable, atomic, Ctrl-C safe, with one progress display.
+"""`trtspec build`: check -> quantize -> quality -> compile -> repo, resumable, atomic, Ctrl-C safe, with one progress
+display.
 
 Every stage with an output writes it through ``atomic_dir`` and stamps it with a manifest whose ``inputs_hash`` covers
 the stage's input paths (content) and settings; a stage whose output carries the current hash is skipped. A killed
 build leaves only ``.tmp-*`` siblings, which the next run removes before it starts (under a lock, so never another
-build's). The stage bodies live with their owners and are imported lazily by the names in INTERFACES.md.
+build's). The stage bodies live with their owners and are imported lazily by the names in ``DEFAULT_BODIES``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from trtspec.spec import BuildSpec, Runtime
 InputsFn = Callable[[], tuple[dict[str, Path | None], dict]]
 BodyFn = Callable[[Path, Any], dict]
 
-# Where each stage body lives (INTERFACES.md); resolved on first use so that `trtspec --help` stays light.
+# Where each stage body lives; resolved on first use so that `trtspec --help` stays light.
 DEFAULT_BODIES: dict[str, tuple[str, str]] = {
     "quantize_inputs": ("trtspec.build.quantize", "quantize_inputs"),
     "quantize_into": ("trtspec.build.quantize", "quantize_into"),
@@ -102,13 +103,15 @@ def _needs_quantize(spec: BuildSpec, role: str) -> bool:
 def pipeline_stages(spec: BuildSpec, bodies: StageBodies | None = None) -> list[PipelineStage]:
     """Every stage of `trtspec build` for this spec, in order."""
     b = bodies or StageBodies()
+
+    def role_stage(name: str, output: Path, role: str) -> PipelineStage:
+        return PipelineStage(f"{name}:{role}", output, inputs=lambda: b.get(f"{name}_inputs")(spec, role),
+                             body=lambda out, progress: b.get(f"{name}_into")(spec, role, out, progress))
+
     stages = [PipelineStage("check", None)]
     for role in ROLES:
         if _needs_quantize(spec, role):
-            stages.append(PipelineStage(
-                f"quantize:{role}", checkpoint_dir(spec, role),
-                inputs=lambda r=role: b.get("quantize_inputs")(spec, r),
-                body=lambda out, progress, r=role: b.get("quantize_into")(spec, r, out, progress)))
+            stages.append(role_stage("quantize", checkpoint_dir(spec, role), role))
         else:
             stages.append(PipelineStage(f"quantize:{role}", None,
                                         not_needed="quantization none: served from its source directory"))
@@ -118,10 +121,7 @@ def pipeline_stages(spec: BuildSpec, bodies: StageBodies | None = None) -> list[
         stages.append(PipelineStage("quality", None, not_needed="nothing is quantized"))
     for role in ROLES:
         if spec.runtime is Runtime.TRTLLM_ENGINE:
-            stages.append(PipelineStage(
-                f"compile:{role}", engine_dir(spec, role),
-                inputs=lambda r=role: b.get("compile_inputs")(spec, r),
-                body=lambda out, progress, r=role: b.get("compile_into")(spec, r, out, progress)))
+            stages.append(role_stage("compile", engine_dir(spec, role), role))
         else:
             stages.append(PipelineStage(f"compile:{role}", None,
                                         not_needed=f"{spec.runtime.value} loads the checkpoint at serve time"))

@@ -80,7 +80,8 @@ def preflight(spec: BuildSpec, role: str, cuda: bool) -> tuple[dict[str, Any], l
     algo = get_format(q).trtllm_algo
     if spec.runtime is Runtime.TORCH and algo is not None and algo not in SUPPORTED_ALGOS:
         raise QuantizationError(f"the torch runtime cannot run {q.value} checkpoints (no PyTorch kernels for {algo})",
-                                hint=f"use runtime trtllm-llmapi for {q.value}, or another format for the torch runtime")
+                                hint=f"use runtime trtllm-llmapi for {q.value}, "
+                                     "or another format for the torch runtime")
     src = spec.model_path(role)
     cfg = read_config(src)
     if spec.runtime is Runtime.TRTLLM_ENGINE:
@@ -204,7 +205,7 @@ def calibrate(spec: BuildSpec, role: str, progress: Progress | None = None) -> C
     if not calibrating:
         return out
     assert data is not None
-    with quiet_libraries(out.modelopt_log):  # its import warns that transformers 5.24 is untested (FACTS.md: it works)
+    with quiet_libraries(out.modelopt_log):  # its import warns that transformers 5.24 is untested (it works)
         import modelopt.torch.quantization as mtq
         from modelopt.torch.export.unified_export_hf import requantize_resmooth_fused_llm_layers
     bs = spec.calibration.batch_size

@@ -11,7 +11,7 @@ pack_int4_in_uint8) of nvidia-modelopt 0.47.
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -54,7 +54,8 @@ def fake_quant_int(x: torch.Tensor, amax: torch.Tensor, num_bits: int = 8) -> to
 
 
 def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
-    """ModelOpt's packed INT4 [out/2, in] (uint8 or int8 bytes; rows 2r, 2r+1 in the low, high nibble) -> int8 [out, in]."""
+    """ModelOpt's packed INT4 [out/2, in] (uint8 or int8 bytes; rows 2r, 2r+1 in the low, high nibble) -> int8
+    [out, in]."""
     b = packed.view(torch.uint8).to(torch.int16)
     low, high = b & 0x0F, (b >> 4) & 0x0F
     low = torch.where(low >= 8, low - 16, low)
@@ -92,7 +93,11 @@ def dequantize_weight(algo: str, weight: torch.Tensor, weight_scale: torch.Tenso
 
 
 class QuantLinear(nn.Module):
-    """A linear layer running a quantized checkpoint's arithmetic: pre-quant scale, input fake-quant, dequantized weight."""
+    """A linear layer running a quantized checkpoint's arithmetic: pre-quant scale, input fake-quant, dequantized
+    weight."""
+
+    input_amax: torch.Tensor | None  # buffers (register_buffer)
+    pre_quant_scale: torch.Tensor | None
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *, algo: str,
                  input_amax: torch.Tensor | None = None, pre_quant_scale: torch.Tensor | None = None) -> None:
@@ -103,15 +108,17 @@ class QuantLinear(nn.Module):
         self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
         self.input_kind = ACTIVATION_KIND.get(algo) if input_amax is not None else None
         self.register_buffer("input_amax", input_amax.to(torch.float32).reshape(()) if input_amax is not None else None)
-        self.register_buffer("pre_quant_scale", pre_quant_scale.to(weight.dtype) if pre_quant_scale is not None else None)
+        self.register_buffer("pre_quant_scale",
+                             pre_quant_scale.to(weight.dtype) if pre_quant_scale is not None else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.pre_quant_scale is not None:  # AWQ / SmoothQuant: part of ModelOpt's input quantizer
             x = x * self.pre_quant_scale
+        amax = cast(torch.Tensor, self.input_amax)  # input_kind is set only with an input_amax
         if self.input_kind == "fp8":
-            x = fake_quant_fp8(x, self.input_amax)
+            x = fake_quant_fp8(x, amax)
         elif self.input_kind == "int8":
-            x = fake_quant_int(x, self.input_amax)
+            x = fake_quant_int(x, amax)
         return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
@@ -130,7 +137,7 @@ def set_submodule(root: nn.Module, name: str, module: nn.Module) -> None:
 KV_ATTENTION_PREFIX = "trtspec_kv_fake_quant_"
 
 
-def _kv_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+def _kv_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                   attention_mask: Any, **kwargs: Any) -> Any:
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -141,13 +148,13 @@ def _kv_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, val
         # As ModelOpt's k/v_bmm_quantizer: applied to the full key/value states after RoPE and the cache update.
         key, value = fq(key, module.trtspec_k_amax), fq(value, module.trtspec_v_amax)
     if base == "eager":
-        fn = getattr(sys.modules[type(module).__module__], "eager_attention_forward")
+        fn = sys.modules[type(module).__module__].eager_attention_forward
     else:
         fn = ALL_ATTENTION_FUNCTIONS[base]
     return fn(module, query, key, value, attention_mask, **kwargs)
 
 
-def enable_kv_fake_quant(model: nn.Module, scales: dict[str, tuple[str, torch.Tensor, torch.Tensor]]) -> None:
+def enable_kv_fake_quant(model: Any, scales: dict[str, tuple[str, torch.Tensor, torch.Tensor]]) -> None:
     """Fake-quantize the KV cache of the attention modules named in ``scales`` ({name: (kind, k_amax, v_amax)}).
 
     Registers an attention function ``trtspec_kv_fake_quant_<base>`` in transformers' AttentionInterface that quantizes
@@ -169,7 +176,7 @@ def enable_kv_fake_quant(model: nn.Module, scales: dict[str, tuple[str, torch.Te
     AttentionInterface.register(name, _kv_attention)  # idempotent: same name, same function
     AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[base])
     for module_name, (kind, k_amax, v_amax) in scales.items():
-        attn = model.get_submodule(module_name)
+        attn: Any = model.get_submodule(module_name)  # an attention module, given trtspec attributes
         attn._trtspec_kv_kind = kind
         attn._trtspec_base_attention = base
         # Buffers, so that model.to(device) moves them; not persistent, so state_dict() is the checkpoint's.

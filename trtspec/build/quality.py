@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtspec.build.plan import ROLES, checkpoint_dir
 from trtspec.build.artifacts import read_manifest
+from trtspec.build.plan import ROLES, checkpoint_dir
 from trtspec.spec import BuildSpec, Quantization
 
 if TYPE_CHECKING:
@@ -144,7 +144,8 @@ def build_quality_report(spec: BuildSpec, progress: Progress | None = None) -> d
         manifest = read_manifest(checkpoint_dir(spec, role))
         if manifest is not None and manifest.get("quality"):
             models[role] = {"format": manifest.get("format"), "kv_cache": manifest.get("kv_cache"),
-                            **manifest["quality"], "heldout_sha256": manifest.get("calibration", {}).get("heldout_sha256")}
+                            **manifest["quality"],
+                            "heldout_sha256": manifest.get("calibration", {}).get("heldout_sha256")}
             loaded = _load_eval(checkpoint_dir(spec, role))
             if loaded is not None:
                 evals[role] = loaded

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trtspec.build.artifacts import (atomic_dir, hash_inputs, is_up_to_date, read_manifest,
-                                     tool_versions, write_manifest)
+from trtspec.build.artifacts import atomic_dir, hash_inputs, is_up_to_date, read_manifest, tool_versions, write_manifest
 from trtspec.build.calibration import calibration_source
 from trtspec.build.plan import ROLES, checkpoint_dir
 from trtspec.build.ptq import export_kind, needs_calibration
@@ -52,7 +51,8 @@ def quantize_inputs(spec: BuildSpec, role: str) -> tuple[dict[str, Path | None],
 
 
 def quantize_into(spec: BuildSpec, role: str, out_dir: Path, progress: Progress | None = None) -> dict:
-    """Quantize (calibrate) one role and export its checkpoint plus tokenizer into ``out_dir``; extra manifest fields."""
+    """Quantize (calibrate) one role and export its checkpoint plus tokenizer into ``out_dir``; extra manifest
+    fields."""
     from trtspec.build.ptq import calibrate, export_calibrated
 
     if role not in ROLES:

@@ -32,7 +32,7 @@ def read_trtllm_config(ckpt_dir: Path) -> dict[str, Any]:
 def _hf_config(cfg: dict[str, Any]) -> Any:
     from transformers import LlamaConfig
 
-    return LlamaConfig(
+    return LlamaConfig(  # type: ignore[call-arg]  # rope_theta: transformers 5 takes it as a legacy keyword
         vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"], num_hidden_layers=cfg["num_hidden_layers"],
         num_attention_heads=cfg["num_attention_heads"], num_key_value_heads=cfg.get("num_key_value_heads"),
         head_dim=cfg.get("head_size"), intermediate_size=cfg["intermediate_size"],

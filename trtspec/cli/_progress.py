@@ -67,7 +67,7 @@ class LogProgress(Progress):
         super().advance(task_id, advance)
         self._maybe(task_id)
 
-    def update(self, task_id: TaskID, **kwargs: Any) -> None:  # type: ignore[override]
+    def update(self, task_id: TaskID, **kwargs: Any) -> None:
         super().update(task_id, **kwargs)
         if kwargs.get("total") is not None:
             self._done.discard(task_id)

@@ -7,7 +7,6 @@ import typer
 from trtspec.cli._common import console, err_console, print_json, resolve_spec
 from trtspec.cli._options import ForceOpt, JsonOpt, OnlyOpt, SpecArg
 
-
 _STYLE = {"built": "green", "skipped": "cyan", "passed": "green", "not needed": "dim"}
 
 

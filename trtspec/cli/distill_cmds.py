@@ -136,7 +136,6 @@ def distill(
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
     from trtspec.cli._progress import make_progress
-
     from trtspec.engines.distill.pipeline import distill as run_distill
 
     torch.set_num_threads(threads)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.table import Table
@@ -48,7 +48,7 @@ def generate(
         raise GenerationError(f"--no-draft and --num-draft-tokens {k} exclude each other",
                               hint="--no-draft is --num-draft-tokens 0")
     k = 0 if no_draft else k
-    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    sampling: dict[str, Any] = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     validate_request(prompt, max_tokens, num_draft_tokens=k, **sampling)  # before anything is loaded or sent
     if url is not None:
         if spec_path is not None:
@@ -69,7 +69,7 @@ def generate(
     quiet_transformers()
     with err_console.status("loading models"):
         session = TorchSession.from_spec(spec, with_draft=k != 0)
-    kwargs = dict(draft_len=k or None, use_draft=k != 0, chat=not raw)
+    kwargs: dict[str, Any] = dict(draft_len=k or None, use_draft=k != 0, chat=not raw)
     title = "target only (no draft)" if k == 0 else \
         f"speculative decoding (K = {k or spec.speculative.max_draft_len})"
     if stream and not as_json:

@@ -8,8 +8,16 @@ import sys
 import typer
 
 from trtspec import __version__
-from trtspec.cli import (build_cmds, distill_cmds, generate_cmds, probe_cmds, quant_cmds, serve_cmds, spec_cmds,
-                         tune_cmds)
+from trtspec.cli import (
+    build_cmds,
+    distill_cmds,
+    generate_cmds,
+    probe_cmds,
+    quant_cmds,
+    serve_cmds,
+    spec_cmds,
+    tune_cmds,
+)
 from trtspec.errors import TrtspecError
 
 
@@ -23,11 +31,11 @@ def _flags_show_no_type() -> None:
     if show is None or getattr(show, "_trtspec", False):
         return
 
-    def display_type_rich(self, ctx):  # type: ignore[no-untyped-def]
+    def display_type_rich(self, ctx):
         return "" if getattr(self, "is_flag", False) and self.metavar is None else show(self, ctx)
 
     display_type_rich._trtspec = True  # type: ignore[attr-defined]
-    option.display_type_rich = display_type_rich
+    option.display_type_rich = display_type_rich  # type: ignore[union-attr]  # show is not None: option exists
 
 
 _flags_show_no_type()

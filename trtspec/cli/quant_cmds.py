@@ -11,8 +11,6 @@ from trtspec.cli._common import console, err_console, print_json, resolve_spec
 from trtspec.cli._options import ForceOpt, JsonOpt, OnlyOpt, SpecArg
 
 
-
-
 def _pct(x: Any) -> str:
     return f"{100 * x:.1f}%" if isinstance(x, (int, float)) else "-"
 
@@ -30,19 +28,20 @@ def quality_table(report: dict) -> Table:
         table.add_row(role, str(m.get("format")), _pct(m.get("top1_agreement")), _num(m.get("perplexity_before")),
                       _num(m.get("perplexity_after")), f"{_num(m.get('perplexity_change_pct'), '+.1f')}%")
     pair = report["draft_target_top1_agreement"]
-    table.add_row("draft vs target", "top-1 agreement", f"before {_pct(pair['before'])}", "", f"after {_pct(pair['after'])}",
-                  "")
+    table.add_row("draft vs target", "top-1 agreement", f"before {_pct(pair['before'])}", "",
+                  f"after {_pct(pair['after'])}", "")
     return table
 
 
-def quantize(spec_path: SpecArg = None, only: OnlyOpt = None, force: ForceOpt = False, as_json: JsonOpt = False) -> None:
+def quantize(
+    spec_path: SpecArg = None, only: OnlyOpt = None, force: ForceOpt = False, as_json: JsonOpt = False
+) -> None:
     """Quantize the target and the draft with NVIDIA ModelOpt into build/<role>/, then write build/quality.json."""
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
-    from trtspec.cli._progress import make_progress
-
     from trtspec.build.quality import write_quality_report
     from trtspec.build.quantize import quantize_models
+    from trtspec.cli._progress import make_progress
 
     spec = resolve_spec(spec_path)
     roles = (only.value,) if only is not None else ("target", "draft")

@@ -12,7 +12,7 @@ import typer
 from rich.table import Table
 
 from trtspec.cli._common import console, err_console, print_json, resolve_spec
-from trtspec.cli._options import JsonOpt, Protocol, ProtocolOpt, SpecArg, UrlOpt
+from trtspec.cli._options import JsonOpt, Protocol, ProtocolOpt, SpecArg
 from trtspec.errors import ServerError
 
 RepoArg = Annotated[Optional[Path], typer.Argument(help="model repository; omitted: ./triton_repo",
@@ -241,8 +241,14 @@ def bench(url: Annotated[Optional[str], typer.Option("--url", help="Triton, HOST
     """Load-test a deployment over Triton or the OpenAI API: tok/s, TTFT, ITL, E2E (p50/p90/p99), acceptance, and
     the speedup of each draft length over target-only."""
     from trtspec.errors import GenerationError
-    from trtspec.serving.bench import (OpenAIRequester, TritonRequester, load_workload, plot_results, render_table,
-                                       run_bench)
+    from trtspec.serving.bench import (
+        OpenAIRequester,
+        TritonRequester,
+        load_workload,
+        plot_results,
+        render_table,
+        run_bench,
+    )
     from trtspec.serving.bench import synthetic as synthetic_workload
     from trtspec.serving.endpoints import parse_url
     from trtspec.validation import validate_max_tokens
@@ -272,7 +278,12 @@ def bench(url: Annotated[Optional[str], typer.Option("--url", help="Triton, HOST
     else:
         load, levels = "concurrency", _numbers("--concurrency", concurrency or "1,2,4,8", int, 1)
     ks = _numbers("--draft-len", draft_len, int, 1) if draft_len is not None else None
-    requester = OpenAIRequester(openai) if openai is not None else TritonRequester(url, protocol.value if protocol else None)  # type: ignore[arg-type]
+    requester: OpenAIRequester | TritonRequester
+    if openai is not None:
+        requester = OpenAIRequester(openai)
+    else:
+        assert url is not None  # exactly one of --url and --openai (checked above)
+        requester = TritonRequester(url, protocol.value if protocol else None)
     try:
         results = run_bench(requester, workload, levels, load=load, draft_lens=ks, baseline=not no_baseline,
                             chat=not raw, requests_per_level=requests or None, seed=seed,

@@ -49,6 +49,7 @@ def init(
         paths = example_models()
         data = example_spec_dict(paths.target, paths.draft)
     else:
+        assert draft is not None  # --target and --draft go together (above)
         data = {"target": {"model": _as_written(target, output)}, "draft": {"model": _as_written(draft, output)}}
     data["runtime"] = runtime.value
     if runtime is not Runtime.TORCH:

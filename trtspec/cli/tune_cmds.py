@@ -18,7 +18,7 @@ def _table(result) -> Table:
     for col in ("K", "tokens/step", "a", "v", "predicted speedup", "measured speedup", "c, v in the loop"):
         table.add_column(col, justify="right")
     for row in result.rows:
-        def cell(key: str) -> str:
+        def cell(key: str, row: dict = row) -> str:
             v = row.get(key)
             return "-" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))
 

@@ -62,7 +62,8 @@ def _build_py_flags(auto_parallel: bool) -> tuple[Flag, ...]:
         Flag("--strip_plan", s), Flag("--weight_sparsity", s), Flag("--weight_streaming", s), Flag("--fast_build", s),
         Flag("--workers", v, int),
         Flag("--log_level", v, str, ("internal_error", "error", "warning", "info", "verbose")),
-        Flag("--enable_debug_output", s), Flag("--visualize_network"), Flag("--dry_run", s), Flag("--monitor_memory", s),
+        Flag("--enable_debug_output", s), Flag("--visualize_network"), Flag("--dry_run", s),
+        Flag("--monitor_memory", s),
         # Logits arguments
         Flag("--logits_dtype", v, str, ("float16", "float32")),
         Flag("--gather_context_logits", s), Flag("--gather_generation_logits", s), Flag("--gather_all_token_logits", s),

@@ -15,8 +15,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from trtspec.engines.torch_runtime.speedup import (MatchProfile, Simulated, StepCosts, best_k, per_token_acceptance,
-                                                   route_threshold, sweep)
+from trtspec.engines.torch_runtime.speedup import (
+    MatchProfile,
+    Simulated,
+    StepCosts,
+    best_k,
+    per_token_acceptance,
+    route_threshold,
+    sweep,
+)
 from trtspec.errors import GenerationError
 from trtspec.spec import BuildSpec, DrafterKind
 

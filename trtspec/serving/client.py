@@ -21,9 +21,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trtspec.errors import GenerationError, ServerError
-from trtspec.serving.contract import (LLMAPI_FIELDS, LLMAPI_MODEL, LLMAPI_STATS, STAT_NAMES, contract_of,
-                                     grpc_inputs, grpc_outputs, json_payload, llmapi_inputs, request_inputs,
-                                     result_payload, translate)
+from trtspec.serving.contract import (
+    LLMAPI_FIELDS,
+    LLMAPI_MODEL,
+    LLMAPI_STATS,
+    STAT_NAMES,
+    contract_of,
+    grpc_inputs,
+    grpc_outputs,
+    json_payload,
+    llmapi_inputs,
+    request_inputs,
+    result_payload,
+    translate,
+)
 from trtspec.serving.endpoints import PROTOCOLS, parse_url, probe, stream_error
 
 # Re-exported: the translation lives in trtspec.serving.contract, shared with the OpenAI frontend and the bench.

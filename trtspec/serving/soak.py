@@ -199,7 +199,7 @@ class StreamClient:
             except queue.Empty:
                 return None, "hang", stats
             if error is not None:
-                return "".join(text), str(getattr(error, "message", lambda: error)()), stats
+                return "".join(text), str(error.message() if hasattr(error, "message") else error), stats
             response = result.get_response()
             if response.id and response.id != request_id:
                 continue

@@ -10,7 +10,8 @@
 - ``inflight/<model>.<pid>.json`` -- written by each model process when its numbers change (at most once a poll):
   ``{"count": n, "clients": c, "cut": k, "drain": id}``: ``count`` every tracked request, ``clients`` without the
   orchestrator's engine requests, ``cut`` client requests cut at the deadline, ``drain`` the drain it answers (null
-  before one). The server also reads it to say how many requests a dead stub took with it. The server stops tritonserver once every live model process reports 0 for its drain.
+  before one). The server also reads it to say how many requests a dead stub took with it. The server stops
+  tritonserver once every live model process reports 0 for its drain.
 
 Why not Triton's own shutdown (measured on Triton 2.51, trtspec.serving.lifecycle has the figures): on SIGTERM it
 waits for in-flight requests up to ``--exit-timeout-secs``, then does not exit and sends nothing to the cut streams.

@@ -6,10 +6,10 @@ parameter keys follow TensorRT-LLM's triton_backend/all_models/inflight_batcher_
 then uses its default) instead of being left as placeholders. Draft-target settings follow
 examples/draft_target_model/README.md: both models in one server in orchestrator (multi-model) mode, KV-cache reuse
 on, each engine's KV cache sized in absolute tokens (``max_tokens_in_paged_kv_cache``) so that the load order of the two
-models does not matter; fast logits (``speculative_decoding_fast_logits`` with MPI ``participant_ids``) when the target is
-tensor-parallel. Every parameter the backend reads without a fallback (model_instance_state.cc: ``gpt_model_type``,
-``tokenizer_dir``, ``xgrammar_tokenizer_info_path``, ``guided_decoding_backend``) is written, and every output the backend
-writes unasked (the perf metrics of ``return_perf_metrics``) is declared. The upstream facts are recorded in
+models does not matter; fast logits (``speculative_decoding_fast_logits`` with MPI ``participant_ids``) when the target
+is tensor-parallel. Every parameter the backend reads without a fallback (model_instance_state.cc: ``gpt_model_type``,
+``tokenizer_dir``, ``xgrammar_tokenizer_info_path``, ``guided_decoding_backend``) is written, and every output the
+backend writes unasked (the perf metrics of ``return_perf_metrics``) is declared. The upstream facts are recorded in
 tests/upstream/.
 """
 
@@ -33,8 +33,8 @@ EXECUTOR_WORKER = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
 # Multi-model (orchestrator) mode: one Triton process drives both engines' executors (trtspec.serving.launch sets the
 # rest of upstream's launch: spawning on or off, mpirun ranks).
 SERVER_ENV = {"TRTLLM_ORCHESTRATOR": "1"}
-# Read by the backend with GetParameter and no fallback: a missing key fails the model instance. Empty strings turn guided
-# decoding off (the C++ workflow ignores tokenizer_dir's value).
+# Read by the backend with GetParameter and no fallback: a missing key fails the model instance. Empty strings turn
+# guided decoding off (the C++ workflow ignores tokenizer_dir's value).
 GUIDED_DECODING_PARAMETERS = {"tokenizer_dir": "", "xgrammar_tokenizer_info_path": "", "guided_decoding_backend": ""}
 
 INT32_MAX = 2**31 - 1

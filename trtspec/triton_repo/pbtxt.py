@@ -20,7 +20,7 @@ def _pb() -> Any:
         from trtspec.errors import MissingDependencyError
 
         raise MissingDependencyError("writing a Triton repository needs tritonclient (its model_config protobuf)",
-                                     hint="pip install 'trtspec[serve]'") from None
+                                     hint="pip install 'trtspec[repo]'") from None
     return model_config_pb2
 
 

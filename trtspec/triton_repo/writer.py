@@ -24,13 +24,14 @@ def repo_inputs(spec: BuildSpec) -> tuple[dict[str, Path | None], dict]:
 
     Model weights are referenced by path, not copied, so their content does not enter the hash; their paths do, and
     so do the manifests of the directories trtspec built for them (engines, quantized checkpoints): a repository
-    is rewritten after what it serves was rebuilt. For engines, the version guard runs here, before any up-to-date test: engines built by another TensorRT-LLM
-    release than the serving image's are refused even when nothing else changed (the image is an input too).
+    is rewritten after what it serves was rebuilt. For engines, the version guard runs here, before any up-to-date
+    test: engines built by another TensorRT-LLM release than the serving image's are refused even when nothing else
+    changed (the image is an input too).
     """
     from trtspec import __version__
     from trtspec.build.plan import serving_model_dir
 
-    settings = {
+    settings: dict[str, Any] = {
         "trtspec": __version__,
         "name": spec.name,  # the served model's id (the OpenAI frontend's /v1/models)
         "runtime": spec.runtime.value,
@@ -91,7 +92,9 @@ def write_repo_into(spec: BuildSpec, out_dir: Path) -> dict:
     server_env = {k: v for m in models for k, v in m.server_env.items()}
     from trtspec.serving.launch import launch_settings
 
-    return {"launch": launch_settings(spec), "models": [m.name for m in models], "external_paths": external, "entry_model": ENSEMBLE if ENSEMBLE in {m.name for m in models} else models[0].name,
+    entry_model = ENSEMBLE if ENSEMBLE in {m.name for m in models} else models[0].name
+    return {"launch": launch_settings(spec), "models": [m.name for m in models], "external_paths": external,
+            "entry_model": entry_model,
             "container_mounts": sorted(mounts.items()), "server_env": server_env}
 
 

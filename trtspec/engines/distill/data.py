@@ -78,8 +78,8 @@ def load_texts(path: Path) -> list[str]:
         if path.suffix == ".jsonl":
             try:
                 obj = json.loads(line)
-                text = next((obj[k] for k in ("response", "output", "completion", "text") if isinstance(obj.get(k), str)),
-                            None)
+                text = next((obj[k] for k in ("response", "output", "completion", "text")
+                             if isinstance(obj.get(k), str)), None)
             except (json.JSONDecodeError, AttributeError):
                 text = None
             if text is None:

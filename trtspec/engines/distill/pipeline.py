@@ -70,8 +70,15 @@ def distill(target_dir: Path, out: Path, settings: DistillSettings, *, work_dir:
     """Distill a draft for the target in ``target_dir`` into ``out`` (a loadable HF directory + report); ``machine``
     (default: detected) decides the placement, ``traffic`` (texts) replaces the teacher answers as the n-gram pool."""
     from trtspec.build.artifacts import hash_dir, is_up_to_date
-    from trtspec.engines.distill.data import (encode_prompt, generate_teacher_data, load_prompts, select_head_tokens,
-                                              shipped_prompts, split_prompts, token_counts)
+    from trtspec.engines.distill.data import (
+        encode_prompt,
+        generate_teacher_data,
+        load_prompts,
+        select_head_tokens,
+        shipped_prompts,
+        split_prompts,
+        token_counts,
+    )
     from trtspec.engines.distill.model import draft_from_target, register, source_weights
     from trtspec.engines.distill.placement import Machine, plan_placement
     from trtspec.engines.distill.report import measure
@@ -127,7 +134,8 @@ def distill(target_dir: Path, out: Path, settings: DistillSettings, *, work_dir:
     layers = settings.init_layers or tuple(range(settings.layers))
     # From the target's own float32 tensors (the teacher may be bfloat16, or spread over GPUs).
     init = source_weights(target_dir, layers) if placement.teacher_dtype != "float32" or placement.gpus else None
-    draft = draft_from_target(target, layers, head, settings.intermediate_size, init).to(placement.draft_device)
+    draft = draft_from_target(target, layers, head, settings.intermediate_size, init)
+    draft = draft.to(placement.draft_device)  # type: ignore[arg-type]  # transformers' decorated to() takes a device
     task = progress.add_task(f"training (steps, {placement.draft_device})", total=settings.train.steps) \
         if progress else None
     ckpt = work / f"checkpoint-{_short_hash(data_key, settings.to_dict())}.pt"

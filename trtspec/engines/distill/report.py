@@ -83,8 +83,7 @@ def measure(target: Any, draft: Any, prompts: Sequence[Sequence[int]], *, k: int
     ``costs=False`` skips timing (c, v, bound and predictions NaN); ``run_decoder`` (default: on a CPU) runs the
     in-process decoder both ways for the identical-output check and the measured speedup."""
     from trtspec.engines.torch_runtime.costs import measure_step_costs
-    from trtspec.engines.torch_runtime.profiling import (Reference, model_profile, reference_answers,
-                                                         time_decoder)
+    from trtspec.engines.torch_runtime.profiling import Reference, model_profile, reference_answers, time_decoder
     from trtspec.engines.torch_runtime.speedup import StepCosts, leviathan_bound, simulate
 
     cpu = next(target.parameters()).device.type == "cpu" and next(draft.parameters()).device.type == "cpu"

@@ -52,7 +52,8 @@ class DistillSettings:
     train: TrainSettings = field(default_factory=TrainSettings)
 
     def validate(self, target_layers: int | None = None, vocab: int | None = None) -> None:
-        """Raise DistillError for settings that cannot work (with this target when its depth and vocabulary are given)."""
+        """Raise DistillError for settings that cannot work (with this target when its depth and vocabulary are
+        given)."""
         depth = target_layers or 1 << 20
         checks = [
             (1 <= self.layers <= depth, f"--layers {self.layers} must be in 1..{target_layers or 'the target depth'}",
@@ -92,9 +93,10 @@ class DistillSettings:
 
     def data_settings(self, teacher_dtype: str) -> dict[str, Any]:
         """What the teacher data depends on (``teacher_dtype`` resolved by the placement, never "auto")."""
-        d = {"max_new_tokens": self.max_new_tokens, "gen_batch_size": self.gen_batch_size, "top_k": self.top_k,
-             "held_out": self.held_out, "answers_per_prompt": self.answers_per_prompt,
-             "sample_temperature": self.sample_temperature}
+        d: dict[str, Any] = {"max_new_tokens": self.max_new_tokens, "gen_batch_size": self.gen_batch_size,
+                             "top_k": self.top_k, "held_out": self.held_out,
+                             "answers_per_prompt": self.answers_per_prompt,
+                             "sample_temperature": self.sample_temperature}
         if teacher_dtype != "float32":  # float32 teacher data keeps the key it had before teacher dtypes existed
             d["teacher_dtype"] = teacher_dtype
         return d

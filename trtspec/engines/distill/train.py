@@ -142,5 +142,6 @@ def _save_checkpoint(path: Path, draft: Any, opt: Any, rng: random.Random, step:
     trainable = {k: v for k, v in draft.state_dict().items() if not k.startswith("model.embed_tokens")}
     tmp = path.with_name(path.name + ".tmp")
     torch.save({"model": trainable, "optimizer": opt.state_dict(), "rng": rng.getstate(), "step": step,
-                "settings": asdict(settings), "logs": [asdict(x) for x in logs], "order": order, "seconds": seconds}, tmp)
+                "settings": asdict(settings), "logs": [asdict(x) for x in logs], "order": order, "seconds": seconds},
+               tmp)
     tmp.replace(path)

@@ -249,7 +249,8 @@ def pool_for_spec(spec: Any, target_vocab: int | None = None) -> NgramPool | Non
     try:
         pool = NgramPool.load(path)
     except ValueError as exc:
-        raise GenerationError(str(exc), hint="trtspec distill writes ngram_pool.npz; set speculative.ngram_pool")
+        raise GenerationError(str(exc),
+                              hint="trtspec distill writes ngram_pool.npz; set speculative.ngram_pool") from exc
     if target_vocab is not None and pool.vocab_size != target_vocab:
         raise GenerationError(f"{path}: built for a vocabulary of {pool.vocab_size}, the target has {target_vocab}",
                               hint="rebuild the pool with trtspec distill for this target")

@@ -191,7 +191,7 @@ def format_output(tokens: list[int], *, prompt: list[int] | None = None, logits:
                   batch_index: int | None = None) -> dict[str, np.ndarray]:
     """Output tensors for one row (batch dimension 1): ``prompt`` is prepended when the input is not excluded."""
     seq = (list(prompt) if prompt else []) + list(tokens)
-    out = {
+    out: dict[str, np.ndarray] = {
         "output_ids": np.asarray(seq, dtype=np.int32).reshape(1, 1, len(seq)),
         "sequence_length": np.asarray([[len(seq)]], dtype=np.int32),
     }

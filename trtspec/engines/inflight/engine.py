@@ -217,7 +217,9 @@ class InflightEngine:
         try:
             proposals = self._proposals(jobs)
             t0 = time.perf_counter()
-            feeds, keep, ranges = [], [], []
+            feeds: list[Any] = []
+            keep: list[Any] = []
+            ranges: list[Any] = []
             offset = 0
             for job, prop in zip(jobs, proposals):
                 assert job.slot is not None

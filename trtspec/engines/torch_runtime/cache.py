@@ -33,7 +33,7 @@ class GrowableLayer(DynamicLayer):
         b, h, _, d = like.shape
         k = like.new_empty((b, h, cap, d))
         v = like.new_empty((b, h, cap, d))
-        if self._k is not None and self._len:
+        if self._k is not None and self._v is not None and self._len:
             k[..., : self._len, :] = self._k[..., : self._len, :]
             v[..., : self._len, :] = self._v[..., : self._len, :]
         self._k, self._v = k, v
@@ -43,6 +43,7 @@ class GrowableLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         m = key_states.shape[-2]
         self._ensure(m, key_states)
+        assert self._k is not None and self._v is not None
         self._k[..., self._len : self._len + m, :] = key_states
         self._v[..., self._len : self._len + m, :] = value_states
         self._len += m
@@ -59,11 +60,12 @@ class GrowableLayer(DynamicLayer):
         if not self.is_initialized or tokens_to_remove == 0:
             return
         self._len = max(0, self._len + tokens_to_remove)
+        assert self._k is not None and self._v is not None  # initialized: update() allocated them
         self.keys = self._k[..., : self._len, :]
         self.values = self._v[..., : self._len, :]
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        if not self.is_initialized or self._k is None:
+        if not self.is_initialized or self._k is None or self._v is None:
             return
         self._k, self._v = self._k[indices], self._v[indices]
         self.keys = self._k[..., : self._len, :]
@@ -71,7 +73,7 @@ class GrowableLayer(DynamicLayer):
 
     def gather_positions(self, index: torch.Tensor) -> None:
         """Keep, per row, the positions in ``index`` [B, T'] (compaction of holes)."""
-        if not self.is_initialized or self._k is None:
+        if not self.is_initialized or self._k is None or self._v is None:
             return
         b, h, _, d = self._k.shape
         idx = index[:, None, :, None].expand(b, h, index.shape[1], d)
@@ -89,4 +91,4 @@ class GrowableCache(DynamicCache):
 
     def gather_positions(self, index: torch.Tensor) -> None:
         for layer in self.layers:
-            layer.gather_positions(index)  # type: ignore[attr-defined]
+            layer.gather_positions(index)  # type: ignore[union-attr]  # every layer is a GrowableLayer

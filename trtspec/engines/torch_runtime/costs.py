@@ -48,6 +48,7 @@ def step_cost_ratios(target: Any, draft: Any, context: int, k: int, tokens_per_s
     hidden = torch.randn(1, target.config.hidden_size, dtype=next(target.parameters()).dtype)
 
     def head_once() -> float:
+        assert head is not None  # timed only when the head is applied lazily
         t0 = time.perf_counter()
         head(hidden)
         return time.perf_counter() - t0
@@ -114,6 +115,7 @@ def measure_step_costs(target: Any, draft: Any | None, context: int, k_max: int,
     hidden = torch.randn(1, target.config.hidden_size, dtype=next(target.parameters()).dtype)
 
     def head_once() -> float:
+        assert head is not None  # timed only when the head is applied lazily
         t0 = time.perf_counter()
         head(hidden)
         return time.perf_counter() - t0

@@ -30,6 +30,9 @@ class FrequentHead(nn.Module):
     ``weight`` is the checkpoint's full [V, H] parameter (state dict and ``save_pretrained`` unchanged, and
     ``get_output_embeddings().weight`` still spans the vocabulary); ``rows`` is a copy of the N rows it scores."""
 
+    token_ids: torch.Tensor  # buffers (register_buffer)
+    rows: torch.Tensor
+
     def __init__(self, linear: nn.Linear, token_ids: torch.Tensor) -> None:
         super().__init__()
         self.weight = linear.weight

@@ -121,7 +121,7 @@ def hybrid_profile(ngram: MatchProfile, matches: Sequence[Sequence[int]], model:
                         k_limit=limits)
 
 
-def time_decoder(decoder: Any, prompts: Sequence[Sequence[int]], max_tokens: int, k: int) -> dict[str, float]:
+def time_decoder(decoder: Any, prompts: Sequence[Sequence[int]], max_tokens: int, k: int) -> dict[str, Any]:
     """Wall time, counts and the decoder's own timers (draft, target) of ``decoder.generate`` over the prompts one at
     a time at draft length K (0: target-only)."""
     seconds = draft_s = target_s = 0.0

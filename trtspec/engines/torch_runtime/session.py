@@ -1,4 +1,5 @@
-"""Text in, text out: a target + draft pair from a spec with its tokenizer, chat template and incremental detokenizer."""
+"""Text in, text out: a target + draft pair from a spec with its tokenizer, chat template and incremental
+detokenizer."""
 
 from __future__ import annotations
 

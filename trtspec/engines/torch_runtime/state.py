@@ -63,7 +63,8 @@ class ModelState:
         return result
 
     def truncate(self, lengths: torch.Tensor) -> None:
-        """Keep only the first ``lengths[b]`` real tokens of each row; crop the common tail; compact when mostly holes."""
+        """Keep only the first ``lengths[b]`` real tokens of each row; crop the common tail; compact when mostly
+        holes."""
         lengths = torch.minimum(lengths.long(), self.n_valid)
         logical = self.valid.long().cumsum(1)
         self.valid &= logical <= lengths[:, None]

@@ -17,7 +17,7 @@ def title(results: dict[str, Any]) -> str:
 
 
 def _ms3(m: dict[str, Any], name: str) -> str:
-    vals = [m.get(f"{name}_{p}_s") for p in ("p50", "p90", "p99")]
+    vals: list[Any] = [m.get(f"{name}_{p}_s") for p in ("p50", "p90", "p99")]
     return "-" if vals[0] is None else "/".join(f"{v * 1000:.0f}" for v in vals)
 
 

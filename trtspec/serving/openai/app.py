@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,9 +22,17 @@ from typing import Any
 from trtspec.serving.openai.asgi import DONE, JSON, SSE, GenerationResponse, json_bytes, send_json, sse
 from trtspec.serving.openai.backend import TritonBackend, TritonRequestError, TritonUnavailable
 from trtspec.serving.openai.deployment import ServedDeployment
-from trtspec.serving.openai.protocol import (ChatCompletionRequest, CompletionRequest, OpenAIError, bad_field,
-                                             check_generation_fields, message_text, parse_request,
-                                             requested_max_tokens, stop_strings)
+from trtspec.serving.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    OpenAIError,
+    bad_field,
+    check_generation_fields,
+    message_text,
+    parse_request,
+    requested_max_tokens,
+    stop_strings,
+)
 from trtspec.serving.openai.text import PromptTokenizer, StopMatcher
 
 # Phrases of the request errors trtspec's models answer (preprocessing, orchestrator, LLM-API model): a 400, not a 500.
@@ -120,7 +128,7 @@ class OpenAIService:
         routed = d.contract == "ensemble" and (k == 0 or asked < d.route_threshold)
         return Prepared(kind, r, prompt, n_prompt, asked, values, stops, 0 if routed else k, routed)
 
-    async def run(self, p: Prepared) -> AsyncIterator[tuple[str, dict[str, float], bool]]:
+    async def run(self, p: Prepared) -> AsyncGenerator[tuple[str, dict[str, float], bool], None]:
         """(new text, statistics so far, finished) as the text arrives; stop sequences are cut here."""
         matcher = StopMatcher(p.stops)
         stats: dict[str, float] = {}
@@ -156,7 +164,7 @@ class OpenAIService:
                 "draft_len": p.draft_len, "routed_to_target": p.routed}
         return reason, usage, spec
 
-    async def body(self, p: Prepared) -> AsyncIterator[bytes]:
+    async def body(self, p: Prepared) -> AsyncGenerator[bytes, None]:
         """The whole response (one JSON piece), or its server-sent events."""
         chat = p.kind == "chat"
         head = {"id": ("chatcmpl-" if chat else "cmpl-") + p.id, "created": p.created, "model": self.deployment.name}
@@ -164,7 +172,7 @@ class OpenAIService:
         if not p.request.stream:
             parts = [echo]
             async with aclosing(self.run(p)) as stream:
-                async for text, stats, done in stream:
+                async for text, stats, _done in stream:  # noqa: B007 (stats: the last step's, read after the loop)
                     parts.append(text)
             reason, usage, spec = self.finish(p, stats)
             text = "".join(parts)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from trtspec.serving.contract import grpc_inputs, grpc_outputs, result_payload, translate
@@ -60,7 +60,7 @@ class TritonBackend:
             self._ready, self._ready_at = ok, time.monotonic()
         return self._ready
 
-    async def generate(self, values: dict[str, Any]) -> AsyncIterator[tuple[str, dict[str, float]]]:
+    async def generate(self, values: dict[str, Any]) -> AsyncGenerator[tuple[str, dict[str, float]], None]:
         """(text, statistics) per response for one request in ensemble field names."""
         import grpc
 
@@ -147,7 +147,7 @@ class DirectBackend(TritonBackend):
             inputs.append(x)
         return inputs, tokens
 
-    async def generate(self, values: dict[str, Any]) -> AsyncIterator[tuple[str, dict[str, float]]]:
+    async def generate(self, values: dict[str, Any]) -> AsyncGenerator[tuple[str, dict[str, float]], None]:
         """(text, statistics) per response for one request in ensemble field names."""
         import grpc
         import tritonclient.grpc as grpcclient

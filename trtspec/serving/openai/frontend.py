@@ -101,6 +101,7 @@ class OpenAIFrontend:
             raise ServerError("this OpenAI frontend is already started", hint="stop() it first")
         self.prepare()
         sock = self._sock
+        assert sock is not None  # prepare() bound it
         config = uvicorn.Config(self._app, log_level="warning", access_log=False, lifespan="on",
                                 timeout_graceful_shutdown=5)
         self._server = uvicorn.Server(config)

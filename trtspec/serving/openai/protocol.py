@@ -104,7 +104,8 @@ def parse_request(cls: type[_Common], body: Any) -> Any:
         loc = [str(p) for p in err.get("loc", ()) if not str(p).startswith(("function-", "str", "list["))]
         param = ".".join(loc) or None
         if err.get("type") == "missing":
-            raise bad_field(param or "body", f"missing required parameter: {param!r}", code="missing_required_parameter")
+            raise bad_field(param or "body", f"missing required parameter: {param!r}",
+                            code="missing_required_parameter") from None
         raise bad_field(param or "body", f"invalid value for {param!r}: {err.get('msg')}") from None
     _refuse_unsupported(request)
     return request

@@ -8,8 +8,8 @@ anything else. The tokens come from trtspec's torch SpeculativeDecoder on the re
 text is computed independently (transformers' own greedy generate), never by this stand-in.
 
 Perf metrics: as in every release up to 1.2 (TensorRT-LLM PR #17082), the PyTorch flow's
-``request_perf_metrics.speculative_decoding`` comes back zeroed; TRTLLM_STANDIN_SPEC_METRICS=filled fills it, as a release
-with that fix would.
+``request_perf_metrics.speculative_decoding`` comes back zeroed; TRTLLM_STANDIN_SPEC_METRICS=filled fills it, as a
+release with that fix would.
 
 Container paths (``/checkpoints/target``) are mapped to host directories by TRTLLM_STANDIN_MOUNTS
 (``/checkpoints/target=/host/dir;/checkpoints/draft=/other``), as the container's volume mounts would.
@@ -42,10 +42,10 @@ def _api(version: str) -> dict:
     import sys
     from pathlib import Path
 
-    tests_dir = str(Path(__file__).resolve().parents[3])
-    if tests_dir not in sys.path:
-        sys.path.insert(0, tests_dir)
-    from upstream.facts import llm_api, release_line
+    root = str(Path(__file__).resolve().parents[4])  # the repository root, for the tests package
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from tests.upstream.facts import llm_api, release_line
 
     major_minor = tuple(int(x) for x in release_line(version).split("."))
     if major_minor < (1, 0):
@@ -221,8 +221,9 @@ class LLM:
                     else:
                         s = event.stats
                         filled = os.environ.get("TRTLLM_STANDIN_SPEC_METRICS", "zeroed") == "filled"
-                        spec_stats = _SpecStats(s.acceptance_rate, s.total_accepted_draft_tokens, s.total_draft_tokens) if filled \
-                            else _SpecStats()  # what the PyTorch flow writes (never updated, PR #17082)
+                        spec_stats = (_SpecStats(s.acceptance_rate, s.total_accepted_draft_tokens, s.total_draft_tokens)
+                                      if filled
+                                      else _SpecStats())  # what the PyTorch flow writes (never updated, PR #17082)
                         stats = _PerfMetrics(spec_stats)
                         steps.put((self.tokenizer.decode(out, skip_special_tokens=True), list(out),
                                    event.finish_reason, stats if sp.return_perf_metrics else None))

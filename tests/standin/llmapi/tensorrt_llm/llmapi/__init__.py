@@ -1,3 +1,3 @@
 """STAND-IN (tests only): ``tensorrt_llm.llmapi``; see the package docstring."""
 
-from tensorrt_llm import DraftTargetDecodingConfig, LLM, SamplingParams  # noqa: F401
+from tensorrt_llm import LLM, DraftTargetDecodingConfig, SamplingParams  # noqa: F401
