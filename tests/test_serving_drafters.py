@@ -36,11 +36,19 @@ def served(request, tiny_pair, reference, tmp_path_factory):
     draft = make_noisy_draft(tiny_pair[0], root / "draft")
     tok = load_tokenizer(tiny_pair[0])
     first = reference[PROMPTS[0]]
-    NgramPool.from_sequences([tok.encode(PROMPTS[0]) + first.token_ids],
-                             vocab_size=read_config(tiny_pair[0]).vocab_size).save(draft / "ngram_pool.npz")
-    spec = spec_from_dict(torch_spec_dict(tiny_pair[0], draft, speculative={"route_threshold": 0,
-                                                                            "drafter": request.param},
-                                          triton={"orchestration": "in_process"}), base_dir=root, environ={})
+    NgramPool.from_sequences(
+        [tok.encode(PROMPTS[0]) + first.token_ids], vocab_size=read_config(tiny_pair[0]).vocab_size
+    ).save(draft / "ngram_pool.npz")
+    spec = spec_from_dict(
+        torch_spec_dict(
+            tiny_pair[0],
+            draft,
+            speculative={"route_threshold": 0, "drafter": request.param},
+            triton={"orchestration": "in_process"},
+        ),
+        base_dir=root,
+        environ={},
+    )
     write_repo(spec)
     with TritonServer(spec.repo_dir, log_file=root / "server.log") as server:
         yield server
