@@ -21,10 +21,11 @@ venv: $(STAMP)
 demo: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" bash scripts/demo.sh
 
-# Lint (ruff: pyflakes, pycodestyle, bugbear, import order) and types (mypy with the pydantic plugin); config in
+# Lint (ruff: pyflakes, pycodestyle, bugbear, import order; ruff format) and types (mypy with the pydantic plugin); config in
 # pyproject.toml. `make test` runs them first and stops on the first failure.
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy trtspec
 
 test: lint

@@ -26,11 +26,16 @@ FORMATS = ["fp8", "int8_sq", "int8_wo", "int4_awq", "w4a8_awq"]
 def _spec(model: Path, fmt: str, samples: int, seq_len: int, base: Path):
     from trtspec.spec import spec_from_dict
 
-    return spec_from_dict({"runtime": "torch",
-                           "target": {"model": str(model), "dtype": "float32", "quantization": fmt},
-                           "draft": {"model": str(model), "dtype": "float32", "quantization": "none"},
-                           "calibration": {"samples": samples, "seq_len": seq_len, "batch_size": 4}},
-                          base_dir=base, environ={})
+    return spec_from_dict(
+        {
+            "runtime": "torch",
+            "target": {"model": str(model), "dtype": "float32", "quantization": fmt},
+            "draft": {"model": str(model), "dtype": "float32", "quantization": "none"},
+            "calibration": {"samples": samples, "seq_len": seq_len, "batch_size": 4},
+        },
+        base_dir=base,
+        environ={},
+    )
 
 
 def one(model: Path, fmt: str, samples: int, seq_len: int) -> dict:
@@ -74,8 +79,16 @@ def make_proxy(out: Path) -> Path:
     from trtspec.example import example_target
 
     src = example_target()
-    cfg = LlamaConfig(vocab_size=49152, hidden_size=640, intermediate_size=1664, num_hidden_layers=30,
-                      num_attention_heads=10, num_key_value_heads=5, tie_word_embeddings=True, rope_theta=100000.0)
+    cfg = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=640,
+        intermediate_size=1664,
+        num_hidden_layers=30,
+        num_attention_heads=10,
+        num_key_value_heads=5,
+        tie_word_embeddings=True,
+        rope_theta=100000.0,
+    )
     torch.manual_seed(0)
     LlamaForCausalLM(cfg).save_pretrained(out)
     AutoTokenizer.from_pretrained(src).save_pretrained(out)
@@ -99,35 +112,56 @@ def main() -> None:
     models = [("SmolLM2-135M", example_target(), ["baseline", *FORMATS])]
     tmp = tempfile.TemporaryDirectory()
     if args.proxy:
-        models.append(("proxy hidden 640", make_proxy(Path(tmp.name) / "proxy"), ["baseline", "fp8", "int4_awq",
-                                                                                  "w4a8_awq"]))
-    print(f"calibration: {args.samples} samples x {args.seq_len} tokens, batch 4; shipped corpus; CPU "
-          f"(2 cores shared); each row one process")
-    print(f"{'model':18} {'format':9} {'status':10} {'wall s':>7} {'calib s':>8} {'export s':>8} {'RSS MiB':>8} "
-          f"{'RSS/base':>8} {'time/fp8':>8} {'top-1':>6} {'ppl %':>6}")
+        models.append(
+            ("proxy hidden 640", make_proxy(Path(tmp.name) / "proxy"), ["baseline", "fp8", "int4_awq", "w4a8_awq"])
+        )
+    print(
+        f"calibration: {args.samples} samples x {args.seq_len} tokens, batch 4; shipped corpus; CPU "
+        f"(2 cores shared); each row one process"
+    )
+    print(
+        f"{'model':18} {'format':9} {'status':10} {'wall s':>7} {'calib s':>8} {'export s':>8} {'RSS MiB':>8} "
+        f"{'RSS/base':>8} {'time/fp8':>8} {'top-1':>6} {'ppl %':>6}"
+    )
     for name, path, formats in models:
         rows = {}
         for fmt in formats:
-            cmd = [sys.executable, __file__, "--one", fmt, "--model", str(path), "--samples", str(args.samples),
-                   "--seq-len", str(args.seq_len)]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--one",
+                fmt,
+                "--model",
+                str(path),
+                "--samples",
+                str(args.samples),
+                "--seq-len",
+                str(args.seq_len),
+            ]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
                 last = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
-                rows[fmt] = {"status": f"crashed: {last[:60]}", "timings": {},
-                             "wall_s": float("nan"), "peak_rss_mib": float("nan")}
+                rows[fmt] = {
+                    "status": f"crashed: {last[:60]}",
+                    "timings": {},
+                    "wall_s": float("nan"),
+                    "peak_rss_mib": float("nan"),
+                }
             else:
                 rows[fmt] = json.loads(proc.stdout.strip().splitlines()[-1])
             r = rows[fmt]
             base, fp8 = rows.get("baseline"), rows.get("fp8")
             q = r.get("quality") or {}
-            print(f"{name:18} {fmt:9} {r['status'][:10]:10} {r['wall_s']:7.1f} "
-                  f"{r['timings'].get('calibrate_s', float('nan')):8.1f} "
-                  f"{r['timings'].get('export_s', float('nan')):8.1f} "
-                  f"{r['peak_rss_mib']:8.0f} "
-                  f"{r['peak_rss_mib'] / base['peak_rss_mib'] if base else float('nan'):8.2f} "
-                  f"{r['wall_s'] / fp8['wall_s'] if fp8 and fp8['status'] == 'ok' else float('nan'):8.2f} "
-                  f"{q.get('top1_agreement', float('nan')):6.3f} {q.get('perplexity_change_pct', float('nan')):+6.1f}",
-                  flush=True)
+            print(
+                f"{name:18} {fmt:9} {r['status'][:10]:10} {r['wall_s']:7.1f} "
+                f"{r['timings'].get('calibrate_s', float('nan')):8.1f} "
+                f"{r['timings'].get('export_s', float('nan')):8.1f} "
+                f"{r['peak_rss_mib']:8.0f} "
+                f"{r['peak_rss_mib'] / base['peak_rss_mib'] if base else float('nan'):8.2f} "
+                f"{r['wall_s'] / fp8['wall_s'] if fp8 and fp8['status'] == 'ok' else float('nan'):8.2f} "
+                f"{q.get('top1_agreement', float('nan')):6.3f} {q.get('perplexity_change_pct', float('nan')):+6.1f}",
+                flush=True,
+            )
             if r["status"] != "ok" and not r["status"].startswith("refused"):
                 print(f"    {r['status']}")
             elif r["status"].startswith("refused"):

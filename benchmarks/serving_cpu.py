@@ -66,24 +66,36 @@ def write_repo(root: Path, pair: str, orchestration: str, trtspec_root: Path | N
     """A repository written by the given checkout of trtspec (this one by default), in a child process."""
     env = dict(os.environ, PYTHONPATH=str(trtspec_root or ROOT))
     # cwd=root: python -c puts the cwd first on sys.path, ahead of PYTHONPATH (run from a checkout, it would win).
-    out = subprocess.run([sys.executable, "-c", WRITE, str(root), pair, orchestration], capture_output=True,
-                         text=True, env=env, timeout=1800, cwd=root)
+    out = subprocess.run(
+        [sys.executable, "-c", WRITE, str(root), pair, orchestration],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1800,
+        cwd=root,
+    )
     if out.returncode != 0:
         sys.exit(f"writing the {orchestration} repository failed:\n{out.stderr[-3000:]}")
     repo, k = out.stdout.split()[-2:]
     return Path(repo), int(k)
 
 
-def measure(url: str, prompts: list[str], concurrency: int, n_requests: int, max_tokens: int,
-            target_only: bool) -> dict:
+def measure(
+    url: str, prompts: list[str], concurrency: int, n_requests: int, max_tokens: int, target_only: bool
+) -> dict:
     from trtspec.serving import soak
 
     options = (("apply_chat_template", True),) + ((("num_draft_tokens", 0),) if target_only else ())
-    requests = [soak.SoakRequest("good", prompts[i % len(prompts)], max_tokens, True, options)
-                for i in range(n_requests)]
+    requests = [
+        soak.SoakRequest("good", prompts[i % len(prompts)], max_tokens, True, options) for i in range(n_requests)
+    ]
     r = soak.run_soak(url, 0, "", requests, concurrency, {}, timeout_s=600)
-    return {"tok_s": round(r.tokens_per_s, 2), "acceptance": round(r.acceptance_rate, 3),
-            "errors": len(r.errors_on_good) + r.hangs, "tokens": r.output_tokens}
+    return {
+        "tok_s": round(r.tokens_per_s, 2),
+        "acceptance": round(r.acceptance_rate, 3),
+        "errors": len(r.errors_on_good) + r.hangs,
+        "tokens": r.output_tokens,
+    }
 
 
 def session_c1(session, prompts, max_tokens, use_draft):
@@ -115,8 +127,10 @@ def main() -> None:
 
     console = Console()
     levels = [int(x) for x in args.levels.split(",")]
-    console.print(f"load {os.getloadavg()[0]:.2f}; pair {args.pair}; max_tokens {args.max_tokens}; "
-                  f"{args.requests} requests per level; levels {levels}")
+    console.print(
+        f"load {os.getloadavg()[0]:.2f}; pair {args.pair}; max_tokens {args.max_tokens}; "
+        f"{args.requests} requests per level; levels {levels}"
+    )
     root = Path(tempfile.mkdtemp(prefix="trtspec-bench-"))
     configs = [("in_process", "in_process", None), ("bls", "bls", None)]
     if args.old_root:
@@ -134,34 +148,52 @@ def main() -> None:
                 console.print(f"{name}: concurrency {c}")
                 spec_r = measure(server.grpc_url, QUESTIONS, c, args.requests, args.max_tokens, False)
                 base_r = measure(server.grpc_url, QUESTIONS, c, args.requests, args.max_tokens, True)
-                rows[c] = {"speculative": spec_r, "target_only": base_r,
-                           "speedup": round(spec_r["tok_s"] / base_r["tok_s"], 3) if base_r["tok_s"] else None}
+                rows[c] = {
+                    "speculative": spec_r,
+                    "target_only": base_r,
+                    "speedup": round(spec_r["tok_s"] / base_r["tok_s"], 3) if base_r["tok_s"] else None,
+                }
             if orchestration == "in_process":
                 for _ in range(args.repeats):
                     c1_triton.append(measure(server.grpc_url, QUESTIONS[:4], 1, 4, args.max_tokens, False)["tok_s"])
         results["servers"][name] = {"k": k, "levels": rows}
 
     paths = example_models()
-    session = TorchSession(paths.target, paths.target if args.pair == "self" else paths.draft,
-                           max_draft_len=results["servers"]["in_process"]["k"])
+    session = TorchSession(
+        paths.target,
+        paths.target if args.pair == "self" else paths.draft,
+        max_draft_len=results["servers"]["in_process"]["k"],
+    )
     session_c1(session, QUESTIONS[:1], 8, True)
     in_proc = [session_c1(session, QUESTIONS[:4], args.max_tokens, True) for _ in range(args.repeats)]
-    results["overhead_c1"] = {"triton_in_process_model_tok_s": c1_triton, "in_process_decoder_tok_s": in_proc,
-                              "overhead": round(1 - statistics.median(c1_triton) / statistics.median(in_proc), 3)}
+    results["overhead_c1"] = {
+        "triton_in_process_model_tok_s": c1_triton,
+        "in_process_decoder_tok_s": in_proc,
+        "overhead": round(1 - statistics.median(c1_triton) / statistics.median(in_proc), 3),
+    }
 
-    t = Table(title=f"output tok/s through Triton ({args.pair}, max_tokens {args.max_tokens}, load "
-                    f"{os.getloadavg()[0]:.2f})")
+    t = Table(
+        title=f"output tok/s through Triton ({args.pair}, max_tokens {args.max_tokens}, load {os.getloadavg()[0]:.2f})"
+    )
     for col in ("server", "conc.", "speculative", "target-only", "speedup", "acceptance", "errors"):
         t.add_column(col, justify="right")
     for name, r in results["servers"].items():
         for c, row in r["levels"].items():
-            t.add_row(name, str(c), f"{row['speculative']['tok_s']:.1f}", f"{row['target_only']['tok_s']:.1f}",
-                      f"{row['speedup']:.2f}x" if row["speedup"] else "-", f"{row['speculative']['acceptance']:.2f}",
-                      str(row["speculative"]["errors"] + row["target_only"]["errors"]))
+            t.add_row(
+                name,
+                str(c),
+                f"{row['speculative']['tok_s']:.1f}",
+                f"{row['target_only']['tok_s']:.1f}",
+                f"{row['speedup']:.2f}x" if row["speedup"] else "-",
+                f"{row['speculative']['acceptance']:.2f}",
+                str(row["speculative"]["errors"] + row["target_only"]["errors"]),
+            )
     console.print(t)
     o = results["overhead_c1"]
-    console.print(f"concurrency 1, speculative: Triton (in-process model) median {statistics.median(c1_triton):.1f} "
-                  f"tok/s vs in process {statistics.median(in_proc):.1f} tok/s: overhead {o['overhead']:.1%}")
+    console.print(
+        f"concurrency 1, speculative: Triton (in-process model) median {statistics.median(c1_triton):.1f} "
+        f"tok/s vs in process {statistics.median(in_proc):.1f} tok/s: overhead {o['overhead']:.1%}"
+    )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2, default=str))
 

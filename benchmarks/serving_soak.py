@@ -26,10 +26,18 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 ROOT = Path(__file__).resolve().parents[1]
 
 PROMPTS = [
-    "What is the capital of France?", "Write a haiku about the sea.", "Explain recursion to a child.",
-    "List three prime numbers.", "What is speculative decoding?", "Describe a cat in one sentence.",
-    "Why is the sky blue?", "Give me a tip for learning Python.", "What does a CPU do?",
-    "Name a famous painting.", "How do bees make honey?", "What is 12 times 12?",
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain recursion to a child.",
+    "List three prime numbers.",
+    "What is speculative decoding?",
+    "Describe a cat in one sentence.",
+    "Why is the sky blue?",
+    "Give me a tip for learning Python.",
+    "What does a CPU do?",
+    "Name a famous painting.",
+    "How do bees make honey?",
+    "What is 12 times 12?",
 ]
 
 
@@ -67,8 +75,9 @@ print(spec.repo_dir)
         env["PYTHONPATH"] = str(trtspec_root)
     # cwd: the repository's root directory, not this checkout (python -c puts the cwd first on sys.path, ahead of
     # PYTHONPATH: run from here it would write this checkout's models whatever --trtspec-root says).
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=1800,
-                         cwd=root)
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=1800, cwd=root
+    )
     if out.returncode != 0:
         sys.exit(f"writing the repository failed:\n{out.stderr[-3000:]}")
     return Path(out.stdout.strip().splitlines()[-1])
@@ -97,28 +106,55 @@ def main() -> None:
     from trtspec.serving.server import TritonServer
 
     console = Console()
-    console.print(f"load: {os.getloadavg()[0]:.2f} (1 min), pair {args.pair}, orchestration {args.orchestration}, "
-                  f"{args.requests} requests at concurrency {args.concurrency}, {args.malformed:.0%} malformed, "
-                  f"code: {args.trtspec_root or ROOT}")
+    console.print(
+        f"load: {os.getloadavg()[0]:.2f} (1 min), pair {args.pair}, orchestration {args.orchestration}, "
+        f"{args.requests} requests at concurrency {args.concurrency}, {args.malformed:.0%} malformed, "
+        f"code: {args.trtspec_root or ROOT}"
+    )
     root = Path(tempfile.mkdtemp(prefix="trtspec-soak-"))
     repo = _write_repo(root, args.pair, args.orchestration, args.trtspec_root, args.max_seq_len)
     env = {"TRTSPEC_PYTHONPATH": str(args.trtspec_root)} if args.trtspec_root else {}
     with TritonServer(repo, log_file=root / "server.log", env=env) as server:
         refs = soak.reference_texts(server.grpc_url, PROMPTS, args.max_tokens, timeout_s=args.timeout)
-        requests = soak.plan_requests(PROMPTS, args.requests, args.malformed, args.max_tokens,
-                                      long_prompt=soak.long_prompt(args.max_seq_len))
+        requests = soak.plan_requests(
+            PROMPTS, args.requests, args.malformed, args.max_tokens, long_prompt=soak.long_prompt(args.max_seq_len)
+        )
         t0 = time.time()
         with Progress(console=console, transient=True) as bar:
             task = bar.add_task("soak", total=len(requests))
-            result = soak.run_soak(server.grpc_url, server.pid, server.metrics_url, requests, args.concurrency,
-                                   refs, timeout_s=args.timeout, time_limit_s=args.time_limit,
-                                   progress=lambda done, total: bar.update(task, completed=done))
+            result = soak.run_soak(
+                server.grpc_url,
+                server.pid,
+                server.metrics_url,
+                requests,
+                args.concurrency,
+                refs,
+                timeout_s=args.timeout,
+                time_limit_s=args.time_limit,
+                progress=lambda done, total: bar.update(task, completed=done),
+            )
         ready = server.is_ready()
-    summary = {**result.summary(), "server_ready_after": ready, "started": t0,
-               "load_1min_after": round(os.getloadavg()[0], 2)}
+    summary = {
+        **result.summary(),
+        "server_ready_after": ready,
+        "started": t0,
+        "load_1min_after": round(os.getloadavg()[0], 2),
+    }
     table = Table(title=f"soak: {args.pair}, {args.orchestration}, c={args.concurrency}")
-    for key in ("requests", "completed", "dead_stubs", "segfaults", "errors_on_good", "wrong_texts", "hangs",
-                "malformed_accepted", "backend_failures", "tokens_per_s", "wall_s", "server_ready_after"):
+    for key in (
+        "requests",
+        "completed",
+        "dead_stubs",
+        "segfaults",
+        "errors_on_good",
+        "wrong_texts",
+        "hangs",
+        "malformed_accepted",
+        "backend_failures",
+        "tokens_per_s",
+        "wall_s",
+        "server_ready_after",
+    ):
         table.add_row(key, str(summary[key]))
     console.print(table)
     if result.dead_stubs:

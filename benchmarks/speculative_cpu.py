@@ -72,9 +72,10 @@ def run_methods(target, draft, dec: SpeculativeDecoder, prompts, max_tokens, eos
     """Each prompt through every method in turn (interleaved, so background load hits all methods alike)."""
     lookup = dec.drafter.value == "ngram"
     methods = {
-        "hf_target": lambda p: target.generate(torch.tensor([p]), **_hf_kwargs(max_tokens, eos))[0, len(p):].tolist(),
+        "hf_target": lambda p: target.generate(torch.tensor([p]), **_hf_kwargs(max_tokens, eos))[0, len(p) :].tolist(),
         "hf_assisted": lambda p: target.generate(torch.tensor([p]), **_hf_kwargs(max_tokens, eos, draft, k, lookup))[
-            0, len(p):].tolist(),
+            0, len(p) :
+        ].tolist(),
         "target_only": lambda p: dec.generate([p], max_tokens, draft_len=k, use_draft=False)[0],
         "trtspec": lambda p: dec.generate([p], max_tokens, draft_len=k)[0],
     }
@@ -98,8 +99,12 @@ def run_methods(target, draft, dec: SpeculativeDecoder, prompts, max_tokens, eos
             outputs[name].append(out)
     tps = {m: tokens[m] / seconds[m] for m in methods}
     identical = outputs["trtspec"] == outputs["target_only"] == outputs["hf_target"]
-    return {"tps": tps, "acceptance": accepted / proposed if proposed else 0.0, "identical": identical,
-            "tokens_per_step": emitted / steps if steps else 1.0}
+    return {
+        "tps": tps,
+        "acceptance": accepted / proposed if proposed else 0.0,
+        "identical": identical,
+        "tokens_per_step": emitted / steps if steps else 1.0,
+    }
 
 
 def measure_pair(name, target, draft, prompts, eos, k, max_tokens, drafter="model", pool=None) -> Row:
@@ -115,20 +120,56 @@ def measure_pair(name, target, draft, prompts, eos, k, max_tokens, drafter="mode
         c = 0.0  # a table lookup: no draft forward pass
     s = speedup_bound(m["tokens_per_step"], k, c, v)
     speedup = tps["trtspec"] / tps["target_only"]
-    return Row(name, k, tps["hf_target"], tps["hf_assisted"], tps["target_only"], tps["trtspec"], a, c, v, s,
-               speedup, speedup / s, tps["trtspec"] / tps["hf_assisted"], m["identical"])
+    return Row(
+        name,
+        k,
+        tps["hf_target"],
+        tps["hf_assisted"],
+        tps["target_only"],
+        tps["trtspec"],
+        a,
+        c,
+        v,
+        s,
+        speedup,
+        speedup / s,
+        tps["trtspec"] / tps["hf_assisted"],
+        m["identical"],
+    )
 
 
 def tiny_random_pair():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    common = dict(vocab_size=2048, max_position_embeddings=2048, tie_word_embeddings=False, pad_token_id=0,
-                  bos_token_id=1, eos_token_id=2)
-    target = LlamaForCausalLM(LlamaConfig(hidden_size=512, num_hidden_layers=8, num_attention_heads=8,
-                                          num_key_value_heads=4, intermediate_size=1536, **common)).eval()
-    draft = LlamaForCausalLM(LlamaConfig(hidden_size=128, num_hidden_layers=1, num_attention_heads=4,
-                                         num_key_value_heads=2, intermediate_size=256, **common)).eval()
+    common = dict(
+        vocab_size=2048,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    target = LlamaForCausalLM(
+        LlamaConfig(
+            hidden_size=512,
+            num_hidden_layers=8,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            intermediate_size=1536,
+            **common,
+        )
+    ).eval()
+    draft = LlamaForCausalLM(
+        LlamaConfig(
+            hidden_size=128,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=256,
+            **common,
+        )
+    ).eval()
     prompts = [torch.randint(3, 2048, (n,)).tolist() for n in (12, 30, 50, 20)]
     return target, draft, prompts
 
@@ -138,15 +179,41 @@ def render(rows: list[Row]) -> None:
     from rich.table import Table
 
     table = Table(title="speculative decoding on CPU (tok/s, same prompts, one run)")
-    cols = ["pair", "K", "HF target", "HF assisted", "target-only", "trtspec", "a", "c", "v", "bound S",
-            "speedup", "efficiency", "vs assisted", "greedy identical"]
+    cols = [
+        "pair",
+        "K",
+        "HF target",
+        "HF assisted",
+        "target-only",
+        "trtspec",
+        "a",
+        "c",
+        "v",
+        "bound S",
+        "speedup",
+        "efficiency",
+        "vs assisted",
+        "greedy identical",
+    ]
     for col in cols:
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(r.pair, str(r.k), f"{r.hf_target_tok_s:.1f}", f"{r.hf_assisted_tok_s:.1f}",
-                      f"{r.target_only_tok_s:.1f}", f"{r.trtspec_tok_s:.1f}", f"{r.acceptance:.3f}", f"{r.c:.3f}",
-                      f"{r.v:.2f}", f"{r.bound_s:.2f}", f"{r.speedup:.2f}x", f"{r.efficiency:.2f}",
-                      f"{r.vs_assisted:.2f}x", "yes" if r.identical_greedy else "NO")
+        table.add_row(
+            r.pair,
+            str(r.k),
+            f"{r.hf_target_tok_s:.1f}",
+            f"{r.hf_assisted_tok_s:.1f}",
+            f"{r.target_only_tok_s:.1f}",
+            f"{r.trtspec_tok_s:.1f}",
+            f"{r.acceptance:.3f}",
+            f"{r.c:.3f}",
+            f"{r.v:.2f}",
+            f"{r.bound_s:.2f}",
+            f"{r.speedup:.2f}x",
+            f"{r.efficiency:.2f}",
+            f"{r.vs_assisted:.2f}x",
+            "yes" if r.identical_greedy else "NO",
+        )
     Console(width=200).print(table)
 
 
@@ -174,9 +241,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--k", type=int, default=4)
-    parser.add_argument("--pairs", default="self,example,ngram,hybrid,tiny",
-                        help="comma-separated subset of self,example,ngram,hybrid,tiny (ngram and hybrid: the "
-                             "example's target with the n-gram / hybrid drafter and the shipped n-gram pool)")
+    parser.add_argument(
+        "--pairs",
+        default="self,example,ngram,hybrid,tiny",
+        help="comma-separated subset of self,example,ngram,hybrid,tiny (ngram and hybrid: the "
+        "example's target with the n-gram / hybrid drafter and the shipped n-gram pool)",
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--plot", type=Path)
     args = parser.parse_args()
@@ -195,19 +265,41 @@ def main() -> None:
         prompts = [session.encode(q) for q in QUESTIONS]
         eos = list(session.decoder.eos_ids)
         if "self" in wanted:
-            rows.append(measure_pair("(i) draft == target", session.target, session.target, prompts, eos,
-                                     args.k, args.max_tokens))
+            rows.append(
+                measure_pair(
+                    "(i) draft == target", session.target, session.target, prompts, eos, args.k, args.max_tokens
+                )
+            )
         if "example" in wanted:
             from trtspec.example import example_draft
 
-            rows.append(measure_pair(f"(ii) example ({Path(example_draft()).name})", session.target, session.draft,
-                                     prompts, eos, args.k, args.max_tokens))
+            rows.append(
+                measure_pair(
+                    f"(ii) example ({Path(example_draft()).name})",
+                    session.target,
+                    session.draft,
+                    prompts,
+                    eos,
+                    args.k,
+                    args.max_tokens,
+                )
+            )
         pool = Path(paths.draft) / "ngram_pool.npz"
         for kind in ("ngram", "hybrid"):
             if kind in wanted:
-                rows.append(measure_pair(f"(ii) example, {kind} drafter", session.target, session.draft, prompts,
-                                         eos, args.k, args.max_tokens, drafter=kind,
-                                         pool=pool if pool.is_file() else None))
+                rows.append(
+                    measure_pair(
+                        f"(ii) example, {kind} drafter",
+                        session.target,
+                        session.draft,
+                        prompts,
+                        eos,
+                        args.k,
+                        args.max_tokens,
+                        drafter=kind,
+                        pool=pool if pool.is_file() else None,
+                    )
+                )
     if "tiny" in wanted:
         target, draft, prompts = tiny_random_pair()
         rows.append(measure_pair("(iii) tiny random", target, draft, prompts, [], args.k, args.max_tokens))

@@ -27,16 +27,87 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "trtspec" / "data" / "calibration.jsonl"
 HANDWRITTEN = Path(__file__).resolve().parent / "corpus" / "handwritten.txt"
 
-CODE_MODULES = ["textwrap", "heapq", "bisect", "functools", "fractions", "statistics", "shlex", "string", "glob",
-                "fnmatch", "difflib", "csv", "json.encoder", "json.decoder", "base64", "colorsys", "graphlib",
-                "calendar", "ipaddress", "pprint", "secrets", "tokenize", "argparse", "dataclasses", "enum",
-                "contextlib", "copy", "random", "queue", "sched", "zipfile", "tempfile", "shutil", "pathlib"]
-DOC_MODULES = ["textwrap", "heapq", "bisect", "functools", "itertools", "statistics", "shlex", "string", "glob",
-               "fnmatch", "difflib", "json", "base64", "calendar", "ipaddress", "secrets", "shutil", "os.path",
-               "math", "random", "collections", "contextlib", "copy", "datetime", "re", "operator", "pathlib",
-               "tempfile", "zlib", "hashlib", "time", "uuid", "urllib.parse", "html", "unicodedata"]
-QUESTIONS = ["What does {name} do in Python?", "How do I use {name}?", "Can you explain {name}?",
-             "what is {name} for", "I found {name} in some code. What is it?", "Explain {name} briefly, please."]
+CODE_MODULES = [
+    "textwrap",
+    "heapq",
+    "bisect",
+    "functools",
+    "fractions",
+    "statistics",
+    "shlex",
+    "string",
+    "glob",
+    "fnmatch",
+    "difflib",
+    "csv",
+    "json.encoder",
+    "json.decoder",
+    "base64",
+    "colorsys",
+    "graphlib",
+    "calendar",
+    "ipaddress",
+    "pprint",
+    "secrets",
+    "tokenize",
+    "argparse",
+    "dataclasses",
+    "enum",
+    "contextlib",
+    "copy",
+    "random",
+    "queue",
+    "sched",
+    "zipfile",
+    "tempfile",
+    "shutil",
+    "pathlib",
+]
+DOC_MODULES = [
+    "textwrap",
+    "heapq",
+    "bisect",
+    "functools",
+    "itertools",
+    "statistics",
+    "shlex",
+    "string",
+    "glob",
+    "fnmatch",
+    "difflib",
+    "json",
+    "base64",
+    "calendar",
+    "ipaddress",
+    "secrets",
+    "shutil",
+    "os.path",
+    "math",
+    "random",
+    "collections",
+    "contextlib",
+    "copy",
+    "datetime",
+    "re",
+    "operator",
+    "pathlib",
+    "tempfile",
+    "zlib",
+    "hashlib",
+    "time",
+    "uuid",
+    "urllib.parse",
+    "html",
+    "unicodedata",
+]
+QUESTIONS = [
+    "What does {name} do in Python?",
+    "How do I use {name}?",
+    "Can you explain {name}?",
+    "what is {name} for",
+    "I found {name} in some code. What is it?",
+    "Explain {name} briefly, please.",
+]
 PROSE_BUDGET, CODE_BUDGET, DIALOGUE_BUDGET = 190_000, 110_000, 70_000
 
 
@@ -102,8 +173,13 @@ def stdlib_code(budget: int) -> list[dict]:
             seg = ast.get_source_segment(source, node) or ""
             if not 300 <= len(seg) <= 3500:
                 continue
-            docs.append({"text": f"# from Lib/{path.relative_to(stdlib).as_posix()}\n{seg}\n", "kind": "code",
-                         "source": f"Lib/{path.relative_to(stdlib).as_posix()}"})
+            docs.append(
+                {
+                    "text": f"# from Lib/{path.relative_to(stdlib).as_posix()}\n{seg}\n",
+                    "kind": "code",
+                    "source": f"Lib/{path.relative_to(stdlib).as_posix()}",
+                }
+            )
             used += len(seg)
             taken += 1
             if taken >= per_module or used >= budget:
@@ -133,8 +209,7 @@ def docstring_dialogues(budget: int) -> list[dict]:
                 sig = None
             answer = _reflow(doc.strip())[:1500]
             qualified = f"{mod_name}.{name}"
-            turns = [f"User: {rng.choice(QUESTIONS).format(name=f'`{qualified}`')}",
-                     f"Assistant: {answer}"]
+            turns = [f"User: {rng.choice(QUESTIONS).format(name=f'`{qualified}`')}", f"Assistant: {answer}"]
             if sig and rng.random() < 0.5:
                 turns += ["User: What arguments does it take?", f"Assistant: Its signature is `{sig}`."]
             text = "\n".join(turns) + "\n"
@@ -161,8 +236,10 @@ def main() -> None:
     kinds: dict[str, int] = {}
     for d in docs:
         kinds[d["kind"]] = kinds.get(d["kind"], 0) + len(d["text"])
-    print(f"wrote {OUT} ({OUT.stat().st_size / 1024:.0f} KiB, {len(docs)} documents, Python {sys.version.split()[0]}): "
-          + ", ".join(f"{k} {v / 1024:.0f} KiB" for k, v in sorted(kinds.items())))
+    print(
+        f"wrote {OUT} ({OUT.stat().st_size / 1024:.0f} KiB, {len(docs)} documents, Python {sys.version.split()[0]}): "
+        + ", ".join(f"{k} {v / 1024:.0f} KiB" for k, v in sorted(kinds.items()))
+    )
 
 
 if __name__ == "__main__":

@@ -79,9 +79,11 @@ def standin_bin(tmp_path_factory) -> Path:
 
     bin_dir = tmp_path_factory.mktemp("standin-bin")
     script = bin_dir / "trtllm-build"
-    script.write_text(f"#!{sys.executable}\n"
-                      "import runpy, sys\nsys.argv[0] = 'trtllm-build'\n"
-                      f"runpy.run_path({str(STANDIN_DIR / 'trtllm_build_standin.py')!r}, run_name='__main__')\n")
+    script.write_text(
+        f"#!{sys.executable}\n"
+        "import runpy, sys\nsys.argv[0] = 'trtllm-build'\n"
+        f"runpy.run_path({str(STANDIN_DIR / 'trtllm_build_standin.py')!r}, run_name='__main__')\n"
+    )
     script.chmod(0o755)
     assert os.access(script, os.X_OK)
     return bin_dir

@@ -16,8 +16,9 @@ def export_trtllm_checkpoint(hf_dir: Path, out: Path) -> Path:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float16)
-    export_tensorrt_llm_checkpoint(model, decoder_type="llama", dtype=torch.float16, export_dir=out,
-                                   inference_tensor_parallel=1)
+    export_tensorrt_llm_checkpoint(
+        model, decoder_type="llama", dtype=torch.float16, export_dir=out, inference_tensor_parallel=1
+    )
     return out
 
 
@@ -49,8 +50,12 @@ class TinyStageBodies:
 
     def quantize_inputs(self, spec, role):
         model = getattr(spec, role)
-        return {"source": spec.model_path(role)}, {"stage": "quantize", "role": role,
-                                                   "quantization": model.quantization.value, "dtype": model.dtype.value}
+        return {"source": spec.model_path(role)}, {
+            "stage": "quantize",
+            "role": role,
+            "quantization": model.quantization.value,
+            "dtype": model.dtype.value,
+        }
 
     def quantize_into(self, spec, role, out_dir, progress=None):
         self.calls.append(f"quantize:{role}")
@@ -75,5 +80,6 @@ class TinyStageBodies:
     def bodies(self):
         from trtspec.build.pipeline import StageBodies
 
-        return StageBodies(quantize_inputs=self.quantize_inputs, quantize_into=self.quantize_into,
-                           write_repo_into=self.write_repo_into)
+        return StageBodies(
+            quantize_inputs=self.quantize_inputs, quantize_into=self.quantize_into, write_repo_into=self.write_repo_into
+        )

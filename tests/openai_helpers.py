@@ -15,8 +15,10 @@ from pathlib import Path
 import httpx
 
 # A ChatML-like template (what SmolLM2 ships) with a BOS, so the template's special tokens are exercised.
-CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
 
 
 def with_chat_template(model_dir: Path, out: Path) -> Path:
@@ -44,8 +46,12 @@ class Served:
         cmd += [a for name, port in self.ports.items() for a in (f"--{name}-port", str(port))]
         self.out = log.with_suffix(".out")
         self._out = open(self.out, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self._out, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONPATH": os.getcwd(), **(env or {})})
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": os.getcwd(), **(env or {})},
+        )
         deadline = time.monotonic() + timeout_s
         while "ready:" not in self.output():
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -92,9 +98,14 @@ class Reference:
         if key not in self.cache:
             x = self.torch.tensor([ids])
             with self.torch.no_grad():
-                out = self.model.generate(x, attention_mask=self.torch.ones_like(x), max_new_tokens=n,
-                                          do_sample=False, pad_token_id=self.tok.pad_token_id or 0)
-            new = out[0, len(ids):].tolist()
+                out = self.model.generate(
+                    x,
+                    attention_mask=self.torch.ones_like(x),
+                    max_new_tokens=n,
+                    do_sample=False,
+                    pad_token_id=self.tok.pad_token_id or 0,
+                )
+            new = out[0, len(ids) :].tolist()
             self.cache[key] = (self.tok.decode(new, skip_special_tokens=True), len(ids), len(new))
         return self.cache[key]
 

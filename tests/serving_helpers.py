@@ -22,7 +22,8 @@ def make_noisy_draft(target: Path, out: Path, scale: float = 0.0015, seed: int =
 
 def torch_spec_dict(target: Path, draft: Path, **overrides) -> dict:
     data = {
-        "name": "tiny", "runtime": "torch",
+        "name": "tiny",
+        "runtime": "torch",
         "target": {"model": str(target), "dtype": "float32"},
         "draft": {"model": str(draft), "dtype": "float32"},
         "speculative": {"max_draft_len": 4, "route_threshold": 8},

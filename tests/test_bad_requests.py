@@ -37,8 +37,7 @@ def served(request, tiny_pair, tmp_path_factory):
     from trtspec.triton_repo.writer import write_repo
 
     root = tmp_path_factory.mktemp("bad")
-    spec = spec_from_dict(torch_spec_dict(*tiny_pair, triton={"decoupled": request.param}), base_dir=root,
-                          environ={})
+    spec = spec_from_dict(torch_spec_dict(*tiny_pair, triton={"decoupled": request.param}), base_dir=root, environ={})
     write_repo(spec)
     with TritonServer(spec.repo_dir, log_file=root / "server.log") as server:
         server.decoupled = request.param  # type: ignore[attr-defined]
@@ -79,8 +78,11 @@ def _grpc_stream(url: str, fields: dict, empty_final: bool) -> str:
 
 
 def _http(url: str, endpoint: str, fields: dict) -> str:
-    req = urllib.request.Request(f"http://{url}/v2/models/ensemble/{endpoint}", data=json.dumps(fields).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"http://{url}/v2/models/ensemble/{endpoint}",
+        data=json.dumps(fields).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(req, timeout=30) as r:
             body = r.read().decode()

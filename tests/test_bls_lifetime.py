@@ -83,9 +83,11 @@ class FakeRequest:
 
 def _poll(request: FakeRequest, lock: threading.Lock):
     """What trtspec.triton_repo.control.Tracked.poll_cancelled does for an open request: one serialized round trip."""
+
     def poll() -> bool:
         with lock:
             return request.is_cancelled()
+
     return poll
 
 

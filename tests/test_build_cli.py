@@ -14,8 +14,9 @@ from tests.engine_helpers import engine_spec
 
 
 def _trtspec(*args, cwd, env):
-    return subprocess.run([sys.executable, "-m", "trtspec", *args], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=900)
+    return subprocess.run(
+        [sys.executable, "-m", "trtspec", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=900
+    )
 
 
 @pytest.mark.slow
@@ -27,8 +28,15 @@ def test_build_twice_through_the_cli_with_the_standin(tmp_path, tiny_pair, stand
     first = _trtspec("build", str(path), "--json", cwd=tmp_path, env=env)
     assert first.returncode == 0, first.stdout + first.stderr
     statuses = {s["name"]: s["status"] for s in json.loads(first.stdout)["stages"]}
-    assert statuses == {"check": "passed", "quantize:target": "built", "quantize:draft": "built", "quality": "built",
-                        "compile:target": "built", "compile:draft": "built", "repo": "built"}
+    assert statuses == {
+        "check": "passed",
+        "quantize:target": "built",
+        "quantize:draft": "built",
+        "quality": "built",
+        "compile:target": "built",
+        "compile:draft": "built",
+        "repo": "built",
+    }
     quality = json.loads((spec.build_dir / "quality.json").read_text())
     assert set(quality["models"]) == {"target", "draft"} and quality["models"]["target"]["format"]
     assert 0.0 <= quality["draft_target_top1_agreement"]["after"] <= 1.0

@@ -34,9 +34,15 @@ def served(request, tiny_pair, tmp_path_factory):
     from trtspec.triton_repo.writer import write_repo
 
     root = tmp_path_factory.mktemp(f"cancel-{request.param}")
-    spec = spec_from_dict(torch_spec_dict(*tiny_pair, engine={"max_seq_len": MAX_SEQ_LEN, "max_batch_size": 1},
-                                          triton={"orchestration": request.param}),
-                          base_dir=root, environ={})
+    spec = spec_from_dict(
+        torch_spec_dict(
+            *tiny_pair,
+            engine={"max_seq_len": MAX_SEQ_LEN, "max_batch_size": 1},
+            triton={"orchestration": request.param},
+        ),
+        base_dir=root,
+        environ={},
+    )
     write_repo(spec)
     with TritonServer(spec.repo_dir, log_file=root / "server.log") as server:
         yield server
@@ -51,10 +57,12 @@ def _tensor(name, arr, dtype):
 
 
 def _engine_inputs(n: int, stream: bool) -> list:
-    return [_tensor("input_ids", np.array([[5, 6, 7, 8]], dtype=np.int32), "INT32"),
-            _tensor("input_lengths", np.array([[4]], dtype=np.int32), "INT32"),
-            _tensor("request_output_len", np.array([[n]], dtype=np.int32), "INT32"),
-            _tensor("streaming", np.array([[stream]], dtype=bool), "BOOL")]
+    return [
+        _tensor("input_ids", np.array([[5, 6, 7, 8]], dtype=np.int32), "INT32"),
+        _tensor("input_lengths", np.array([[4]], dtype=np.int32), "INT32"),
+        _tensor("request_output_len", np.array([[n]], dtype=np.int32), "INT32"),
+        _tensor("streaming", np.array([[stream]], dtype=bool), "BOOL"),
+    ]
 
 
 def _cancel_then_time_the_next(url: str, model: str) -> tuple[float, float, float]:
@@ -89,8 +97,10 @@ def _cancel_then_time_the_next(url: str, model: str) -> tuple[float, float, floa
 
 def test_a_cancelled_engine_stream_frees_its_slot_for_the_next_request(served):
     rate, remaining_s, latency = _cancel_then_time_the_next(served.grpc_url, "tensorrt_llm")
-    assert remaining_s > 10 * latency, (f"the next request took {latency:.2f} s; the cancelled stream ran at "
-                                        f"{rate:.0f} responses/s and had {remaining_s:.1f} s left")
+    assert remaining_s > 10 * latency, (
+        f"the next request took {latency:.2f} s; the cancelled stream ran at "
+        f"{rate:.0f} responses/s and had {remaining_s:.1f} s left"
+    )
     # And again: the freed slot is reusable, nothing accumulates.
     rate, remaining_s, latency = _cancel_then_time_the_next(served.grpc_url, "tensorrt_llm")
     assert remaining_s > 10 * latency
@@ -104,8 +114,9 @@ def _engine_requests(metrics_url: str) -> int:
         text = r.read().decode()
     total = 0
     for line in text.splitlines():
-        if line.startswith(("nv_inference_request_success{", "nv_inference_request_failure{")) and \
-                ('model="tensorrt_llm"' in line or 'model="tensorrt_llm_draft"' in line):
+        if line.startswith(("nv_inference_request_success{", "nv_inference_request_failure{")) and (
+            'model="tensorrt_llm"' in line or 'model="tensorrt_llm_draft"' in line
+        ):
             total += int(float(line.rsplit(" ", 1)[1]))
     return total
 
@@ -158,8 +169,10 @@ class TritonPythonModel:
             f.write(f"{r.request_id()} {outcome}\\n")
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 """
-IO = ('input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ] '
-      'output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]')
+IO = (
+    'input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ] '
+    'output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]'
+)
 
 
 def test_triton_2_51_does_not_tell_an_ensemble_step_that_its_request_was_cancelled(tmp_path):
@@ -173,12 +186,14 @@ def test_triton_2_51_does_not_tell_an_ensemble_step_that_its_request_was_cancell
     repo = tmp_path / "repo"
     (repo / "gen" / "1").mkdir(parents=True)
     (repo / "gen" / "1" / "model.py").write_text(GEN)
-    (repo / "gen" / "config.pbtxt").write_text('name: "gen" backend: "python" max_batch_size: 0 '
-                                               'model_transaction_policy { decoupled: true } ' + IO)
+    (repo / "gen" / "config.pbtxt").write_text(
+        'name: "gen" backend: "python" max_batch_size: 0 model_transaction_policy { decoupled: true } ' + IO
+    )
     (repo / "ens" / "1").mkdir(parents=True)
     (repo / "ens" / "config.pbtxt").write_text(
-        'name: "ens" platform: "ensemble" max_batch_size: 0 ' + IO + ' ensemble_scheduling { step [ { model_name: '
-        '"gen" model_version: -1 input_map { key: "X" value: "X" } output_map { key: "Y" value: "Y" } } ] }')
+        'name: "ens" platform: "ensemble" max_batch_size: 0 ' + IO + " ensemble_scheduling { step [ { model_name: "
+        '"gen" model_version: -1 input_map { key: "X" value: "X" } output_map { key: "Y" value: "Y" } } ] }'
+    )
     events = repo / "gen" / "events.log"  # args["model_repository"] is the model's own directory
     with TritonServer(repo, log_file=tmp_path / "server.log") as server:
         for model in ("gen", "ens"):

@@ -15,15 +15,18 @@ TRTSPEC = [sys.executable, "-m", "trtspec"]
 
 
 def run(*args, cwd=None, env=None):
-    return subprocess.run([*TRTSPEC, *args], capture_output=True, text=True, cwd=cwd,
-                          env={**os.environ, **(env or {})}, timeout=300)
+    return subprocess.run(
+        [*TRTSPEC, *args], capture_output=True, text=True, cwd=cwd, env={**os.environ, **(env or {})}, timeout=300
+    )
 
 
 def test_help_does_not_import_heavy_packages():
-    code = ("import sys\nfrom trtspec.cli.main import app\nimport typer.testing\n"
-            "r = typer.testing.CliRunner().invoke(app, ['--help'])\nassert r.exit_code == 0, r.output\n"
-            "heavy = [m for m in ('torch', 'transformers', 'modelopt', 'tritonclient', 'numpy') if m in sys.modules]\n"
-            "print(','.join(heavy))")
+    code = (
+        "import sys\nfrom trtspec.cli.main import app\nimport typer.testing\n"
+        "r = typer.testing.CliRunner().invoke(app, ['--help'])\nassert r.exit_code == 0, r.output\n"
+        "heavy = [m for m in ('torch', 'transformers', 'modelopt', 'tritonclient', 'numpy') if m in sys.modules]\n"
+        "print(','.join(heavy))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == ""
 
@@ -115,7 +118,13 @@ def test_check_and_plan_on_embedded_example(example_paths):
 def test_commands_without_spec_use_the_trtspec_yaml_in_the_working_directory(tmp_path, tiny_pair):
     spec = _tiny_spec(tmp_path, *tiny_pair, runtime="trtllm-engine")
     spec.rename(tmp_path / "trtspec.yaml")
-    r = subprocess.run([sys.executable, "-m", "trtspec", "plan", "--json"], capture_output=True, text=True,
-                       cwd=tmp_path, env={**os.environ, "PYTHONPATH": os.getcwd()}, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "trtspec", "plan", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["spec"]["runtime"] == "trtllm-engine" and "using ./trtspec.yaml" in r.stderr

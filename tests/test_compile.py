@@ -30,7 +30,8 @@ def _place_checkpoints(spec, checkpoints):
 
 
 def test_compile_runs_trtllm_build_with_the_planned_commands_and_records_them(
-        tmp_path, tiny_pair, trtllm_checkpoints, with_standin, monkeypatch):
+    tmp_path, tiny_pair, trtllm_checkpoints, with_standin, monkeypatch
+):
     record = tmp_path / "argv.jsonl"
     monkeypatch.setenv("TRTLLM_STANDIN_RECORD", str(record))
     spec = engine_spec(tmp_path, tiny_pair, speculative={"use_draft_logits": True, "max_draft_len": 6})
@@ -56,7 +57,8 @@ def test_compile_runs_trtllm_build_with_the_planned_commands_and_records_them(
 
 
 def test_failed_build_reports_exit_code_and_stderr_tail_and_keeps_the_log(
-        tmp_path, tiny_pair, trtllm_checkpoints, with_standin, monkeypatch):
+    tmp_path, tiny_pair, trtllm_checkpoints, with_standin, monkeypatch
+):
     monkeypatch.setenv("TRTLLM_STANDIN_FAIL", "3")
     spec = engine_spec(tmp_path, tiny_pair)
     _place_checkpoints(spec, trtllm_checkpoints)
@@ -70,7 +72,8 @@ def test_failed_build_reports_exit_code_and_stderr_tail_and_keeps_the_log(
 
 
 def test_engine_built_by_another_trtllm_version_is_refused(
-        tmp_path, tiny_pair, trtllm_checkpoints, with_standin, monkeypatch):
+    tmp_path, tiny_pair, trtllm_checkpoints, with_standin, monkeypatch
+):
     monkeypatch.setenv("TRTLLM_STANDIN_VERSION", "1.1.0")  # the tool on PATH is not the spec's release
     spec = engine_spec(tmp_path, tiny_pair)
     _place_checkpoints(spec, trtllm_checkpoints)
@@ -94,13 +97,15 @@ def test_checkpoint_split_for_another_tp_size_is_refused(tmp_path, tiny_pair, tr
 
 
 def _without_trtllm_build(monkeypatch):
-    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep)
-                           if not os.path.exists(os.path.join(p, "trtllm-build")))
+    path = os.pathsep.join(
+        p for p in os.environ["PATH"].split(os.pathsep) if not os.path.exists(os.path.join(p, "trtllm-build"))
+    )
     monkeypatch.setenv("PATH", path)
 
 
-def test_without_trtllm_build_the_error_carries_the_docker_command(tmp_path, tiny_pair, trtllm_checkpoints,
-                                                                  monkeypatch):
+def test_without_trtllm_build_the_error_carries_the_docker_command(
+    tmp_path, tiny_pair, trtllm_checkpoints, monkeypatch
+):
     _without_trtllm_build(monkeypatch)
     spec = engine_spec(tmp_path, tiny_pair)
     _place_checkpoints(spec, trtllm_checkpoints)
@@ -113,20 +118,25 @@ def test_without_trtllm_build_the_error_carries_the_docker_command(tmp_path, tin
     assert "nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3" in argv
     ckpt, out = checkpoint_dir(spec, "target"), engine_dir(spec, "target")
     assert f"{ckpt}:{ckpt}:ro" in argv and f"{out.parent}:{out.parent}" in argv
-    inner = argv[argv.index("trtllm-build"):]
+    inner = argv[argv.index("trtllm-build") :]
     assert inner == trtllm_build_command(spec, "target", ckpt, out)
 
 
-def test_engine_built_by_the_docker_command_is_adopted(tmp_path, tiny_pair, trtllm_checkpoints, standin_bin,
-                                                       monkeypatch):
+def test_engine_built_by_the_docker_command_is_adopted(
+    tmp_path, tiny_pair, trtllm_checkpoints, standin_bin, monkeypatch
+):
     _without_trtllm_build(monkeypatch)
     spec = engine_spec(tmp_path, tiny_pair)
     _place_checkpoints(spec, trtllm_checkpoints)
     for role in ("target", "draft"):  # what `docker run ... trtllm-build ...` does, with the stand-in inside
         argv = docker_command(spec, role)
-        inner = argv[argv.index("trtllm-build"):]
-        subprocess.run([str(standin_bin / "trtllm-build"), *inner[1:]], check=True, capture_output=True,
-                       env={**os.environ, "TRTLLM_STANDIN_VERSION": "1.0.0"})
+        inner = argv[argv.index("trtllm-build") :]
+        subprocess.run(
+            [str(standin_bin / "trtllm-build"), *inner[1:]],
+            check=True,
+            capture_output=True,
+            env={**os.environ, "TRTLLM_STANDIN_VERSION": "1.0.0"},
+        )
     report = run_pipeline(spec, only=["compile:target", "compile:draft"])
     assert [s.status for s in report.stages] == ["built", "built"]
     manifest = json.loads((engine_dir(spec, "target") / "manifest.json").read_text())
@@ -140,10 +150,20 @@ def test_cli_compile_without_trtllm_build_exits_1_with_docker_lines(tmp_path, ti
     _place_checkpoints(spec, trtllm_checkpoints)
     path = tmp_path / "trtspec.yaml"
     path.write_text(yaml.safe_dump(spec.to_yaml_dict()))
-    env = {**os.environ, "PATH": os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep)
-                                                 if not os.path.exists(os.path.join(p, "trtllm-build")))}
-    r = subprocess.run([sys.executable, "-m", "trtspec", "compile", str(path)], capture_output=True, text=True,
-                       env=env, cwd=tmp_path, timeout=300)
+    env = {
+        **os.environ,
+        "PATH": os.pathsep.join(
+            p for p in os.environ["PATH"].split(os.pathsep) if not os.path.exists(os.path.join(p, "trtllm-build"))
+        ),
+    }
+    r = subprocess.run(
+        [sys.executable, "-m", "trtspec", "compile", str(path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert r.returncode == 1, r.stdout + r.stderr
     assert "Traceback" not in r.stderr
     assert "error: trtllm-build is not on PATH" in r.stderr
@@ -156,11 +176,23 @@ def test_cli_compile_with_trtllm_build_builds_then_skips(tmp_path, tiny_pair, tr
     path = tmp_path / "trtspec.yaml"
     path.write_text(yaml.safe_dump(spec.to_yaml_dict()))
     env = {**os.environ, "PATH": f"{standin_bin}{os.pathsep}{os.environ['PATH']}", "TRTLLM_STANDIN_VERSION": "1.0.0"}
-    r = subprocess.run([sys.executable, "-m", "trtspec", "compile", str(path)], capture_output=True, text=True,
-                       env=env, cwd=tmp_path, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "trtspec", "compile", str(path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "compile:target" in r.stderr and "built" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "trtspec", "compile", str(path), "--only", "draft", "--json"],
-                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "trtspec", "compile", str(path), "--only", "draft", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     assert [s["status"] for s in json.loads(r.stdout)["stages"]] == ["skipped"]

@@ -100,7 +100,7 @@ def test_a_cancelled_request_gets_a_final_cancelled_response_and_its_callback(mo
     t.on_cancel = stopped.set
     req.cancelled = True
     assert stopped.wait(5)
-    (resp, flags), = req.sender.sent
+    ((resp, flags),) = req.sender.sent
     assert flags == FINAL_FLAG and resp.error.code_ == "CANCELLED" and resp.error.msg == CANCELLED
     assert t.cancelled and t.closed and model.inflight == 0
     assert not t.send("token")  # the engine's next tokens go nowhere
@@ -121,7 +121,7 @@ def test_drain_refuses_clients_serves_the_orchestrator_and_reports_in_flight(mod
     refused = FakeRequest()
     t = model.admit(refused)
     assert t.closed
-    (resp, flags), = refused.sender.sent
+    ((resp, flags),) = refused.sender.sent
     assert flags == FINAL_FLAG and resp.error.code_ == "UNAVAILABLE" and resp.error.msg == REFUSED
     assert not model.admit(FakeRequest(parameters=INTERNAL_PARAMETERS)).closed
     assert _wait(lambda: control_dir.inflight() == 2)
@@ -155,9 +155,11 @@ def test_drain_finishes_as_soon_as_nothing_is_in_flight(model, control_dir):
 
 def test_the_server_ignores_reports_of_dead_model_processes(control_dir):
     (control_dir.path / "inflight" / "gone.999999.json").write_text(
-        json.dumps({"model": "gone", "pid": 2 ** 22 + 12345, "count": 3, "drain": None}))
+        json.dumps({"model": "gone", "pid": 2**22 + 12345, "count": 3, "drain": None})
+    )
     (control_dir.path / "inflight" / f"live.{os.getpid()}.json").write_text(
-        json.dumps({"model": "live", "pid": os.getpid(), "count": None, "drain": None}))
+        json.dumps({"model": "live", "pid": os.getpid(), "count": None, "drain": None})
+    )
     control_dir.start_drain(5)
     assert control_dir.inflight() is None  # the live one has not answered this drain yet
     assert [r["model"] for r in control_dir.reports()] == ["live"]

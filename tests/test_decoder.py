@@ -38,9 +38,10 @@ def reference(models, prompts):
     target = models[0]
     out = []
     for p in prompts:
-        ids = target.generate(torch.tensor([p]), max_new_tokens=48, do_sample=False, eos_token_id=None,
-                              pad_token_id=0, min_new_tokens=48)
-        out.append(ids[0, len(p):].tolist())
+        ids = target.generate(
+            torch.tensor([p]), max_new_tokens=48, do_sample=False, eos_token_id=None, pad_token_id=0, min_new_tokens=48
+        )
+        out.append(ids[0, len(p) :].tolist())
     return out
 
 
@@ -135,7 +136,7 @@ def test_kv_cache_is_reused_not_recomputed(models, prompts):
         ({"max_tokens": 5, "draft_len": 17}, "out of range"),
         ({"max_tokens": 5, "prompts": [[]]}, "prompt 0 is empty"),
         ({"max_tokens": 5, "prompts": [[1] * 4095]}, "exceeds the model's context of 4096"),
-        ({"max_tokens": 5, "prompts": [[10 ** 6]]}, "outside the vocabulary"),
+        ({"max_tokens": 5, "prompts": [[10**6]]}, "outside the vocabulary"),
     ],
 )
 def test_bad_input_is_a_clear_error(models, prompts, kwargs, message):

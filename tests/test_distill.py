@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-WORDS = ("fox dog draft target model token quick brown lazy jumps over the Paris France capital code return add "
-         "speculative decoding verifies proposes pass small large").split()
+WORDS = (
+    "fox dog draft target model token quick brown lazy jumps over the Paris France capital code return add "
+    "speculative decoding verifies proposes pass small large"
+).split()
 
 
 @pytest.fixture(scope="module")
@@ -28,9 +30,19 @@ def prompt_file(tmp_path_factory) -> Path:
 def tiny_settings(prompt_file: Path, **train):
     from trtspec.engines.distill.settings import DistillSettings, TrainSettings
 
-    return DistillSettings(prompts=prompt_file, layers=1, head_tokens=256, tokens=2000, max_new_tokens=24,
-                           gen_batch_size=16, held_out=0.2, eval_prompts=8, eval_max_tokens=24, k=4,
-                           train=TrainSettings(**{"steps": 60, "batch_size": 8, "lr": 3e-3, "warmup": 5, **train}))
+    return DistillSettings(
+        prompts=prompt_file,
+        layers=1,
+        head_tokens=256,
+        tokens=2000,
+        max_new_tokens=24,
+        gen_batch_size=16,
+        held_out=0.2,
+        eval_prompts=8,
+        eval_max_tokens=24,
+        k=4,
+        train=TrainSettings(**{"steps": 60, "batch_size": 8, "lr": 3e-3, "warmup": 5, **train}),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -99,8 +111,17 @@ def test_killed_training_resumes_to_the_same_weights(tiny_pair, tmp_path):
     from trtspec.engines.torch_runtime.loading import load_model, load_tokenizer
 
     target, tok = load_model(tiny_pair[0]), load_tokenizer(tiny_pair[0])
-    samples, _ = generate_teacher_data(target, tok, ["the quick fox", "a small draft", "Paris France"], tmp_path / "t",
-                                    max_new_tokens=12, tokens=100, batch_size=2, top_k=8, eos_ids=[])
+    samples, _ = generate_teacher_data(
+        target,
+        tok,
+        ["the quick fox", "a small draft", "Paris France"],
+        tmp_path / "t",
+        max_new_tokens=12,
+        tokens=100,
+        batch_size=2,
+        top_k=8,
+        eos_ids=[],
+    )
     head = select_head_tokens(token_counts(samples, 512), 128)
     settings = TrainSettings(steps=6, batch_size=2, checkpoint_every=2, warmup=2)
 
@@ -137,7 +158,8 @@ def test_pack_unpack_round_trip_and_wrong_target(tiny_pair, distilled, tmp_path)
     result, _ = distilled
     pack_draft(result.out, tiny_pair[0], tmp_path / "packed")
     assert "model.embed_tokens.weight" not in (tmp_path / "packed" / "model.safetensors").read_bytes()[:4096].decode(
-        "latin-1")
+        "latin-1"
+    )
     unpack_draft(tmp_path / "packed", tiny_pair[0], tmp_path / "unpacked")
     original, restored = load_model(result.out), load_model(tmp_path / "unpacked")
     ids = torch.tensor([[5, 9, 30, 41, 7]])
@@ -158,14 +180,17 @@ def run_cli(capsys, *args) -> tuple[int, str]:
     return int(exc.value.code or 0), capsys.readouterr().err
 
 
-@pytest.mark.parametrize("extra, message", [
-    ([], "target directory not found"),
-    (["--layers", "0"], "--layers 0"),
-    (["--head-tokens", "4"], "--head-tokens 4"),
-    (["--init-layers", "a,b"], "--init-layers"),
-    (["--steps", "0"], "--steps"),
-    (["--threads", "0"], "--threads 0"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ([], "target directory not found"),
+        (["--layers", "0"], "--layers 0"),
+        (["--head-tokens", "4"], "--head-tokens 4"),
+        (["--init-layers", "a,b"], "--init-layers"),
+        (["--steps", "0"], "--steps"),
+        (["--threads", "0"], "--threads 0"),
+    ],
+)
 def test_cli_bad_input_is_one_line(capsys, tmp_path, tiny_pair, extra, message):
     target = tmp_path / "missing" if not extra else tiny_pair[0]
     code, err = run_cli(capsys, "--target", str(target), "--out", str(tmp_path / "out"), *extra)
@@ -183,11 +208,18 @@ def test_cli_rejects_out_inside_target_and_model_less_target(capsys, tmp_path, t
 
 
 def test_cli_bad_input_does_not_import_torch(tmp_path):
-    code = ("import sys\nfrom trtspec.cli.main import main\ntry:\n    main(['distill', '--target', sys.argv[1], "
-            "'--out', sys.argv[2]])\nexcept SystemExit as e:\n    assert e.code == 1\n"
-            "assert 'torch' not in sys.modules, 'torch imported'\n")
-    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "missing"), str(tmp_path / "out")],
-                       capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    code = (
+        "import sys\nfrom trtspec.cli.main import main\ntry:\n    main(['distill', '--target', sys.argv[1], "
+        "'--out', sys.argv[2]])\nexcept SystemExit as e:\n    assert e.code == 1\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "missing"), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert r.returncode == 0, r.stderr
 
 
@@ -201,18 +233,28 @@ def test_sampled_answers_add_contexts_but_keep_the_target_s_own_labels(tiny_pair
 
     target, tok = load_model(tiny_pair[0]), load_tokenizer(tiny_pair[0])
     prompts = ["the quick fox", "a small draft", "Paris France", "code return add"]
-    samples, _ = generate_teacher_data(target, tok, prompts, tmp_path / "t", max_new_tokens=16, tokens=10_000,
-                                       batch_size=3, top_k=8, eos_ids=[], answers_per_prompt=2,
-                                       sample_temperature=1.5)
+    samples, _ = generate_teacher_data(
+        target,
+        tok,
+        prompts,
+        tmp_path / "t",
+        max_new_tokens=16,
+        tokens=10_000,
+        batch_size=3,
+        top_k=8,
+        eos_ids=[],
+        answers_per_prompt=2,
+        sample_temperature=1.5,
+    )
     assert len(samples) == 8
     greedy, sampled = samples[:4], samples[4:]
     for g, s, p in zip(greedy, sampled, prompts):
-        assert g.ids[:g.start].tolist() == s.ids[:s.start].tolist() == encode_prompt(tok, p)
+        assert g.ids[: g.start].tolist() == s.ids[: s.start].tolist() == encode_prompt(tok, p)
         assert g.answer.tolist() == g.topk_ids[:, 0].tolist()  # greedy: each token is the label's top-1
     assert any(s.answer.tolist() != s.topk_ids[:, 0].tolist() for s in sampled)  # sampled: not always the top-1
     with torch.no_grad():  # labels of a sampled answer are the target's log-probs at that context
         s = next(s for s in sampled if s.answer.tolist() != s.topk_ids[:, 0].tolist())
-        logp = torch.log_softmax(target(s.ids[None]).logits[0].float(), -1)[s.start - 1:s.start - 1 + len(s.answer)]
+        logp = torch.log_softmax(target(s.ids[None]).logits[0].float(), -1)[s.start - 1 : s.start - 1 + len(s.answer)]
         top = logp.topk(8, dim=-1)
         assert top.indices.tolist() == s.topk_ids.tolist()
         assert torch.allclose(top.values, s.topk_logp.float(), atol=1e-2)

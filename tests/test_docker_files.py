@@ -126,8 +126,9 @@ def test_entrypoint_links_artifacts_to_the_container_paths_the_configs_name(tmp_
     built.mkdir(parents=True)
     repo.mkdir()
     inside = tmp_path / "checkpoints" / "target"
-    (repo / "manifest.json").write_text(json.dumps({"container_mounts": [[str(built), str(inside)],
-                                                                         [str(repo), str(repo)]]}))
+    (repo / "manifest.json").write_text(
+        json.dumps({"container_mounts": [[str(built), str(inside)], [str(repo), str(repo)]]})
+    )
     import os
     import sys
 
@@ -145,14 +146,18 @@ def _fake_bin(tmp_path, triton_exit: str) -> dict[str, str]:
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "tritonserver").write_text(f"#!/bin/bash\necho $$ \"$@\" > {tmp_path}/triton\n{triton_exit}\n")
+    (bin_dir / "tritonserver").write_text(f'#!/bin/bash\necho $$ "$@" > {tmp_path}/triton\n{triton_exit}\n')
     (bin_dir / "python3").write_text(
-        "#!/bin/bash\nif [ \"$1 $2\" = \"-m trtspec.serving.openai\" ]; then\n"
-        f"  echo $$ \"$@\" > {tmp_path}/front; exec sleep 300\nfi\nexec {sys.executable} \"$@\"\n")
+        '#!/bin/bash\nif [ "$1 $2" = "-m trtspec.serving.openai" ]; then\n'
+        f'  echo $$ "$@" > {tmp_path}/front; exec sleep 300\nfi\nexec {sys.executable} "$@"\n'
+    )
     for f in bin_dir.iterdir():
         f.chmod(0o755)
-    return {"PATH": f"{bin_dir}:/usr/bin:/bin", "TRTSPEC_SPEC__OUTPUT__REPO_DIR": str(tmp_path / "models"),
-            "HOME": os.environ.get("HOME", "/root")}
+    return {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "TRTSPEC_SPEC__OUTPUT__REPO_DIR": str(tmp_path / "models"),
+        "HOME": os.environ.get("HOME", "/root"),
+    }
 
 
 def _wait_for(path, timeout_s: float = 20.0) -> list[str]:
@@ -209,6 +214,7 @@ def test_entrypoint_stops_the_frontend_when_triton_exits(tmp_path):
     time.sleep(0.5)
     assert not _alive(int(_wait_for(tmp_path / "front")[0]))
     (tmp_path / "front").unlink()
-    r = subprocess.run(["bash", str(DOCKER / "entrypoint.sh"), "serve-only"], env={**env, "TRTSPEC_OPENAI_PORT": "0"},
-                       timeout=30)
+    r = subprocess.run(
+        ["bash", str(DOCKER / "entrypoint.sh"), "serve-only"], env={**env, "TRTSPEC_OPENAI_PORT": "0"}, timeout=30
+    )
     assert r.returncode == 3 and not (tmp_path / "front").exists()  # Triton alone, exec'd

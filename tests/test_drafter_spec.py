@@ -17,10 +17,13 @@ LLM_API = json.loads((Path(__file__).parent / "upstream" / "llm_api.json").read_
 
 
 def _spec(tiny_pair, runtime: str, drafter: str, pool: Path | None = None, orchestration: str = "auto"):
-    spec = {"runtime": runtime, "target": {"model": str(tiny_pair[0]), "quantization": "none"},
-            "draft": {"model": str(tiny_pair[1]), "quantization": "none"},
-            "speculative": {"drafter": drafter, "ngram_pool": str(pool) if pool else None},
-            "triton": {"orchestration": orchestration}}
+    spec = {
+        "runtime": runtime,
+        "target": {"model": str(tiny_pair[0]), "quantization": "none"},
+        "draft": {"model": str(tiny_pair[1]), "quantization": "none"},
+        "speculative": {"drafter": drafter, "ngram_pool": str(pool) if pool else None},
+        "triton": {"orchestration": orchestration},
+    }
     return spec_from_dict(spec, environ={})
 
 
@@ -31,8 +34,11 @@ def pool_file(tiny_pair, tmp_path):
     from trtspec.families import read_config
 
     vocab = read_config(tiny_pair[0]).vocab_size
-    pool = NgramPool.from_sequences([[5, 6, 7, 8, 9]], vocab_size=vocab, meta={
-        "tokenizer_sha256": vocab_fingerprint(read_tokenizer(tiny_pair[0]).vocab), "source": "test"})
+    pool = NgramPool.from_sequences(
+        [[5, 6, 7, 8, 9]],
+        vocab_size=vocab,
+        meta={"tokenizer_sha256": vocab_fingerprint(read_tokenizer(tiny_pair[0]).vocab), "source": "test"},
+    )
     return pool.save(tmp_path / "ngram_pool.npz")
 
 
@@ -66,9 +72,15 @@ def test_torch_without_a_pool_warns_prompt_lookup_only(tiny_pair):
     assert pool.level is Level.WARN and "prompt lookup only" in pool.detail
 
 
-@pytest.mark.parametrize("runtime, drafter, orchestration", [
-    ("torch", "ngram", "bls"), ("torch", "hybrid", "bls"), ("trtllm-engine", "hybrid", "auto"),
-    ("trtllm-engine", "ngram", "auto")])
+@pytest.mark.parametrize(
+    "runtime, drafter, orchestration",
+    [
+        ("torch", "ngram", "bls"),
+        ("torch", "hybrid", "bls"),
+        ("trtllm-engine", "hybrid", "auto"),
+        ("trtllm-engine", "ngram", "auto"),
+    ],
+)
 def test_the_bls_orchestrator_serves_ngram_and_hybrid(tiny_pair, pool_file, runtime, drafter, orchestration):
     report = run_check(_spec(tiny_pair, runtime, drafter, pool_file, orchestration), NO_TOOLS)
     assert _finding(report, "drafter").level is Level.OK
@@ -88,8 +100,10 @@ def test_missing_pool_and_pool_of_another_tokenizer_are_reported(tiny_pair, tmp_
     assert _finding(missing, "n-gram pool").level is Level.ERROR  # a pool the spec names must be there
     other = NgramPool.from_sequences([[1, 2, 3]], vocab_size=7).save(tmp_path / "other.npz")
     report = run_check(_spec(tiny_pair, "trtllm-llmapi", "ngram", other), NO_TOOLS)
-    assert _finding(report, "n-gram pool").level is Level.ERROR and "another tokenizer" in \
-        _finding(report, "n-gram pool").detail
+    assert (
+        _finding(report, "n-gram pool").level is Level.ERROR
+        and "another tokenizer" in _finding(report, "n-gram pool").detail
+    )
 
 
 def test_spec_rejects_an_unknown_drafter(tiny_pair):

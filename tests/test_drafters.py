@@ -68,8 +68,14 @@ def tiny_models(tiny_pair):
     return load_model(tiny_pair[0]), load_model(tiny_pair[1]), load_tokenizer(tiny_pair[0])
 
 
-PROMPTS = ["The quick brown", "def add(a, b):\n    return a", "Q: What is the capital of France? A:",
-           "Speculative decoding lets", "the lazy dog", "Zürich café"]
+PROMPTS = [
+    "The quick brown",
+    "def add(a, b):\n    return a",
+    "Q: What is the capital of France? A:",
+    "Speculative decoding lets",
+    "the lazy dog",
+    "Zürich café",
+]
 
 
 @pytest.fixture(scope="module")
@@ -82,14 +88,14 @@ def references(tiny_models):
     prompts = [tok.encode(p) for p in PROMPTS]
     base = SpeculativeDecoder(target, None)
     reference = [base.generate([p], 40)[0].token_ids for p in prompts]
-    pool = NgramPool.from_sequences([p + r for p, r in zip(prompts[::2], reference[::2])],
-                                    vocab_size=target.config.vocab_size)
+    pool = NgramPool.from_sequences(
+        [p + r for p, r in zip(prompts[::2], reference[::2])], vocab_size=target.config.vocab_size
+    )
     return prompts, reference, pool
 
 
 def _counts(results):
-    return (sum(r.stats.total_draft_tokens for r in results),
-            sum(r.stats.total_accepted_draft_tokens for r in results))
+    return (sum(r.stats.total_draft_tokens for r in results), sum(r.stats.total_accepted_draft_tokens for r in results))
 
 
 @pytest.mark.parametrize("k", [1, 3, 6])
@@ -101,17 +107,24 @@ def test_ngram_and_hybrid_are_lossless_through_the_decoder(tiny_models, referenc
 
     target, draft, _ = tiny_models
     prompts, reference, pool = references
-    dec = SpeculativeDecoder(target, draft if kind == "hybrid" else None, max_draft_len=k,
-                             drafter="ngram" if kind == "prompt_lookup" else kind,
-                             ngram_pool=None if kind == "prompt_lookup" else pool)
+    dec = SpeculativeDecoder(
+        target,
+        draft if kind == "hybrid" else None,
+        max_draft_len=k,
+        drafter="ngram" if kind == "prompt_lookup" else kind,
+        ngram_pool=None if kind == "prompt_lookup" else pool,
+    )
     single = [dec.generate([p], 40)[0] for p in prompts]
     assert [r.token_ids for r in single] == reference
     drafted, accepted = _counts(single)
     assert drafted > accepted > 0, (drafted, accepted)
     batch = dec.generate(prompts, 40)
     assert [r.token_ids for r in batch] == reference
-    assert all(r.stats.acceptance_rate == (r.stats.total_accepted_draft_tokens / r.stats.total_draft_tokens
-                                           if r.stats.total_draft_tokens else 0.0) for r in batch)
+    assert all(
+        r.stats.acceptance_rate
+        == (r.stats.total_accepted_draft_tokens / r.stats.total_draft_tokens if r.stats.total_draft_tokens else 0.0)
+        for r in batch
+    )
     assert [r.token_ids for r in dec.generate(prompts[:2], 40, use_draft=False)] == reference[:2]
 
 

@@ -30,8 +30,11 @@ def repo(request, tiny_pair, tmp_path_factory):
     from trtspec.triton_repo.writer import write_repo
 
     root = tmp_path_factory.mktemp(f"drain-{request.param}")
-    spec = spec_from_dict(torch_spec_dict(*tiny_pair, engine={"max_seq_len": MAX_SEQ_LEN},
-                                          triton={"orchestration": request.param}), base_dir=root, environ={})
+    spec = spec_from_dict(
+        torch_spec_dict(*tiny_pair, engine={"max_seq_len": MAX_SEQ_LEN}, triton={"orchestration": request.param}),
+        base_dir=root,
+        environ={},
+    )
     return write_repo(spec)["path"]
 
 
@@ -39,10 +42,26 @@ class Serve:
     """`trtspec serve` as a subprocess (what a user or a pod runs), its URLs read from its output."""
 
     def __init__(self, repo, *args: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "trtspec", "serve", str(repo), "--http-port", "0",
-                                      "--grpc-port", "0", "--metrics-port", "0", *args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env={**os.environ, "PYTHONPATH": os.getcwd(), "COLUMNS": "300"})
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "trtspec",
+                "serve",
+                str(repo),
+                "--http-port",
+                "0",
+                "--grpc-port",
+                "0",
+                "--metrics-port",
+                "0",
+                *args,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": os.getcwd(), "COLUMNS": "300"},
+        )
         line = ""
         while "ready:" not in line:
             line = self.proc.stdout.readline()
@@ -66,8 +85,9 @@ def _stream(url: str, n: int, out: dict, started: threading.Event) -> None:
     """One streamed request of ``n`` tokens (end_id -1: no early end); ``out`` gets its result or its error."""
     try:
         with TritonLLMClient(url, timeout_s=300) as client:
-            out["result"] = client.generate("The quick brown fox", n, stream=True, end_id=-1,
-                                            on_text=lambda _t: started.set())
+            out["result"] = client.generate(
+                "The quick brown fox", n, stream=True, end_id=-1, on_text=lambda _t: started.set()
+            )
     except GenerationError as exc:
         out["error"] = exc.message
     finally:
@@ -118,7 +138,8 @@ def test_a_stream_still_running_at_the_drain_deadline_gets_a_final_error(repo):
         worker.join(60)
         assert not worker.is_alive(), "the cut stream never got its final response"
         assert "drain deadline (0 s) passed" in out.get("error", ""), out
-        assert "drain deadline reached" in serve.stderr and "1 request(s) still running got a final error" in \
-            serve.stderr, serve.stderr
+        assert (
+            "drain deadline reached" in serve.stderr and "1 request(s) still running got a final error" in serve.stderr
+        ), serve.stderr
     finally:
         serve.kill()

@@ -12,8 +12,15 @@ from trtspec.triton_repo.engine_definitions import config_text, engine_model_con
 
 # What TensorRT-LLM's tensorrt_llm/config.pbtxt template needs filled (tests/upstream/tensorrt_llm_template.json),
 # as they appear in the written config.
-_MANDATORY_PARAMETERS = ("gpt_model_type", "gpt_model_path", "max_beam_width", "max_tokens_in_paged_kv_cache",
-                         "gpu_device_ids", "enable_kv_cache_reuse", "batch_scheduler_policy")
+_MANDATORY_PARAMETERS = (
+    "gpt_model_type",
+    "gpt_model_path",
+    "max_beam_width",
+    "max_tokens_in_paged_kv_cache",
+    "gpu_device_ids",
+    "enable_kv_cache_reuse",
+    "batch_scheduler_policy",
+)
 
 
 def _parse(text: str) -> pb.ModelConfig:

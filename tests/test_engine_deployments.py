@@ -30,9 +30,16 @@ DEPLOYMENTS = {
 def _fake_checkpoint(out: Path, tp: int) -> None:
     """A placeholder TensorRT-LLM checkpoint: the config.json keys and rank files trtllm-build reads, no weights."""
     out.mkdir(parents=True)
-    (out / "config.json").write_text(json.dumps({
-        "architecture": "LlamaForCausalLM", "dtype": "float16", "quantization": {"quant_algo": "FP8"},
-        "mapping": {"world_size": tp, "tp_size": tp, "pp_size": 1}}))
+    (out / "config.json").write_text(
+        json.dumps(
+            {
+                "architecture": "LlamaForCausalLM",
+                "dtype": "float16",
+                "quantization": {"quant_algo": "FP8"},
+                "mapping": {"world_size": tp, "tp_size": tp, "pp_size": 1},
+            }
+        )
+    )
     for rank in range(tp):
         (out / f"rank{rank}.safetensors").write_bytes(b"")
 
@@ -65,8 +72,10 @@ def _expected_launch(world: int, spawn: bool, gpus: int, repo: str = "/models") 
             argv += f["multi_model_spawning"]["flags"]
             argv += [f["multi_model_spawning"]["per_gpu"].format(gpu=g) for g in range(gpus)]
         argv += [*every[4:], f["rank_separator"]]
-    env = {**f["environment"]["multi_model"],
-           **f["environment"]["spawn_processes" if spawn else "disable_spawn_processes"]}
+    env = {
+        **f["environment"]["multi_model"],
+        **f["environment"]["spawn_processes" if spawn else "disable_spawn_processes"],
+    }
     return argv, env
 
 
@@ -99,12 +108,17 @@ def test_a_tp1_greedy_pair_launches_as_upstream_multi_model_with_spawned_workers
 
     spec, result = _deploy(tmp_path, tiny_pair, monkeypatch, DEPLOYMENTS["a-tp1-greedy"])
     repo = Path(result["path"])
-    assert result["manifest"]["launch"] == {"kind": "trtllm-multi-model", "world_size": 1, "spawn_processes": True,
-                                            "gpus": 1, "engine_models": ["tensorrt_llm", "tensorrt_llm_draft"]}
+    assert result["manifest"]["launch"] == {
+        "kind": "trtllm-multi-model",
+        "world_size": 1,
+        "spawn_processes": True,
+        "gpus": 1,
+        "engine_models": ["tensorrt_llm", "tensorrt_llm_draft"],
+    }
     argv, env = _expected_launch(world=1, spawn=True, gpus=1)
     image = ngc_image(spec.engine.trtllm_version)
     cmd = docker_command(repo, image)
-    assert cmd[cmd.index(image) + 1:] == argv
+    assert cmd[cmd.index(image) + 1 :] == argv
     for key, value in env.items():
         assert f"{key}={value}" in cmd
     for cfg in _configs(repo).values():
@@ -135,7 +149,7 @@ def test_c_tp2_target_launches_one_rank_per_participant_with_spawning_off(tmp_pa
     argv, env = _expected_launch(world=world, spawn=False, gpus=2)
     image = ngc_image(spec.engine.trtllm_version)
     cmd = docker_command(repo, image)
-    assert cmd[cmd.index(image) + 1:] == argv
+    assert cmd[cmd.index(image) + 1 :] == argv
     assert "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=0" in cmd and env["TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES"] == "0"
     configs = _configs(repo)
     ranks = []
@@ -166,11 +180,12 @@ def test_plan_json_shows_the_build_and_launch_commands_upstream_takes(tmp_path, 
         assert ns.gather_generation_logits is spec.speculative.use_draft_logits
         assert (ns.workers or 1) == getattr(spec, role).tp_size
     launch = stages["serve"]["commands"][-1]
-    env = dict(a.split("=", 1) for a in launch[1:launch.index("mpirun")])
+    env = dict(a.split("=", 1) for a in launch[1 : launch.index("mpirun")])
     tp = spec.target.tp_size
-    argv, expected_env = _expected_launch(world=1 if tp == 1 else 1 + spec.draft.tp_size + tp, spawn=tp == 1,
-                                          gpus=spec.gpu.count)
-    assert launch[0] == "env" and env == expected_env and launch[launch.index("mpirun"):] == argv
+    argv, expected_env = _expected_launch(
+        world=1 if tp == 1 else 1 + spec.draft.tp_size + tp, spawn=tp == 1, gpus=spec.gpu.count
+    )
+    assert launch[0] == "env" and env == expected_env and launch[launch.index("mpirun") :] == argv
 
 
 def test_the_image_entrypoint_execs_the_same_launch(tmp_path, tiny_pair, monkeypatch):
@@ -188,25 +203,37 @@ def test_the_image_entrypoint_execs_the_same_launch(tmp_path, tiny_pair, monkeyp
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     record = tmp_path / "mpirun.json"
-    (bin_dir / "mpirun").write_text(f"#!{sys.executable}\nimport json, os, sys\n"
-                                    "json.dump({'argv': sys.argv[1:], 'env': dict(os.environ)}, "
-                                    f"open({str(record)!r}, 'w'))\n")
+    (bin_dir / "mpirun").write_text(
+        f"#!{sys.executable}\nimport json, os, sys\n"
+        "json.dump({'argv': sys.argv[1:], 'env': dict(os.environ)}, "
+        f"open({str(record)!r}, 'w'))\n"
+    )
     (bin_dir / "mpirun").chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": os.getcwd()}
     env.pop("TRTLLM_ORCHESTRATOR", None)
-    r = subprocess.run([sys.executable, "-m", "trtspec.serving.launch", str(result["path"]), "--log-verbose=1"],
-                       env={**env, "TRTSPEC_STUB_WATCH": "0"}, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "trtspec.serving.launch", str(result["path"]), "--log-verbose=1"],
+        env={**env, "TRTSPEC_STUB_WATCH": "0"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 1, r.stderr  # the recording mpirun exits at once: the server never got ready
     assert "exited with code 0 before it was ready" in r.stdout
     seen = json.loads(record.read_text())
     argv, expected_env = _expected_launch(world=4, spawn=False, gpus=2, repo=str(result["path"]))
     rank0_end = argv.index(":")
-    argv = argv[:rank0_end - 2] + ["--log-verbose=1"] + argv[rank0_end - 2:]  # extra arguments go to rank 0
+    argv = argv[: rank0_end - 2] + ["--log-verbose=1"] + argv[rank0_end - 2 :]  # extra arguments go to rank 0
     assert ["mpirun", *seen["argv"]] == argv
     assert seen["env"]["TRTSPEC_CONTROL_DIR"]  # drain and cancellation reach the models (trtspec.triton_repo.control)
     # With the stub watch (the default), rank 0 alone gets explicit model control behind a per-pod key.
-    r = subprocess.run([sys.executable, "-m", "trtspec.serving.launch", str(result["path"])], env=env,
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "trtspec.serving.launch", str(result["path"])],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     ranks = " ".join(json.loads(record.read_text())["argv"]).split(" : ")
     assert "--model-control-mode=explicit --load-model=*" in ranks[0]
     assert "trtspec-repository-key=" in ranks[0] and all("repository-key" not in r for r in ranks[1:])
@@ -221,5 +248,8 @@ def test_a_repository_without_launch_settings_is_refused_and_python_repos_launch
     with pytest.raises(ServerError, match="does not say how to launch its two engines"):
         repo_launch(tmp_path, "/models")
     plain = launch_command({}, "/models")
-    assert plain.argv == ["tritonserver", "--model-repository=/models", "--grpc-port=8001", "--http-port=8000",
-                          "--metrics-port=8002"] and plain.env == {}
+    assert (
+        plain.argv
+        == ["tritonserver", "--model-repository=/models", "--grpc-port=8001", "--http-port=8000", "--metrics-port=8002"]
+        and plain.env == {}
+    )

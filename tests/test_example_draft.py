@@ -6,8 +6,11 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.",
-             "List three prime numbers and explain why they are prime."]
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "List three prime numbers and explain why they are prime.",
+]
 
 
 def test_shipped_draft_is_small_and_is_what_the_example_uses(example_paths):
@@ -29,8 +32,11 @@ def test_distilled_draft_is_lossless_and_accepts_more_than_the_truncated_one(exa
     # a standard LlamaForCausalLM on disk; trtspec's loader applies its frequent head
     assert type(session.draft).__name__ == "LlamaForCausalLM"
     assert type(session.draft.lm_head).__name__ == "FrequentHead"
-    truncated = load_model(_atomic_build(cache_dir() / "models" / f"{TARGET_NAME}-first{DRAFT_LAYERS}",
-                                         _truncate(example_paths.target, DRAFT_LAYERS)))
+    truncated = load_model(
+        _atomic_build(
+            cache_dir() / "models" / f"{TARGET_NAME}-first{DRAFT_LAYERS}", _truncate(example_paths.target, DRAFT_LAYERS)
+        )
+    )
     prompts = [session.encode(q) for q in QUESTIONS]
     eos = session.decoder.eos_ids
     reference = [r.token_ids for r in session.decoder.generate(prompts, 40, use_draft=False)]

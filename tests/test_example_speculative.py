@@ -6,8 +6,12 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.",
-             "List three prime numbers and explain why they are prime.", "Hi"]
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "List three prime numbers and explain why they are prime.",
+    "Hi",
+]
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +36,10 @@ def test_target_only_path_equals_transformers_generate(session, prompts, referen
     import torch
 
     for p, ref in zip(prompts[:2], reference[:2]):
-        out = session.target.generate(torch.tensor([p]), max_new_tokens=48, do_sample=False,
-                                      eos_token_id=session.decoder.eos_ids, pad_token_id=0)
-        assert out[0, len(p):].tolist() == ref
+        out = session.target.generate(
+            torch.tensor([p]), max_new_tokens=48, do_sample=False, eos_token_id=session.decoder.eos_ids, pad_token_id=0
+        )
+        assert out[0, len(p) :].tolist() == ref
 
 
 @pytest.mark.parametrize("k", [1, 2, 4, 8])

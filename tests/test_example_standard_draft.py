@@ -51,9 +51,13 @@ def test_quantize_and_quality_stages_run_on_the_example_pair_int8_wo(example_pat
     from trtspec.build.quantize import quantize_models
     from trtspec.engines.torch_runtime.loading import load_model
 
-    spec = _example_spec(example_paths, tmp_path,
-                         target={"quantization": "int8_wo"}, draft={"quantization": "int8_wo"},
-                         calibration={"samples": 8, "seq_len": 64, "batch_size": 4})
+    spec = _example_spec(
+        example_paths,
+        tmp_path,
+        target={"quantization": "int8_wo"},
+        draft={"quantization": "int8_wo"},
+        calibration={"samples": 8, "seq_len": 64, "batch_size": 4},
+    )
     t0 = time.perf_counter()
     outcomes = quantize_models(spec)
     report = write_quality_report(spec)

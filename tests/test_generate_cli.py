@@ -13,16 +13,23 @@ import yaml
 
 def run(*args, timeout=300):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "trtspec", "generate", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "trtspec", "generate", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 @pytest.fixture(scope="module")
 def spec_file(tiny_pair, tmp_path_factory):
     path = tmp_path_factory.mktemp("gen") / "trtspec.yaml"
-    path.write_text(yaml.safe_dump({"target": {"model": str(tiny_pair[0]), "dtype": "float32"},
-                                    "draft": {"model": str(tiny_pair[1]), "dtype": "float32"},
-                                    "speculative": {"max_draft_len": 3}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "target": {"model": str(tiny_pair[0]), "dtype": "float32"},
+                "draft": {"model": str(tiny_pair[1]), "dtype": "float32"},
+                "speculative": {"max_draft_len": 3},
+            }
+        )
+    )
     return path
 
 
@@ -34,9 +41,26 @@ def test_generate_json_speculative_equals_no_draft(spec_file):
     assert set(a) == {"text", "token_ids", "stats"}
     assert a["token_ids"] == b["token_ids"] and a["text"] == b["text"] and len(a["token_ids"]) == 24
     assert a["stats"]["total_draft_tokens"] > 0 and b["stats"]["total_draft_tokens"] == 0
-    sampled = [json.loads(run("The quick", "--spec", str(spec_file), "-n", "12", "--raw", "--json",
-                              "--temperature", "1.0", "--top-k", "20", "--seed", "3").stdout)["token_ids"]
-               for _ in range(2)]
+    sampled = [
+        json.loads(
+            run(
+                "The quick",
+                "--spec",
+                str(spec_file),
+                "-n",
+                "12",
+                "--raw",
+                "--json",
+                "--temperature",
+                "1.0",
+                "--top-k",
+                "20",
+                "--seed",
+                "3",
+            ).stdout
+        )["token_ids"]
+        for _ in range(2)
+    ]
     assert sampled[0] == sampled[1]
 
 

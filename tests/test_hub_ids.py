@@ -49,8 +49,9 @@ def run(*args, cwd, cache, offline=True, timeout=300):
     env.pop("HF_HUB_OFFLINE", None)
     if offline:
         env["HF_HUB_OFFLINE"] = "1"
-    return subprocess.run([sys.executable, "-m", "trtspec", *args], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "trtspec", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout
+    )
 
 
 def write(tmp_path, target, draft, **extra):
@@ -69,8 +70,10 @@ def test_hub_ids_resolve_from_the_local_cache(tmp_path, hf_cache, offline):
     assert found["draft model"]["level"] == "ok" and "1 layers" in found["draft model"]["detail"]
     plan = json.loads(run("plan", "trtspec.yaml", "--json", cwd=tmp_path, cache=hf_cache, offline=offline).stdout)
     check_inputs = next(s for s in plan["stages"] if s["name"] == "check")["inputs"]
-    assert check_inputs == [str(hf_cache / "models--acme--tiny-target" / "snapshots" / COMMIT),
-                            str(hf_cache / "models--acme--tiny-draft" / "snapshots" / OTHER_COMMIT)]
+    assert check_inputs == [
+        str(hf_cache / "models--acme--tiny-target" / "snapshots" / COMMIT),
+        str(hf_cache / "models--acme--tiny-draft" / "snapshots" / OTHER_COMMIT),
+    ]
 
 
 def test_generate_in_process_loads_hub_ids_from_the_cache(tmp_path, hf_cache, tiny_pair):
@@ -80,12 +83,15 @@ def test_generate_in_process_loads_hub_ids_from_the_cache(tmp_path, hf_cache, ti
     assert len(json.loads(r.stdout)["token_ids"]) == 6
 
 
-@pytest.mark.parametrize(("draft", "offline", "message"), [
-    ("acme/absent", True, "acme/absent: not a local directory, not in the Hugging Face cache"),
-    ("acme/absent", True, "and HF_HUB_OFFLINE is set"),
-    ("acme/absent", False, "and the Hub could not be reached"),
-    ("acme/tiny-draft@v9", True, "acme/tiny-draft@v9: not a local directory, not in the Hugging Face cache"),
-])
+@pytest.mark.parametrize(
+    ("draft", "offline", "message"),
+    [
+        ("acme/absent", True, "acme/absent: not a local directory, not in the Hugging Face cache"),
+        ("acme/absent", True, "and HF_HUB_OFFLINE is set"),
+        ("acme/absent", False, "and the Hub could not be reached"),
+        ("acme/tiny-draft@v9", True, "acme/tiny-draft@v9: not a local directory, not in the Hugging Face cache"),
+    ],
+)
 def test_a_hub_id_neither_the_hub_nor_the_cache_has_is_one_line(tmp_path, hf_cache, draft, offline, message):
     write(tmp_path, "acme/tiny-target", draft)
     r = run("check", "trtspec.yaml", cwd=tmp_path, cache=hf_cache, offline=offline)

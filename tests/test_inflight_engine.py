@@ -36,8 +36,9 @@ def engine(tiny_pair):
 
 def reference(model, prompt, n):
     with torch.inference_mode():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=EOS,
-                             pad_token_id=3)[0, len(prompt):].tolist()
+        out = model.generate(
+            torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=EOS, pad_token_id=3
+        )[0, len(prompt) :].tolist()
     return out[: out.index(EOS)] if EOS in out else out
 
 
@@ -145,9 +146,18 @@ def test_sampled_verification_follows_the_target_distribution(engine, target, wi
     q = logits_to_probs(q_logits[0], params)
     gen = torch.Generator().manual_seed(1234)
     drafts = torch.multinomial(q, n, replacement=True, generator=gen).tolist() if with_logits else [draft_token] * n
-    jobs = [submit(engine, tokens=p, max_new=2, draft=[drafts[i]], sampling=params,
-                   draft_logits=q_logits if with_logits else None,
-                   generator=torch.Generator().manual_seed(i)) for i in range(n)]
+    jobs = [
+        submit(
+            engine,
+            tokens=p,
+            max_new=2,
+            draft=[drafts[i]],
+            sampling=params,
+            draft_logits=q_logits if with_logits else None,
+            generator=torch.Generator().manual_seed(i),
+        )
+        for i in range(n)
+    ]
     counts = {t: 0 for t in support}
     for done, chunks, errors in jobs:
         assert done.wait(60) and not errors
@@ -162,7 +172,7 @@ def test_end_id_stop_words_and_bad_words(engine, target):
     p = PROMPTS[5]
     ref = reference(target, p, 12)
     stop = ref[3:5]
-    first = next(j for j in range(2, len(ref) + 1) if ref[j - 2: j] == stop)
+    first = next(j for j in range(2, len(ref) + 1) if ref[j - 2 : j] == stop)
     out, _ = run(engine, tokens=p, max_new=12, stop_words=[stop])
     assert out == ref[:first]  # stops after the first occurrence of the stop word, which is returned (TRT-LLM)
     out, _ = run(engine, tokens=p, max_new=3, bad_words=[[ref[0]]])
@@ -175,9 +185,12 @@ def test_end_id_stop_words_and_bad_words(engine, target):
 
 
 def test_requests_the_engine_cannot_serve_are_refused_before_queueing(engine):
-    for kw, msg in ((dict(tokens=[], max_new=3), "empty"), (dict(tokens=[1, 2], max_new=0), "> 0"),
-                    (dict(tokens=[1, 99999], max_new=3), "vocabulary"),
-                    (dict(tokens=list(range(10, 250)), max_new=40), "max_seq_len")):
+    for kw, msg in (
+        (dict(tokens=[], max_new=3), "empty"),
+        (dict(tokens=[1, 2], max_new=0), "> 0"),
+        (dict(tokens=[1, 99999], max_new=3), "vocabulary"),
+        (dict(tokens=list(range(10, 250)), max_new=40), "max_seq_len"),
+    ):
         with pytest.raises(GenerationError, match=msg):
             engine.submit(Job(on_tokens=lambda *a: None, on_error=lambda e: None, **kw))
     out, _ = run(engine, tokens=PROMPTS[0], max_new=2)  # still serving

@@ -10,11 +10,25 @@ from trtspec.engines.llmapi import model_yaml_text
 from trtspec.errors import SpecError
 
 
-@pytest.mark.parametrize("version,field", [("1.0.0", "speculative_model_dir"), ("1.0.3", "speculative_model_dir"),
-                                           ("1.1.0", "speculative_model_dir"), ("1.2.0", "speculative_model_dir")])
+@pytest.mark.parametrize(
+    "version,field",
+    [
+        ("1.0.0", "speculative_model_dir"),
+        ("1.0.3", "speculative_model_dir"),
+        ("1.1.0", "speculative_model_dir"),
+        ("1.2.0", "speculative_model_dir"),
+    ],
+)
 def test_model_yaml_names_the_draft_with_the_version_s_field(tmp_path, tiny_pair, version, field):
-    spec = engine_spec(tmp_path, tiny_pair, runtime="trtllm-llmapi", engine={"trtllm_version": version},
-                       speculative={"max_draft_len": 5}, target={"tp_size": 2}, gpu={"count": 2})
+    spec = engine_spec(
+        tmp_path,
+        tiny_pair,
+        runtime="trtllm-llmapi",
+        engine={"trtllm_version": version},
+        speculative={"max_draft_len": 5},
+        target={"tp_size": 2},
+        gpu={"count": 2},
+    )
     data = yaml.safe_load(model_yaml_text(spec))
     sc = data["speculative_config"]
     assert sc == {"decoding_type": "DraftTarget", "max_draft_len": 5, field: "/checkpoints/draft"}

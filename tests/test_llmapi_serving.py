@@ -27,8 +27,15 @@ MAX_TOKENS = 12
 
 def _llmapi_spec(root: Path, target: Path, draft: Path, version: str = "1.1.0"):
     none = {"quantization": "none", "dtype": "float16"}
-    return engine_spec(root, (target, draft), runtime="trtllm-llmapi", engine={"trtllm_version": version},
-                       target=none, draft=none, speculative={"max_draft_len": 3})
+    return engine_spec(
+        root,
+        (target, draft),
+        runtime="trtllm-llmapi",
+        engine={"trtllm_version": version},
+        target=none,
+        draft=none,
+        speculative={"max_draft_len": 3},
+    )
 
 
 def test_llmapi_repository_has_one_model_with_model_yaml(tmp_path, tiny_pair):
@@ -44,14 +51,19 @@ def test_llmapi_repository_has_one_model_with_model_yaml(tmp_path, tiny_pair):
     assert cfg.backend == "python" and cfg.max_batch_size == 0 and cfg.model_transaction_policy.decoupled
     assert {i.name for i in cfg.input} >= {"text_input", "streaming", "sampling_param_max_tokens"}
     data = yaml.safe_load((repo / "tensorrt_llm" / "1" / "model.yaml").read_text())
-    assert data["speculative_config"] == {"decoding_type": "DraftTarget", "max_draft_len": 3,
-                                          "speculative_model_dir": "/checkpoints/draft"}
+    assert data["speculative_config"] == {
+        "decoding_type": "DraftTarget",
+        "max_draft_len": 3,
+        "speculative_model_dir": "/checkpoints/draft",
+    }
     assert (repo / "tensorrt_llm" / "1" / "model.py").is_file()
     assert "${" not in (repo / "tensorrt_llm" / "config.pbtxt").read_text()
     manifest = result["manifest"]
     assert manifest["entry_model"] == "tensorrt_llm"
-    assert dict(manifest["container_mounts"]) == {str(tiny_pair[0]): "/checkpoints/target",
-                                                  str(tiny_pair[1]): "/checkpoints/draft"}
+    assert dict(manifest["container_mounts"]) == {
+        str(tiny_pair[0]): "/checkpoints/target",
+        str(tiny_pair[1]): "/checkpoints/draft",
+    }
 
 
 def _serve(tiny_pair, root: Path, spec_metrics: str):
@@ -61,9 +73,12 @@ def _serve(tiny_pair, root: Path, spec_metrics: str):
     draft = make_noisy_draft(tiny_pair[0], root / "draft")  # accepts part of the time
     spec = _llmapi_spec(root, tiny_pair[0], draft)
     write_repo(spec)
-    env = {"TRTSPEC_EXTRA_PYTHONPATH": str(STANDIN), "TRTLLM_STANDIN_VERSION": "1.1.0",
-           "TRTLLM_STANDIN_SPEC_METRICS": spec_metrics,
-           "TRTLLM_STANDIN_MOUNTS": f"/checkpoints/target={tiny_pair[0]};/checkpoints/draft={draft}"}
+    env = {
+        "TRTSPEC_EXTRA_PYTHONPATH": str(STANDIN),
+        "TRTLLM_STANDIN_VERSION": "1.1.0",
+        "TRTLLM_STANDIN_SPEC_METRICS": spec_metrics,
+        "TRTLLM_STANDIN_MOUNTS": f"/checkpoints/target={tiny_pair[0]};/checkpoints/draft={draft}",
+    }
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
@@ -91,9 +106,14 @@ def hf_greedy(tiny_pair):
     def text(prompt: str) -> str:
         ids = torch.tensor([tok.encode(prompt)])
         with torch.no_grad():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS,
-                                 do_sample=False, pad_token_id=tok.pad_token_id or 0)
-        return tok.decode(out[0, ids.shape[1]:].tolist(), skip_special_tokens=True)
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=MAX_TOKENS,
+                do_sample=False,
+                pad_token_id=tok.pad_token_id or 0,
+            )
+        return tok.decode(out[0, ids.shape[1] :].tolist(), skip_special_tokens=True)
 
     return text
 
@@ -121,15 +141,56 @@ def test_generate_and_bench_commands_find_the_llmapi_model(llmapi_served, hf_gre
     import sys
 
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    r = subprocess.run([sys.executable, "-m", "trtspec", "generate", PROMPTS[0], "--url", llmapi_served.grpc_url,
-                        "--raw", "-n", str(MAX_TOKENS), "--json"], capture_output=True, text=True, env=env, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trtspec",
+            "generate",
+            PROMPTS[0],
+            "--url",
+            llmapi_served.grpc_url,
+            "--raw",
+            "-n",
+            str(MAX_TOKENS),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["text"] == hf_greedy(PROMPTS[0])
-    r = subprocess.run([sys.executable, "-m", "trtspec", "generate", PROMPTS[0], "--url", llmapi_served.grpc_url,
-                        "--no-draft"], capture_output=True, text=True, env=env, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "trtspec", "generate", PROMPTS[0], "--url", llmapi_served.grpc_url, "--no-draft"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert r.returncode == 1 and "cannot skip the draft" in r.stderr and "Traceback" not in r.stderr
-    r = subprocess.run([sys.executable, "-m", "trtspec", "bench", "--url", llmapi_served.grpc_url, "-c", "1,2",
-                        "-n", "6", "--requests", "2", "--json"], capture_output=True, text=True, env=env, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trtspec",
+            "bench",
+            "--url",
+            llmapi_served.grpc_url,
+            "-c",
+            "1,2",
+            "-n",
+            "6",
+            "--requests",
+            "2",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr
     levels = json.loads(r.stdout)["levels"]
     assert [lv["concurrency"] for lv in levels] == [1, 2]

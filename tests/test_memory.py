@@ -8,17 +8,38 @@ from trtspec.build.memory import GIB, kv_bytes_per_token, plan_memory, weight_by
 from trtspec.families import normalize_config
 from trtspec.spec import spec_from_dict
 
-LLAMA_31_70B = {"model_type": "llama", "vocab_size": 128256, "hidden_size": 8192, "num_hidden_layers": 80,
-                "num_attention_heads": 64, "num_key_value_heads": 8, "intermediate_size": 28672,
-                "max_position_embeddings": 131072, "tie_word_embeddings": False, "rope_theta": 500000.0}
-LLAMA_32_1B = {"model_type": "llama", "vocab_size": 128256, "hidden_size": 2048, "num_hidden_layers": 16,
-               "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "intermediate_size": 8192,
-               "max_position_embeddings": 131072, "tie_word_embeddings": True}
+LLAMA_31_70B = {
+    "model_type": "llama",
+    "vocab_size": 128256,
+    "hidden_size": 8192,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "intermediate_size": 28672,
+    "max_position_embeddings": 131072,
+    "tie_word_embeddings": False,
+    "rope_theta": 500000.0,
+}
+LLAMA_32_1B = {
+    "model_type": "llama",
+    "vocab_size": 128256,
+    "hidden_size": 2048,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 64,
+    "intermediate_size": 8192,
+    "max_position_embeddings": 131072,
+    "tie_word_embeddings": True,
+}
 
 
 def _spec(**over):
-    data = {"runtime": "trtllm-engine", "target": {"model": "t", "dtype": "float16", "quantization": "none"},
-            "draft": {"model": "d", "dtype": "float16", "quantization": "none"}}
+    data = {
+        "runtime": "trtllm-engine",
+        "target": {"model": "t", "dtype": "float16", "quantization": "none"},
+        "draft": {"model": "d", "dtype": "float16", "quantization": "none"},
+    }
     for k, v in over.items():
         data[k] = {**data.get(k, {}), **v}
     return spec_from_dict(data, environ={})
@@ -50,9 +71,12 @@ def test_llama1b_tied_head_params():
 
 
 def test_plan_70b_fp8_tp2_with_1b_draft_on_h100():
-    spec = _spec(target={"quantization": "fp8", "tp_size": 2}, draft={"quantization": "none"},
-                 gpu={"memory_gib": 80, "count": 2, "memory_utilization": 0.94},
-                 engine={"max_batch_size": 8, "max_seq_len": 8192, "max_input_len": 4096})
+    spec = _spec(
+        target={"quantization": "fp8", "tp_size": 2},
+        draft={"quantization": "none"},
+        gpu={"memory_gib": 80, "count": 2, "memory_utilization": 0.94},
+        engine={"max_batch_size": 8, "max_seq_len": 8192, "max_input_len": 4096},
+    )
     plan = plan_memory(spec, normalize_config(LLAMA_31_70B), normalize_config(LLAMA_32_1B))
     t_w = weight_bytes(normalize_config(LLAMA_31_70B), spec.target)
     d_w = weight_bytes(normalize_config(LLAMA_32_1B), spec.draft)

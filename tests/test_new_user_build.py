@@ -20,8 +20,14 @@ COMMANDS = ["init", "check", "plan", "quantize", "compile", "build", "repo", "se
 
 
 def run(*args, cwd=None, env=None, timeout=600):
-    return subprocess.run([*TRTSPEC, *args], capture_output=True, text=True, cwd=cwd, timeout=timeout,
-                          env={**os.environ, "COLUMNS": "160", **(env or {})})
+    return subprocess.run(
+        [*TRTSPEC, *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=timeout,
+        env={**os.environ, "COLUMNS": "160", **(env or {})},
+    )
 
 
 def _help(command: str) -> str:
@@ -63,8 +69,9 @@ def test_the_license_is_an_spdx_expression_setuptools_reads_without_warning():
     root = Path(__file__).resolve().parent.parent
     data = tomllib.loads((root / "pyproject.toml").read_text())
     assert data["project"]["license"] == "Apache-2.0"
-    assert any(re.fullmatch(r"setuptools>=(\d+)", r) and int(r.split(">=")[1]) >= 77
-               for r in data["build-system"]["requires"])
+    assert any(
+        re.fullmatch(r"setuptools>=(\d+)", r) and int(r.split(">=")[1]) >= 77 for r in data["build-system"]["requires"]
+    )
     try:
         import setuptools
         from setuptools.config.pyprojecttoml import read_configuration
@@ -90,8 +97,13 @@ def test_a_failed_compile_leaves_no_empty_engines_directory(tmp_path, tiny_pair,
     spec, path = _engine_spec_file(tmp_path, tiny_pair)
     for role, ckpt in trtllm_checkpoints.items():  # the checkpoints compile reads, as quantize writes them
         shutil.copytree(ckpt, spec.build_dir / role)
-    env = {"PATH": os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep)
-                                   if not (os.path.isdir(p) and os.path.exists(os.path.join(p, "trtllm-build"))))}
+    env = {
+        "PATH": os.pathsep.join(
+            p
+            for p in os.environ["PATH"].split(os.pathsep)
+            if not (os.path.isdir(p) and os.path.exists(os.path.join(p, "trtllm-build")))
+        )
+    }
     r = run("compile", str(path), cwd=tmp_path, env=env)
     assert r.returncode == 1 and "trtllm-build is not on PATH" in r.stderr
     assert not spec.engines_dir.exists()
@@ -101,27 +113,44 @@ def test_a_failed_compile_leaves_no_empty_engines_directory(tmp_path, tiny_pair,
 @pytest.mark.slow
 def test_quantize_without_a_terminal_logs_every_calibration_batch(tmp_path, tiny_pair):
     path = tmp_path / "trtspec.yaml"
-    path.write_text(yaml.safe_dump({"target": {"model": str(tiny_pair[0]), "dtype": "float32",
-                                               "quantization": "int8_wo"},
-                                    "draft": {"model": str(tiny_pair[1]), "dtype": "float32"},
-                                    "calibration": {"samples": 8, "seq_len": 32, "batch_size": 4}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "target": {"model": str(tiny_pair[0]), "dtype": "float32", "quantization": "int8_wo"},
+                "draft": {"model": str(tiny_pair[1]), "dtype": "float32"},
+                "calibration": {"samples": 8, "seq_len": 32, "batch_size": 4},
+            }
+        )
+    )
     r = run("quantize", str(path), "--only", "target", cwd=tmp_path, env={"TRTSPEC_PROGRESS_SECONDS": "0"})
     assert r.returncode == 0, r.stderr
     lines = [ln for ln in r.stderr.splitlines() if re.match(r"\[\d\d:\d\d\.\d\] ", ln)]
     calibration = [ln for ln in lines if "calibrat" in ln]
     assert any(ln.endswith("started, 2 steps") for ln in calibration), r.stderr
-    assert any(ln.endswith("1/2 (50%)") for ln in calibration) and any(ln.endswith("2/2 (100%)")
-                                                                         for ln in calibration), r.stderr
+    assert any(ln.endswith("1/2 (50%)") for ln in calibration) and any(
+        ln.endswith("2/2 (100%)") for ln in calibration
+    ), r.stderr
 
 
 @pytest.mark.slow
 def test_ctrl_c_during_build_says_interrupted_and_what_was_kept(tmp_path, tiny_pair, standin_bin):
     spec, path = _engine_spec_file(tmp_path, tiny_pair)
-    env = {**os.environ, "PATH": f"{standin_bin}{os.pathsep}{os.environ['PATH']}",
-           "TRTLLM_STANDIN_VERSION": "1.0.0", "TRTLLM_STANDIN_SLEEP": "600"}
-    proc = subprocess.Popen([*TRTSPEC, "build", str(path)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as in a terminal
+    env = {
+        **os.environ,
+        "PATH": f"{standin_bin}{os.pathsep}{os.environ['PATH']}",
+        "TRTLLM_STANDIN_VERSION": "1.0.0",
+        "TRTLLM_STANDIN_SLEEP": "600",
+    }
+    proc = subprocess.Popen(
+        [*TRTSPEC, "build", str(path)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # as in a terminal
     log = spec.engines_dir / "logs" / "target.trtllm-build.log"
     end = time.monotonic() + 300
     while not (log.is_file() and "Building engine for rank 0" in log.read_text()):
@@ -131,8 +160,10 @@ def test_ctrl_c_during_build_says_interrupted_and_what_was_kept(tmp_path, tiny_p
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal sends on Ctrl-C
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
-    assert "interrupted: during compile:target; its partial output was removed; completed stages kept: " \
-           "quantize:target, quantize:draft" in err
+    assert (
+        "interrupted: during compile:target; its partial output was removed; completed stages kept: "
+        "quantize:target, quantize:draft" in err
+    )
     assert "run the same command again" in err and "Traceback" not in err
     assert "[" in err and "build: started" in err  # no terminal: progress went to the log
     assert not list(spec.engines_dir.glob(".tmp-*")) and not (spec.build_dir / ".trtspec-build.lock").exists()

@@ -15,8 +15,9 @@ TRTSPEC = [sys.executable, "-m", "trtspec"]
 
 
 def run(*args, cwd=None, env=None, timeout=300):
-    return subprocess.run([*TRTSPEC, *args], capture_output=True, text=True, cwd=cwd, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [*TRTSPEC, *args], capture_output=True, text=True, cwd=cwd, timeout=timeout, env={**os.environ, **(env or {})}
+    )
 
 
 @pytest.fixture()
@@ -31,15 +32,18 @@ def _errors(r) -> list[str]:
     return [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--temperature", "-1"], "temperature must be >= 0, got -1.0"),
-    (["--top-p", "1.5"], "top_p must be in (0, 1], got 1.5"),
-    (["--top-p", "0"], "top_p must be in (0, 1], got 0.0"),
-    (["--top-k", "-3"], "top_k must be >= 0, got -3"),
-    (["--seed", "-1"], "seed must be in 0..2**64-1, got -1"),
-    (["-n", "0"], "max_tokens must be >= 1, got 0"),
-    (["--num-draft-tokens", "17"], "num_draft_tokens must be in 0..16, got 17"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--temperature", "-1"], "temperature must be >= 0, got -1.0"),
+        (["--top-p", "1.5"], "top_p must be in (0, 1], got 1.5"),
+        (["--top-p", "0"], "top_p must be in (0, 1], got 0.0"),
+        (["--top-k", "-3"], "top_k must be >= 0, got -3"),
+        (["--seed", "-1"], "seed must be in 0..2**64-1, got -1"),
+        (["-n", "0"], "max_tokens must be >= 1, got 0"),
+        (["--num-draft-tokens", "17"], "num_draft_tokens must be in 0..16, got 17"),
+    ],
+)
 def test_url_requests_follow_the_in_process_rules_before_anything_is_sent(closed_port, args, message):
     # Nothing listens on the port: an error about the request proves it was judged before any connection.
     r = run("generate", "hello", "--url", f"127.0.0.1:{closed_port}", *args)
@@ -74,8 +78,11 @@ def test_url_scheme_decides_the_protocol_and_a_missing_port_is_the_default():
     assert r.returncode == 1 and "localhost:8001" in r.stderr  # whatever answers (or not) on the default port
     r = run("generate", "hello", "--url", "http://localhost", "--protocol", "grpc")
     assert r.returncode == 1 and _errors(r) == ["error: --url http://localhost is HTTP but --protocol is grpc"]
-    for bad, message in (("ftp://h:1", "unsupported scheme ftp://"), ("http://h:1/v2", "with no path"),
-                         ("h:99999", "the port is not a number")):
+    for bad, message in (
+        ("ftp://h:1", "unsupported scheme ftp://"),
+        ("http://h:1/v2", "with no path"),
+        ("h:99999", "the port is not a number"),
+    ):
         r = run("generate", "hello", "--url", bad)
         assert r.returncode == 1 and message in r.stderr and "Traceback" not in r.stderr, bad
 
@@ -89,15 +96,19 @@ def test_a_dropped_grpc_stream_is_a_server_error_not_a_request_error():
     dropped = stream_error(InferenceServerException("Socket closed", status="StatusCode.UNAVAILABLE"), "grpc://h:1")
     assert isinstance(dropped, ServerError) and "dropped the connection" in dropped.message
     assert "check the request fields" not in dropped.hint and "log" in dropped.hint
-    refused = stream_error(InferenceServerException("max_tokens must be >= 1", status="StatusCode.INVALID_ARGUMENT"),
-                           "grpc://h:1")
+    refused = stream_error(
+        InferenceServerException("max_tokens must be >= 1", status="StatusCode.INVALID_ARGUMENT"), "grpc://h:1"
+    )
     assert isinstance(refused, GenerationError) and "refused this request" in refused.hint
 
 
 def _spec(tmp_path, target, draft):
     path = tmp_path / "trtspec.yaml"
-    path.write_text(yaml.safe_dump({"target": {"model": str(target), "dtype": "float32"},
-                                    "draft": {"model": str(draft), "dtype": "float32"}}))
+    path.write_text(
+        yaml.safe_dump(
+            {"target": {"model": str(target), "dtype": "float32"}, "draft": {"model": str(draft), "dtype": "float32"}}
+        )
+    )
     return path
 
 
@@ -161,8 +172,11 @@ def test_speedup_verdict_says_plainly_whether_speculation_paid_and_why():
     from trtspec.serving.verdict import speedup_verdict
 
     def level(spec_tps, base_tps, acceptance):
-        return {"concurrency": 1, "speculative": {"output_tok_per_s": spec_tps, "acceptance_rate": acceptance},
-                "target_only": {"output_tok_per_s": base_tps, "acceptance_rate": 0.0}}
+        return {
+            "concurrency": 1,
+            "speculative": {"output_tok_per_s": spec_tps, "acceptance_rate": acceptance},
+            "target_only": {"output_tok_per_s": base_tps, "acceptance_rate": 0.0},
+        }
 
     slow = speedup_verdict(level(9.0, 10.0, 0.2), max_draft_len=4)
     assert slow.startswith("speculative decoding did not pay on this machine: 0.90x target-only")

@@ -16,8 +16,9 @@ TRTSPEC = [sys.executable, "-m", "trtspec"]
 
 
 def run(*args, cwd=None, env=None, timeout=300):
-    return subprocess.run([*TRTSPEC, *args], capture_output=True, text=True, cwd=cwd, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [*TRTSPEC, *args], capture_output=True, text=True, cwd=cwd, timeout=timeout, env={**os.environ, **(env or {})}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +26,9 @@ def narrow_draft(tiny_tokenizer, tmp_path_factory):
     """A draft of hidden 96: 4-bit formats (blocks of 128) cannot take it."""
     from tests.tiny import make_llama
 
-    return make_llama(tmp_path_factory.mktemp("narrow") / "draft", tiny_tokenizer, hidden=96, intermediate=192,
-                      layers=1, seed=2)
+    return make_llama(
+        tmp_path_factory.mktemp("narrow") / "draft", tiny_tokenizer, hidden=96, intermediate=192, layers=1, seed=2
+    )
 
 
 def _written(path):
@@ -35,8 +37,18 @@ def _written(path):
 
 @pytest.mark.parametrize("runtime", ["trtllm-engine", "trtllm-llmapi"])
 def test_init_for_a_gpu_runtime_writes_gpu_dtypes_and_formats_that_fit(tmp_path, tiny_pair, narrow_draft, runtime):
-    r = run("init", "--target", str(tiny_pair[0]), "--draft", str(narrow_draft), "--runtime", runtime,
-            "-o", "spec.yaml", cwd=tmp_path)
+    r = run(
+        "init",
+        "--target",
+        str(tiny_pair[0]),
+        "--draft",
+        str(narrow_draft),
+        "--runtime",
+        runtime,
+        "-o",
+        "spec.yaml",
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     spec = _written(tmp_path / "spec.yaml")
     assert spec["target"]["dtype"] == spec["draft"]["dtype"] == "bfloat16"
@@ -61,8 +73,18 @@ def test_init_for_a_gpu_runtime_writes_gpu_dtypes_and_formats_that_fit(tmp_path,
 def test_init_picks_4bit_for_a_draft_that_takes_it_and_relative_paths_stay_right(tmp_path, tiny_pair):
     (tmp_path / "models").symlink_to(tiny_pair[0].parent)
     (tmp_path / "out").mkdir()
-    r = run("init", "--target", "models/target", "--draft", "models/draft", "--runtime", "trtllm-engine",
-            "-o", "out/spec.yaml", cwd=tmp_path)
+    r = run(
+        "init",
+        "--target",
+        "models/target",
+        "--draft",
+        "models/draft",
+        "--runtime",
+        "trtllm-engine",
+        "-o",
+        "out/spec.yaml",
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     spec = _written(tmp_path / "out" / "spec.yaml")
     assert spec["draft"]["quantization"] == "int4_awq" and spec["target"]["quantization"] == "fp8"
@@ -71,8 +93,13 @@ def test_init_picks_4bit_for_a_draft_that_takes_it_and_relative_paths_stay_right
 
 
 def test_a_float32_spec_on_a_gpu_runtime_is_warned(tmp_path, tiny_pair, write_spec):
-    path = write_spec({"runtime": "trtllm-engine", "target": {"model": str(tiny_pair[0]), "dtype": "float32"},
-                       "draft": {"model": str(tiny_pair[1])}})
+    path = write_spec(
+        {
+            "runtime": "trtllm-engine",
+            "target": {"model": str(tiny_pair[0]), "dtype": "float32"},
+            "draft": {"model": str(tiny_pair[1])},
+        }
+    )
     report = json.loads(run("check", str(path), "--json").stdout)
     found = {f["check"]: f for f in report["findings"]}
     assert found["target dtype"]["level"] == "warn" and "bfloat16" in found["target dtype"]["hint"]
@@ -99,17 +126,26 @@ def test_check_does_not_warn_about_a_family_the_torch_runtime_runs(tmp_path, tin
     spec.write_text(yaml.safe_dump({"target": {"model": str(tiny_pair[0])}, "draft": {"model": str(draft)}}))
     found = {f["check"]: f for f in json.loads(run("check", str(spec), "--json").stdout)["findings"]}
     assert found["draft family"]["level"] == "ok" and "torch runtime" in found["draft family"]["detail"]
-    spec.write_text(yaml.safe_dump({"runtime": "trtllm-engine", "target": {"model": str(tiny_pair[0])},
-                                    "draft": {"model": str(draft)}}))
+    spec.write_text(
+        yaml.safe_dump(
+            {"runtime": "trtllm-engine", "target": {"model": str(tiny_pair[0])}, "draft": {"model": str(draft)}}
+        )
+    )
     r = run("check", str(spec))
     assert r.returncode == 1 and "draft family" in r.stderr
 
 
 def test_check_refuses_a_missing_calibration_file_and_build_leaves_nothing(tmp_path, tiny_pair):
     spec = tmp_path / "s.yaml"
-    spec.write_text(yaml.safe_dump({"target": {"model": str(tiny_pair[0]), "quantization": "int8_wo"},
-                                    "draft": {"model": str(tiny_pair[1])},
-                                    "calibration": {"file": "nowhere.jsonl"}}))
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "target": {"model": str(tiny_pair[0]), "quantization": "int8_wo"},
+                "draft": {"model": str(tiny_pair[1])},
+                "calibration": {"file": "nowhere.jsonl"},
+            }
+        )
+    )
     r = run("check", str(spec))
     assert r.returncode == 1 and "calibration" in r.stderr and "nowhere.jsonl: calibration file not found" in r.stderr
     before = set(tmp_path.iterdir())
@@ -122,15 +158,21 @@ def test_check_refuses_a_missing_calibration_file_and_build_leaves_nothing(tmp_p
 
 
 def test_unused_calibration_file_is_said_to_be_unused(tmp_path, tiny_pair, write_spec):
-    path = write_spec({"target": {"model": str(tiny_pair[0])}, "draft": {"model": str(tiny_pair[1])},
-                       "calibration": {"file": "nowhere.txt"}})
+    path = write_spec(
+        {
+            "target": {"model": str(tiny_pair[0])},
+            "draft": {"model": str(tiny_pair[1])},
+            "calibration": {"file": "nowhere.txt"},
+        }
+    )
     found = {f["check"]: f for f in json.loads(run("check", str(path), "--json").stdout)["findings"]}
     assert found["calibration"]["level"] == "ok" and "nothing is quantized" in found["calibration"]["detail"]
 
 
 def test_typo_in_a_field_says_did_you_mean(tmp_path, write_spec):
-    path = write_spec({"target": {"model": "t", "quantisation": "fp8"}, "draft": {"model": "d"},
-                       "speculatve": {"max_draft_len": 4}})
+    path = write_spec(
+        {"target": {"model": "t", "quantisation": "fp8"}, "draft": {"model": "d"}, "speculatve": {"max_draft_len": 4}}
+    )
     r = run("plan", str(path))
     assert r.returncode == 1
     assert "target.quantisation: unknown field; did you mean 'quantization'?" in r.stderr

@@ -88,9 +88,27 @@ def test_taken_openai_port_fails_before_triton_starts(repo, tmp_path):
         busy.bind(("127.0.0.1", 0))
         busy.listen(1)
         port = busy.getsockname()[1]
-        r = subprocess.run([sys.executable, "-m", "trtspec", "serve", str(repo), "--http-port", "0", "--grpc-port",
-                            "0", "--metrics-port", "0", "--openai-port", str(port)], capture_output=True, text=True,
-                           timeout=120, env={**os.environ, "PYTHONPATH": os.getcwd()})
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "trtspec",
+                "serve",
+                str(repo),
+                "--http-port",
+                "0",
+                "--grpc-port",
+                "0",
+                "--metrics-port",
+                "0",
+                "--openai-port",
+                str(port),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PYTHONPATH": os.getcwd()},
+        )
     assert r.returncode == 1 and f"OpenAI port {port}" in r.stderr and "Traceback" not in r.stderr
     assert "ready:" not in r.stdout
 
@@ -100,10 +118,25 @@ def test_frontend_alone_answers_503_until_triton_is_ready(repo, tmp_path):
     from trtspec.serving.server import free_port
 
     port, dead = free_port(), free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "trtspec.serving.openai", "--repo", str(repo), "--triton",
-                             f"127.0.0.1:{dead}", "--host", "127.0.0.1", "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONPATH": os.getcwd()})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "trtspec.serving.openai",
+            "--repo",
+            str(repo),
+            "--triton",
+            f"127.0.0.1:{dead}",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
     try:
         base = f"http://127.0.0.1:{port}"
         end = time.monotonic() + 60
@@ -112,8 +145,10 @@ def test_frontend_alone_answers_503_until_triton_is_ready(repo, tmp_path):
             time.sleep(0.2)
         r = httpx.get(base + "/health")
         assert r.status_code == 503 and r.json()["error"]["code"] == "model_not_ready"
-        r = httpx.post(base + "/v1/chat/completions", json={"model": "life", "max_tokens": 4,
-                                                           "messages": [{"role": "user", "content": "hi"}]})
+        r = httpx.post(
+            base + "/v1/chat/completions",
+            json={"model": "life", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
+        )
         assert r.status_code == 503 and r.json()["error"]["type"] == "service_unavailable_error"
         assert httpx.get(base + "/v1/models").json()["data"][0]["id"] == "life"
     finally:

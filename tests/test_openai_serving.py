@@ -21,8 +21,16 @@ NAME = "tiny-chat"
 MAX_SEQ_LEN = 512
 MAX_INPUT_LEN = 256
 STANDIN = Path(__file__).parent / "standin" / "llmapi"
-QUESTIONS = ["The quick brown fox", "What is the capital of France?", "def add(a, b):", "Zürich, naïve café 🙂",
-             "Speculative decoding lets a small draft model", "emoji", "The lazy dog. The quick", "A"]
+QUESTIONS = [
+    "The quick brown fox",
+    "What is the capital of France?",
+    "def add(a, b):",
+    "Zürich, naïve café 🙂",
+    "Speculative decoding lets a small draft model",
+    "emoji",
+    "The lazy dog. The quick",
+    "A",
+]
 
 
 def _spec(kind: str, root: Path, target: Path, draft: Path):
@@ -30,19 +38,33 @@ def _spec(kind: str, root: Path, target: Path, draft: Path):
         from trtspec.spec import spec_from_dict
 
         # BLS: the target is a model of its own, so Triton's statistics count its steps (see _work).
-        data = torch_spec_dict(target, draft, name=NAME, engine={"max_seq_len": MAX_SEQ_LEN,
-                                                                  "max_input_len": MAX_INPUT_LEN},
-                               triton={"orchestration": "bls"})
+        data = torch_spec_dict(
+            target,
+            draft,
+            name=NAME,
+            engine={"max_seq_len": MAX_SEQ_LEN, "max_input_len": MAX_INPUT_LEN},
+            triton={"orchestration": "bls"},
+        )
         return spec_from_dict(data, base_dir=root, environ={}), {}
     from tests.engine_helpers import engine_spec
 
     none = {"quantization": "none", "dtype": "float16"}
-    spec = engine_spec(root, (target, draft), runtime="trtllm-llmapi", name=NAME, target=none, draft=none,
-                       engine={"trtllm_version": "1.1.0", "max_seq_len": MAX_SEQ_LEN, "max_input_len": MAX_INPUT_LEN},
-                       speculative={"max_draft_len": 3})
-    env = {"TRTSPEC_EXTRA_PYTHONPATH": str(STANDIN), "TRTLLM_STANDIN_VERSION": "1.1.0",
-           "TRTLLM_STANDIN_SPEC_METRICS": "filled",  # as a release with TensorRT-LLM PR #17082 reports them
-           "TRTLLM_STANDIN_MOUNTS": f"/checkpoints/target={target};/checkpoints/draft={draft}"}
+    spec = engine_spec(
+        root,
+        (target, draft),
+        runtime="trtllm-llmapi",
+        name=NAME,
+        target=none,
+        draft=none,
+        engine={"trtllm_version": "1.1.0", "max_seq_len": MAX_SEQ_LEN, "max_input_len": MAX_INPUT_LEN},
+        speculative={"max_draft_len": 3},
+    )
+    env = {
+        "TRTSPEC_EXTRA_PYTHONPATH": str(STANDIN),
+        "TRTLLM_STANDIN_VERSION": "1.1.0",
+        "TRTLLM_STANDIN_SPEC_METRICS": "filled",  # as a release with TensorRT-LLM PR #17082 reports them
+        "TRTLLM_STANDIN_MOUNTS": f"/checkpoints/target={target};/checkpoints/draft={draft}",
+    }
     return spec, env
 
 
@@ -104,9 +126,16 @@ def test_chat_streamed_chunks_concatenate_to_the_greedy_text_with_usage(served, 
     spec = plain.model_extra["speculative_decoding"]
     assert spec["total_draft_tokens"] > 0 and 0 <= spec["total_accepted_draft_tokens"] <= spec["total_draft_tokens"]
 
-    chunks = list(client.chat.completions.create(model=NAME, messages=messages, max_completion_tokens=24,
-                                                 temperature=0, stream=True,
-                                                 stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model=NAME,
+            messages=messages,
+            max_completion_tokens=24,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     deltas = [c.choices[0].delta.content or "" for c in chunks if c.choices]
     assert "".join(deltas) == text and len([d for d in deltas if d]) > 1
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -123,8 +152,9 @@ def test_completion_streamed_and_not(served, reference):
     plain = client.completions.create(model=NAME, prompt=QUESTIONS[0], max_tokens=16, temperature=0)
     assert plain.choices[0].text == text and plain.object == "text_completion"
     assert (plain.usage.prompt_tokens, plain.usage.completion_tokens) == (n_prompt, n_out)
-    streamed = list(client.completions.create(model=NAME, prompt=QUESTIONS[0], max_tokens=16, temperature=0,
-                                              stream=True))
+    streamed = list(
+        client.completions.create(model=NAME, prompt=QUESTIONS[0], max_tokens=16, temperature=0, stream=True)
+    )
     assert "".join(c.choices[0].text for c in streamed) == text
     echoed = client.completions.create(model=NAME, prompt=QUESTIONS[0], max_tokens=16, temperature=0, echo=True)
     assert echoed.choices[0].text == QUESTIONS[0] + text
@@ -133,14 +163,16 @@ def test_completion_streamed_and_not(served, reference):
 def test_stop_sequence_cuts_the_text_before_it(served, reference):
     client = _client(served)
     text, _, _ = reference.chat(_chat(QUESTIONS[4]), 32)
-    stop = text[len(text) // 2: len(text) // 2 + 2]
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
     assert stop.strip(), text
     expected = text[: text.find(stop)]
-    plain = client.chat.completions.create(model=NAME, messages=_chat(QUESTIONS[4]), max_tokens=32, temperature=0,
-                                           stop=[stop])
+    plain = client.chat.completions.create(
+        model=NAME, messages=_chat(QUESTIONS[4]), max_tokens=32, temperature=0, stop=[stop]
+    )
     assert plain.choices[0].message.content == expected and plain.choices[0].finish_reason == "stop"
-    streamed = client.chat.completions.create(model=NAME, messages=_chat(QUESTIONS[4]), max_tokens=32,
-                                              temperature=0, stop=stop, stream=True)
+    streamed = client.chat.completions.create(
+        model=NAME, messages=_chat(QUESTIONS[4]), max_tokens=32, temperature=0, stop=stop, stream=True
+    )
     assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == expected
 
 
@@ -149,8 +181,9 @@ def test_eight_concurrent_streamed_chats_each_get_their_own_text(served, referen
     expected = [reference.chat(_chat(q), n)[0] for q, n in zip(QUESTIONS, lengths)]
 
     async def one(client: openai.AsyncOpenAI, i: int) -> str:
-        stream = await client.chat.completions.create(model=NAME, messages=_chat(QUESTIONS[i]),
-                                                      max_tokens=lengths[i], temperature=0, stream=True)
+        stream = await client.chat.completions.create(
+            model=NAME, messages=_chat(QUESTIONS[i]), max_tokens=lengths[i], temperature=0, stream=True
+        )
         return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
 
     async def main() -> list[str]:
@@ -169,16 +202,18 @@ def _error(exc_info) -> dict:
 def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(served, reference):
     client = _client(served)
     good = dict(model=NAME, messages=_chat(QUESTIONS[0]), max_tokens=8, temperature=0)
-    cases = [({"max_tokens": -3}, openai.BadRequestError, "max_tokens"),
-             ({"max_tokens": 0}, openai.BadRequestError, "max_tokens"),
-             ({"n": 2}, openai.BadRequestError, "n"),
-             ({"temperature": -1}, openai.BadRequestError, "temperature"),
-             ({"top_p": 1.5}, openai.BadRequestError, "top_p"),
-             ({"model": "gpt-4o"}, openai.NotFoundError, "model"),
-             ({"messages": _chat("hello " * 300)}, openai.BadRequestError, "messages"),
-             ({"max_tokens": MAX_SEQ_LEN}, openai.BadRequestError, "max_tokens"),
-             ({"messages": [{"role": "robot", "content": "hi"}]}, openai.BadRequestError, "messages.0.role"),
-             ({"stream": True, "max_tokens": -1}, openai.BadRequestError, "max_tokens")]
+    cases = [
+        ({"max_tokens": -3}, openai.BadRequestError, "max_tokens"),
+        ({"max_tokens": 0}, openai.BadRequestError, "max_tokens"),
+        ({"n": 2}, openai.BadRequestError, "n"),
+        ({"temperature": -1}, openai.BadRequestError, "temperature"),
+        ({"top_p": 1.5}, openai.BadRequestError, "top_p"),
+        ({"model": "gpt-4o"}, openai.NotFoundError, "model"),
+        ({"messages": _chat("hello " * 300)}, openai.BadRequestError, "messages"),
+        ({"max_tokens": MAX_SEQ_LEN}, openai.BadRequestError, "max_tokens"),
+        ({"messages": [{"role": "robot", "content": "hi"}]}, openai.BadRequestError, "messages.0.role"),
+        ({"stream": True, "max_tokens": -1}, openai.BadRequestError, "max_tokens"),
+    ]
     for override, error, param in cases:
         with pytest.raises(error) as exc_info:
             client.chat.completions.create(**{**good, **override})
@@ -189,8 +224,7 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(served, ref
         client.completions.create(model=NAME, prompt="hello " * 300, max_tokens=4)
     assert _error(exc_info)["code"] == "context_length_exceeded"
     for raw in (b"{not json", b"[1, 2]", b"\xff\xfe"):
-        r = httpx.post(served.base_url + "/chat/completions", content=raw,
-                       headers={"Content-Type": "application/json"})
+        r = httpx.post(served.base_url + "/chat/completions", content=raw, headers={"Content-Type": "application/json"})
         assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text
     r = httpx.get(served.base_url + "/nothing")
     assert r.status_code == 404 and "error" in r.json()
@@ -215,7 +249,6 @@ def test_num_draft_tokens_extension(served, reference):
     assert target_only.model_extra["speculative_decoding"]["routed_to_target"] is True
     assert k2.model_extra["speculative_decoding"]["draft_len"] == 2
     assert k2.model_extra["speculative_decoding"]["total_draft_tokens"] > 0
-
 
 
 def _work(served) -> int:
@@ -260,8 +293,12 @@ def test_client_that_disconnects_mid_stream_frees_its_request(served, reference)
     # A finished request would have taken at least n / (K + 1) target steps.
     assert after < n / (1 + 4) / 4, f"{after} target steps after the client left"
     # The next request is served alone and right.
-    text = _client(served).chat.completions.create(model=NAME, messages=_chat(QUESTIONS[6]), max_tokens=12,
-                                                   temperature=0).choices[0].message.content
+    text = (
+        _client(served)
+        .chat.completions.create(model=NAME, messages=_chat(QUESTIONS[6]), max_tokens=12, temperature=0)
+        .choices[0]
+        .message.content
+    )
     assert text == reference.chat(_chat(QUESTIONS[6]), 12)[0]
 
 
@@ -270,16 +307,32 @@ def _bench(*args, timeout=600):
     import subprocess
     import sys
 
-    return subprocess.run([sys.executable, "-m", "trtspec", "bench", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    return subprocess.run(
+        [sys.executable, "-m", "trtspec", "bench", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
 
 
 def test_bench_over_the_openai_api_sweeps_k_beside_target_only_in_open_loop(served, tmp_path):
     import json
 
     plot = tmp_path / "bench.png"
-    args = ["--openai", served.base_url, "--request-rate", "4", "--requests", "4", "-n", "12", "--json",
-            "--plot", str(plot)]
+    args = [
+        "--openai",
+        served.base_url,
+        "--request-rate",
+        "4",
+        "--requests",
+        "4",
+        "-n",
+        "12",
+        "--json",
+        "--plot",
+        str(plot),
+    ]
     if served.kind == "llmapi":  # no per-request K there
         r = _bench(*args, "--draft-len", "1,2")
         assert r.returncode == 1 and "applies its own draft length" in r.stderr and "Traceback" not in r.stderr
@@ -293,8 +346,12 @@ def test_bench_over_the_openai_api_sweeps_k_beside_target_only_in_open_loop(serv
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     setup = out["setup"]
-    assert (setup["protocol"], setup["model"], setup["runtime"], setup["load"]) == ("openai", NAME, "torch",
-                                                                                    "request_rate")
+    assert (setup["protocol"], setup["model"], setup["runtime"], setup["load"]) == (
+        "openai",
+        NAME,
+        "torch",
+        "request_rate",
+    )
     assert [m["draft_len"] for m in setup["modes"]] == [0, 1, 2] and setup["workload"]["max_tokens"]["max"] == 12
     assert setup["prompt_set"].startswith("built-in")
     (level,) = out["levels"]

@@ -21,15 +21,22 @@ def _chat(**kw):
     return {"model": "m", "messages": [{"role": "user", "content": "hi"}], **kw}
 
 
-@pytest.mark.parametrize("body, param", [
-    (_chat(n=3), "n"), (_chat(presence_penalty=0.5), "presence_penalty"), (_chat(logprobs=True), "logprobs"),
-    (_chat(tools=[{"type": "function"}]), "tools"), (_chat(stream_options={"include_usage": True}), "stream_options"),
-    (_chat(messages=[]), "messages"), (_chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]),
-                                      "messages.0.content"),
-    (_chat(stop=["a", "b", "c", "d", "e"]), None), ({"messages": []}, "model"),
-    (_chat(max_tokens="many"), "max_tokens"),
-    (_chat(response_format={"type": "json_object"}), "response_format"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        (_chat(n=3), "n"),
+        (_chat(presence_penalty=0.5), "presence_penalty"),
+        (_chat(logprobs=True), "logprobs"),
+        (_chat(tools=[{"type": "function"}]), "tools"),
+        (_chat(stream_options={"include_usage": True}), "stream_options"),
+        (_chat(messages=[]), "messages"),
+        (_chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]), "messages.0.content"),
+        (_chat(stop=["a", "b", "c", "d", "e"]), None),
+        ({"messages": []}, "model"),
+        (_chat(max_tokens="many"), "max_tokens"),
+        (_chat(response_format={"type": "json_object"}), "response_format"),
+    ],
+)
 def test_chat_requests_that_cannot_be_honoured_are_refused_by_field(body, param):
     from trtspec.serving.openai.protocol import stop_strings
 
@@ -43,8 +50,12 @@ def test_chat_requests_that_cannot_be_honoured_are_refused_by_field(body, param)
 def test_completion_fields_and_harmless_ones():
     r = parse_request(CompletionRequest, {"model": "m", "prompt": ["one"], "user": "u", "some_tool_field": 1})
     assert r.prompt == ["one"]
-    for bad, param in (({"prompt": ["a", "b"]}, "prompt"), ({"suffix": "x"}, "suffix"), ({"best_of": 2}, "best_of"),
-                       ({"logprobs": 2}, "logprobs")):
+    for bad, param in (
+        ({"prompt": ["a", "b"]}, "prompt"),
+        ({"suffix": "x"}, "suffix"),
+        ({"best_of": 2}, "best_of"),
+        ({"logprobs": 2}, "logprobs"),
+    ):
         with pytest.raises(OpenAIError) as exc_info:
             parse_request(CompletionRequest, {"model": "m", "prompt": "p", **bad})
         assert exc_info.value.param == param
@@ -52,14 +63,22 @@ def test_completion_fields_and_harmless_ones():
         parse_request(CompletionRequest, [1, 2])
 
 
-@pytest.mark.parametrize("kw, param", [
-    (dict(max_tokens=("max_completion_tokens", 0)), "max_completion_tokens"), (dict(temperature=2.5), "temperature"),
-    (dict(top_p=0.0), "top_p"), (dict(top_k=-1), "top_k"), (dict(seed=-1), "seed"),
-    (dict(num_draft_tokens=17), "num_draft_tokens"), (dict(num_draft_tokens=-1), "num_draft_tokens"),
-])
+@pytest.mark.parametrize(
+    "kw, param",
+    [
+        (dict(max_tokens=("max_completion_tokens", 0)), "max_completion_tokens"),
+        (dict(temperature=2.5), "temperature"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_k=-1), "top_k"),
+        (dict(seed=-1), "seed"),
+        (dict(num_draft_tokens=17), "num_draft_tokens"),
+        (dict(num_draft_tokens=-1), "num_draft_tokens"),
+    ],
+)
 def test_generation_field_values(kw, param):
-    args = dict(max_tokens=("max_tokens", 8), temperature=None, top_p=None, top_k=None, seed=None,
-                num_draft_tokens=None)
+    args = dict(
+        max_tokens=("max_tokens", 8), temperature=None, top_p=None, top_k=None, seed=None, num_draft_tokens=None
+    )
     check_generation_fields(**args)
     with pytest.raises(OpenAIError) as exc_info:
         check_generation_fields(**{**args, **kw})
@@ -86,9 +105,16 @@ def test_served_deployment_maps_container_paths_back_through_the_manifest(tmp_pa
     (repo / "tensorrt_llm" / "config.pbtxt").write_text('name: "tensorrt_llm"\nbackend: "python"\nmax_batch_size: 0\n')
     (repo / "tensorrt_llm" / "1" / "model.yaml").write_text(
         "model: /checkpoints/target\nmax_seq_len: 300\nspeculative_config: {decoding_type: DraftTarget, "
-        "max_draft_len: 3}\n")
-    (repo / "manifest.json").write_text(json.dumps({"settings": {"name": "served", "engine": {"max_input_len": 100}},
-                                                    "container_mounts": [[str(host), "/checkpoints/target"]]}))
+        "max_draft_len: 3}\n"
+    )
+    (repo / "manifest.json").write_text(
+        json.dumps(
+            {
+                "settings": {"name": "served", "engine": {"max_input_len": 100}},
+                "container_mounts": [[str(host), "/checkpoints/target"]],
+            }
+        )
+    )
     d = ServedDeployment.from_repo(repo)
     assert (d.name, d.contract, d.entry_model, d.runtime) == ("served", "llmapi", "tensorrt_llm", "trtllm-llmapi")
     assert d.tokenizer_dir == host and (d.max_input_len, d.max_seq_len, d.max_draft_len) == (100, 300, 3)
@@ -120,8 +146,10 @@ def test_summary_percentiles_and_routed_requests_left_out_of_acceptance():
     from trtspec.serving.bench.runner import pct, summarize
 
     assert pct([], 0.5) is None and pct([3, 1, 2], 0.5) == 2 and pct(list(range(101)), 0.99) == 99
-    records = [Record(tokens=10, ttft=0.1 * i, itl=0.01, latency=1.0, drafted=8, accepted=4, has_acceptance=True)
-               for i in range(1, 5)]
+    records = [
+        Record(tokens=10, ttft=0.1 * i, itl=0.01, latency=1.0, drafted=8, accepted=4, has_acceptance=True)
+        for i in range(1, 5)
+    ]
     records += [Record(tokens=5, ttft=0.5, itl=0.02, latency=0.5, routed=True), Record(error="boom")]
     s = summarize(records, 2.0)
     assert (s["requests"], s["errors"], s["routed_to_target"], s["output_tokens"]) == (5, 1, 1, 45)
@@ -138,8 +166,16 @@ def test_speculative_statistics_are_null_when_the_server_reports_none():
     reason, usage, spec = OpenAIService.finish(None, p, {"num_output_tokens": 8})  # type: ignore[arg-type]
     assert reason == "length" and usage == {"prompt_tokens": 5, "completion_tokens": 8, "total_tokens": 13}
     assert spec["total_draft_tokens"] is None and spec["acceptance_rate"] is None and spec["draft_len"] == 3
-    _, _, spec = OpenAIService.finish(None, p, {"num_output_tokens": 2, "total_draft_tokens": 6,  # type: ignore
-                                                "total_accepted_draft_tokens": 3, "acceptance_rate": 0.5})
+    _, _, spec = OpenAIService.finish(
+        None,
+        p,
+        {
+            "num_output_tokens": 2,
+            "total_draft_tokens": 6,  # type: ignore
+            "total_accepted_draft_tokens": 3,
+            "acceptance_rate": 0.5,
+        },
+    )
     assert (spec["total_draft_tokens"], spec["total_accepted_draft_tokens"], spec["acceptance_rate"]) == (6, 3, 0.5)
 
 
@@ -171,16 +207,39 @@ def test_table_and_plot_carry_the_setup(tmp_path):
 
     from trtspec.serving.bench import plot_results, render_table
 
-    mode = dict(requests=4, errors=0, routed_to_target=0, output_tok_per_s=10.0, requests_per_s=1.0,
-                acceptance_rate=0.5,
-                **{f"{m}_{p}_s": 0.1 for m in ("ttft", "itl", "e2e") for p in ("p50", "p90", "p99")})
-    results = {"setup": {"protocol": "openai", "url": "http://x/v1", "model": "tiny", "runtime": "torch",
-                         "load": "concurrency", "levels": [1, 2], "chat": True, "prompt_set": "built-in, 12 prompts",
-                         "modes": [{"mode": "target_only", "draft_len": 0}, {"mode": "K=2", "draft_len": 2}]},
-               "levels": [{"concurrency": c, "modes": [{**mode, "mode": "target_only", "draft_len": 0,
-                                                        "acceptance_rate": 0.0},
-                                                       {**mode, "mode": "K=2", "draft_len": 2, "speedup": 1.2}]}
-                          for c in (1, 2)], "warnings": []}
+    mode = dict(
+        requests=4,
+        errors=0,
+        routed_to_target=0,
+        output_tok_per_s=10.0,
+        requests_per_s=1.0,
+        acceptance_rate=0.5,
+        **{f"{m}_{p}_s": 0.1 for m in ("ttft", "itl", "e2e") for p in ("p50", "p90", "p99")},
+    )
+    results = {
+        "setup": {
+            "protocol": "openai",
+            "url": "http://x/v1",
+            "model": "tiny",
+            "runtime": "torch",
+            "load": "concurrency",
+            "levels": [1, 2],
+            "chat": True,
+            "prompt_set": "built-in, 12 prompts",
+            "modes": [{"mode": "target_only", "draft_len": 0}, {"mode": "K=2", "draft_len": 2}],
+        },
+        "levels": [
+            {
+                "concurrency": c,
+                "modes": [
+                    {**mode, "mode": "target_only", "draft_len": 0, "acceptance_rate": 0.0},
+                    {**mode, "mode": "K=2", "draft_len": 2, "speedup": 1.2},
+                ],
+            }
+            for c in (1, 2)
+        ],
+        "warnings": [],
+    }
     console = Console(record=True, width=250)
     console.print(render_table(results))
     text = console.export_text()

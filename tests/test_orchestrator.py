@@ -25,9 +25,11 @@ def setup(tiny_pair, tmp_path_factory):
     from tests.serving_helpers import make_noisy_draft
 
     noisy = make_noisy_draft(tiny_pair[0], tmp_path_factory.mktemp("noisy") / "draft")
-    engines = {"tensorrt_llm": InflightEngine(load_model(tiny_pair[0])).start(),
-               "tensorrt_llm_draft": InflightEngine(load_model(noisy)).start(),
-               "random_draft": InflightEngine(load_model(tiny_pair[1])).start()}
+    engines = {
+        "tensorrt_llm": InflightEngine(load_model(tiny_pair[0])).start(),
+        "tensorrt_llm_draft": InflightEngine(load_model(noisy)).start(),
+        "random_draft": InflightEngine(load_model(tiny_pair[1])).start(),
+    }
     decoder = SpeculativeDecoder(load_model(tiny_pair[0]), None, eos_ids=[EOS], pad_id=3)
     yield LocalEngines(engines), decoder
     for e in engines.values():
@@ -56,8 +58,7 @@ def test_greedy_output_equals_target_only_for_concurrent_requests(setup, draft):
     deployment = Deployment(draft_model=draft, max_draft_len=4)
 
     async def all_prompts():
-        return await asyncio.gather(*[_collect(RowRequest(p, 24, end_id=EOS), engines, deployment)
-                                      for p in PROMPTS])
+        return await asyncio.gather(*[_collect(RowRequest(p, 24, end_id=EOS), engines, deployment) for p in PROMPTS])
 
     results = asyncio.run(all_prompts())
     for p, (out, stats, _) in zip(PROMPTS, results):
@@ -72,8 +73,7 @@ def test_greedy_output_equals_target_only_for_concurrent_requests(setup, draft):
 def test_short_requests_and_k0_are_routed_to_the_target_alone(setup):
     engines, decoder = setup
     deployment = Deployment(max_draft_len=4, route_threshold=10)
-    for req in (RowRequest(PROMPTS[1], 9, end_id=EOS),
-                RowRequest(PROMPTS[1], 20, end_id=EOS, num_draft_tokens=0)):
+    for req in (RowRequest(PROMPTS[1], 9, end_id=EOS), RowRequest(PROMPTS[1], 20, end_id=EOS, num_draft_tokens=0)):
         out, stats, _ = run(req, engines, deployment)
         assert stats.routed_to_target and stats.total_draft_tokens == 0 and stats.acceptance_rate == 0.0
         assert out == target_only(decoder, PROMPTS[1], req.max_new)
@@ -83,8 +83,9 @@ def test_short_requests_and_k0_are_routed_to_the_target_alone(setup):
 
 def test_streamed_routed_request_arrives_in_several_chunks(setup):
     engines, decoder = setup
-    out, stats, chunks = run(RowRequest(PROMPTS[2], 6, end_id=EOS, stream=True), engines,
-                             Deployment(route_threshold=100))
+    out, stats, chunks = run(
+        RowRequest(PROMPTS[2], 6, end_id=EOS, stream=True), engines, Deployment(route_threshold=100)
+    )
     assert out == target_only(decoder, PROMPTS[2], 6) and chunks == len(out) > 1
 
 
@@ -92,7 +93,7 @@ def test_stop_words_end_generation_on_the_speculative_path(setup):
     engines, decoder = setup
     ref = target_only(decoder, PROMPTS[4], 24)
     stop = ref[6:8]
-    first = next(j for j in range(2, len(ref) + 1) if ref[j - 2: j] == stop)
+    first = next(j for j in range(2, len(ref) + 1) if ref[j - 2 : j] == stop)
     out, _, _ = run(RowRequest(PROMPTS[4], 24, end_id=EOS, stop_words=[stop]), engines, Deployment())
     assert out == ref[:first]
 
@@ -111,8 +112,11 @@ def test_requests_the_engines_cannot_serve_are_refused_before_any_engine_call(se
     with pytest.raises(GenerationError, match=r"num_draft_tokens 8 exceeds this deployment's max_draft_len \(4\)"):
         run(RowRequest(PROMPTS[0], 16, end_id=EOS, num_draft_tokens=8), engines, deployment)
     with pytest.raises(GenerationError, match="gather_generation_logits"):
-        run(RowRequest(PROMPTS[0], 16, end_id=EOS, use_draft_logits=True,
-                       sampling=SamplingParams(temperature=1.0)), engines, deployment)
+        run(
+            RowRequest(PROMPTS[0], 16, end_id=EOS, use_draft_logits=True, sampling=SamplingParams(temperature=1.0)),
+            engines,
+            deployment,
+        )
     with pytest.raises(GenerationError, match="must be in 0..4"):
         run(RowRequest(PROMPTS[0], 16, end_id=EOS, num_draft_tokens=-1), engines, deployment)
     # within the limit, fewer draft tokens than the default are served
@@ -127,8 +131,9 @@ def test_accepted_tokens_are_counted_by_prefix_match_of_the_target_output(setup)
 
     assert accepted_prefix([5, 6, 7], [5, 6, 9, 1]) == 2 and accepted_prefix([], [4]) == 0
     assert accepted_prefix([5, 6], [5, 6]) == 2  # the target stopped at end_id after two accepted tokens
-    out, stats, _ = run(RowRequest(PROMPTS[3], 20, end_id=EOS), engines,
-                        Deployment(draft_model="tensorrt_llm", max_draft_len=4))
+    out, stats, _ = run(
+        RowRequest(PROMPTS[3], 20, end_id=EOS), engines, Deployment(draft_model="tensorrt_llm", max_draft_len=4)
+    )
     assert out == target_only(decoder, PROMPTS[3], 20)
     assert stats.total_accepted_draft_tokens == stats.total_draft_tokens > 0
 
@@ -158,12 +163,15 @@ def test_ngram_and_hybrid_proposals_reach_the_target_as_draft_tokens_losslessly(
     counting = _CountingEngines(engines)
     proposed = accepted = 0
     for p in PROMPTS:
+
         async def one(p=p):
             stats, out = SpecStats(), []
-            async for tokens in generate(RowRequest(p, 24, end_id=EOS), counting, Deployment(max_draft_len=4),
-                                         stats, drafter=drafter):
+            async for tokens in generate(
+                RowRequest(p, 24, end_id=EOS), counting, Deployment(max_draft_len=4), stats, drafter=drafter
+            ):
                 out += tokens
             return out, stats
+
         out, stats = asyncio.run(one())
         assert out == answers[tuple(p)]
         proposed += stats.total_draft_tokens

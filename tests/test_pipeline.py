@@ -35,8 +35,11 @@ def test_second_build_skips_every_stage(tmp_path, tiny_pair, trtllm_checkpoints,
     bodies = TinyStageBodies(trtllm_checkpoints)
     first = run_pipeline(spec, bodies=bodies.bodies())
     assert _statuses(first) == {"check": "passed", **{s: "built" for s in OUTPUT_STAGES}}
-    manifests = {s: json.loads((Path(r.output) / "manifest.json").read_text())
-                 for s, r in ((r.name, r) for r in first.stages) if r.output and Path(r.output).is_dir()}
+    manifests = {
+        s: json.loads((Path(r.output) / "manifest.json").read_text())
+        for s, r in ((r.name, r) for r in first.stages)
+        if r.output and Path(r.output).is_dir()
+    }
     second = run_pipeline(spec, bodies=bodies.bodies())
     assert _statuses(second) == {"check": "passed", **{s: "skipped" for s in OUTPUT_STAGES}}
     assert bodies.calls == ["quantize:target", "quantize:draft", "repo"]  # nothing ran twice
@@ -46,27 +49,41 @@ def test_second_build_skips_every_stage(tmp_path, tiny_pair, trtllm_checkpoints,
     assert 'string_value: "/engines/target"' in repo_cfg and "${" not in repo_cfg
 
 
-def test_deleting_one_output_reruns_that_stage_and_the_ones_after(tmp_path, tiny_pair, trtllm_checkpoints,
-                                                                   with_standin):
+def test_deleting_one_output_reruns_that_stage_and_the_ones_after(
+    tmp_path, tiny_pair, trtllm_checkpoints, with_standin
+):
     spec = engine_spec(tmp_path, tiny_pair)
     bodies = TinyStageBodies(trtllm_checkpoints)
     run_pipeline(spec, bodies=bodies.bodies())
     shutil.rmtree(engine_dir(spec, "target"))
     report = run_pipeline(spec, bodies=bodies.bodies())
-    assert _statuses(report) == {"check": "passed", "quantize:target": "skipped", "quantize:draft": "skipped",
-                                 "quality": "skipped",
-                                 "compile:target": "built", "compile:draft": "skipped", "repo": "built"}
+    assert _statuses(report) == {
+        "check": "passed",
+        "quantize:target": "skipped",
+        "quantize:draft": "skipped",
+        "quality": "skipped",
+        "compile:target": "built",
+        "compile:draft": "skipped",
+        "repo": "built",
+    }
 
 
 def test_changing_the_draft_length_rebuilds_only_the_target_engine_and_the_repo(
-        tmp_path, tiny_pair, trtllm_checkpoints, with_standin):
+    tmp_path, tiny_pair, trtllm_checkpoints, with_standin
+):
     bodies = TinyStageBodies(trtllm_checkpoints)
     run_pipeline(engine_spec(tmp_path, tiny_pair), bodies=bodies.bodies())
     spec = engine_spec(tmp_path, tiny_pair, speculative={"max_draft_len": 8})
     report = run_pipeline(spec, bodies=bodies.bodies())
-    assert _statuses(report) == {"check": "passed", "quantize:target": "skipped", "quantize:draft": "skipped",
-                                 "quality": "skipped",
-                                 "compile:target": "built", "compile:draft": "skipped", "repo": "built"}
+    assert _statuses(report) == {
+        "check": "passed",
+        "quantize:target": "skipped",
+        "quantize:draft": "skipped",
+        "quality": "skipped",
+        "compile:target": "built",
+        "compile:draft": "skipped",
+        "repo": "built",
+    }
     manifest = json.loads((engine_dir(spec, "target") / "manifest.json").read_text())
     assert manifest["engine"]["max_draft_len"] == 8
 
@@ -79,10 +96,20 @@ def _write_spec(tmp_path, spec) -> Path:
 
 def _start_runner(tmp_path, spec, checkpoints, sleep: str) -> subprocess.Popen:
     env = {**os.environ, "TRTLLM_STANDIN_SLEEP": sleep, "PYTHONPATH": os.pathsep.join(sys.path)}
-    return subprocess.Popen([sys.executable, str(Path(__file__).parent / "pipeline_runner.py"),
-                             str(_write_spec(tmp_path, spec)), json.dumps({k: str(v) for k, v in checkpoints.items()})],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, preexec_fn=_default_sigint)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            str(Path(__file__).parent / "pipeline_runner.py"),
+            str(_write_spec(tmp_path, spec)),
+            json.dumps({k: str(v) for k, v in checkpoints.items()}),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=_default_sigint,
+    )
 
 
 def _default_sigint() -> None:
@@ -115,7 +142,8 @@ def _group_gone(pgid: int) -> bool:
 
 
 def test_build_killed_mid_stage_leaves_no_partial_output_and_the_next_run_completes(
-        tmp_path, tiny_pair, trtllm_checkpoints, with_standin):
+    tmp_path, tiny_pair, trtllm_checkpoints, with_standin
+):
     spec = engine_spec(tmp_path, tiny_pair)
     proc = _start_runner(tmp_path, spec, trtllm_checkpoints, sleep="600")
     _wait_for_build_mid_stage(spec, proc)
@@ -135,7 +163,8 @@ def test_build_killed_mid_stage_leaves_no_partial_output_and_the_next_run_comple
 
 
 def test_ctrl_c_mid_stage_removes_the_temporary_output_and_stops_trtllm_build(
-        tmp_path, tiny_pair, trtllm_checkpoints, with_standin):
+    tmp_path, tiny_pair, trtllm_checkpoints, with_standin
+):
     spec = engine_spec(tmp_path, tiny_pair)
     proc = _start_runner(tmp_path, spec, trtllm_checkpoints, sleep="600")
     _wait_for_build_mid_stage(spec, proc)
@@ -151,7 +180,8 @@ def test_ctrl_c_mid_stage_removes_the_temporary_output_and_stops_trtllm_build(
 
 
 def test_repo_stage_refuses_engines_from_another_trtllm_release_than_the_serving_image(
-        tmp_path, tiny_pair, trtllm_checkpoints, with_standin):
+    tmp_path, tiny_pair, trtllm_checkpoints, with_standin
+):
     bodies = TinyStageBodies(trtllm_checkpoints)
     run_pipeline(engine_spec(tmp_path, tiny_pair), bodies=bodies.bodies())  # engines by TRT-LLM 1.0.0
     spec = engine_spec(tmp_path, tiny_pair, triton={"image": "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"})
@@ -164,14 +194,24 @@ def test_repo_stage_refuses_engines_from_another_trtllm_release_than_the_serving
 
 
 def test_torch_runtime_without_quantization_needs_only_the_repo_stage(tmp_path, tiny_pair, trtllm_checkpoints):
-    spec = engine_spec(tmp_path, tiny_pair, runtime="torch",
-                       target={"quantization": "none", "dtype": "float32"},
-                       draft={"quantization": "none", "dtype": "float32"})
+    spec = engine_spec(
+        tmp_path,
+        tiny_pair,
+        runtime="torch",
+        target={"quantization": "none", "dtype": "float32"},
+        draft={"quantization": "none", "dtype": "float32"},
+    )
     bodies = TinyStageBodies(trtllm_checkpoints)
     report = run_pipeline(spec, bodies=bodies.bodies())
-    assert _statuses(report) == {"check": "passed", "quantize:target": "not needed", "quantize:draft": "not needed",
-                                 "quality": "not needed",
-                                 "compile:target": "not needed", "compile:draft": "not needed", "repo": "built"}
+    assert _statuses(report) == {
+        "check": "passed",
+        "quantize:target": "not needed",
+        "quantize:draft": "not needed",
+        "quality": "not needed",
+        "compile:target": "not needed",
+        "compile:draft": "not needed",
+        "repo": "built",
+    }
     assert _statuses(run_pipeline(spec, bodies=bodies.bodies()))["repo"] == "skipped"
 
 
@@ -195,16 +235,18 @@ def test_unknown_stage_and_missing_stage_module_are_one_line_errors(tmp_path, ti
     assert "No module named 'trtspec.no_such_stage'" in exc.value.hint
 
 
-def test_standalone_repo_and_serve_docker_run_the_version_guard(tmp_path, tiny_pair, trtllm_checkpoints,
-                                                                  with_standin):
+def test_standalone_repo_and_serve_docker_run_the_version_guard(tmp_path, tiny_pair, trtllm_checkpoints, with_standin):
     """`trtspec repo` (the real writer) and `serve --docker IMAGE` refuse engines of another TensorRT-LLM release."""
     from trtspec.engines.engine_dir import check_repo_engines
     from trtspec.triton_repo.writer import write_repo
 
     bodies = TinyStageBodies(trtllm_checkpoints)
     spec = engine_spec(tmp_path, tiny_pair)  # engines by TRT-LLM 1.0.0
-    run_pipeline(spec, only=["check", "quantize:target", "quantize:draft", "compile:target", "compile:draft"],
-                 bodies=bodies.bodies())
+    run_pipeline(
+        spec,
+        only=["check", "quantize:target", "quantize:draft", "compile:target", "compile:draft"],
+        bodies=bodies.bodies(),
+    )
     other = engine_spec(tmp_path, tiny_pair, triton={"image": "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"})
     with pytest.raises(EngineBuildError, match="built by TensorRT-LLM 1.0.0"):
         write_repo(other)
@@ -219,11 +261,21 @@ def test_standalone_repo_and_serve_docker_run_the_version_guard(tmp_path, tiny_p
         check_repo_engines(repo, "my-registry/custom:latest")
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     cli = [sys.executable, "-m", "trtspec", "serve", str(repo), "--dry-run", "--docker"]
-    r = subprocess.run(cli + ["nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"], capture_output=True,
-                       text=True, env=env, timeout=120)
+    r = subprocess.run(
+        cli + ["nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert r.returncode == 1 and "ships 1.1.0" in r.stderr and "hint:" in r.stderr and "Traceback" not in r.stderr
-    r = subprocess.run(cli + ["nvcr.io/nvidia/tritonserver:25.09-trtllm-python-py3"], capture_output=True,
-                       text=True, env=env, timeout=120)
+    r = subprocess.run(
+        cli + ["nvcr.io/nvidia/tritonserver:25.09-trtllm-python-py3"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert f"-v {engine_dir(spec, 'target')}:/engines/target:ro" in r.stdout.replace("\n", "")
 

@@ -22,10 +22,13 @@ def run(capsys, *args: str) -> tuple[int, str, str]:
 
 
 def write_spec(tmp_path, target, draft, runtime="torch", target_q="fp8", draft_q="int8_wo", **extra) -> str:
-    data = {"runtime": runtime,
-            "target": {"model": str(target), "dtype": "float32", "quantization": target_q},
-            "draft": {"model": str(draft), "dtype": "float32", "quantization": draft_q},
-            "calibration": dict(CALIBRATION), **extra}
+    data = {
+        "runtime": runtime,
+        "target": {"model": str(target), "dtype": "float32", "quantization": target_q},
+        "draft": {"model": str(draft), "dtype": "float32", "quantization": draft_q},
+        "calibration": dict(CALIBRATION),
+        **extra,
+    }
     path = tmp_path / "trtspec.yaml"
     path.write_text(yaml.safe_dump(data))
     return str(path)
@@ -78,8 +81,10 @@ def test_trtllm_engine_checkpoints_keep_the_source_rotary_base(tmp_path, tiny_pa
         assert cfg["rotary_base"] == 100000.0
         assert any("rope_theta=100000" in f for f in manifest(tmp_path, role)["fixes"])
         assert (tmp_path / "build" / role / "tokenizer.json").is_file()
-    assert json.loads((tmp_path / "build" / "draft" / "config.json").read_text())["quantization"]["quant_algo"] == \
-        "W4A16_AWQ"
+    assert (
+        json.loads((tmp_path / "build" / "draft" / "config.json").read_text())["quantization"]["quant_algo"]
+        == "W4A16_AWQ"
+    )
 
 
 def test_an_export_that_lost_rotary_base_is_refused_not_written(tmp_path, tiny_pair, capsys, monkeypatch):
@@ -97,8 +102,15 @@ def hidden_576(tmp_path_factory, tiny_tokenizer):
     """A one-layer Llama with SmolLM2-135M's widths (hidden 576: not a multiple of the 4-bit block size 128)."""
     from tests.tiny import make_llama
 
-    return make_llama(tmp_path_factory.mktemp("h576") / "m", tiny_tokenizer, hidden=576, layers=1, heads=9,
-                      kv_heads=3, intermediate=1536)
+    return make_llama(
+        tmp_path_factory.mktemp("h576") / "m",
+        tiny_tokenizer,
+        hidden=576,
+        layers=1,
+        heads=9,
+        kv_heads=3,
+        intermediate=1536,
+    )
 
 
 def _no_weights(tmp_path, tiny_pair):

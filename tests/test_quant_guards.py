@@ -11,8 +11,11 @@ from trtspec.build.calibration import Document, is_heldout, read_documents, ship
 from trtspec.errors import QuantizationError
 from trtspec.spec import KVCacheFormat, Quantization
 
-SMOLLM2_LIKE = [("model.layers.0.self_attn.q_proj", 576), ("model.layers.0.self_attn.o_proj", 576),
-                ("model.layers.0.mlp.down_proj", 1536)]
+SMOLLM2_LIKE = [
+    ("model.layers.0.self_attn.q_proj", 576),
+    ("model.layers.0.self_attn.o_proj", 576),
+    ("model.layers.0.mlp.down_proj", 1536),
+]
 
 
 def test_every_spec_format_maps_to_modelopt_and_trtllm():
@@ -22,7 +25,13 @@ def test_every_spec_format_maps_to_modelopt_and_trtllm():
         assert (fmt.trtllm_algo is None) == (q is Quantization.NONE)
     # QuantAlgo names TensorRT-LLM accepts in a checkpoint (tensorrt_llm/quantization/mode.py QuantAlgo)
     assert {f.trtllm_algo for f in formats.FORMATS.values()} - {None} <= {
-        "FP8", "W8A8_SQ_PER_CHANNEL", "W4A16_AWQ", "W4A8_AWQ", "W8A16", "NVFP4"}
+        "FP8",
+        "W8A8_SQ_PER_CHANNEL",
+        "W4A16_AWQ",
+        "W4A8_AWQ",
+        "W8A16",
+        "NVFP4",
+    }
 
 
 def test_modelopt_config_appends_the_kv_cache_quantizers_to_a_copy():
@@ -78,15 +87,18 @@ def test_shipped_corpus_is_a_few_hundred_kb_of_prose_code_and_dialogue_with_its_
     assert (path.parent / "README.md").is_file() and (path.parent / "LICENSE-PSF.txt").is_file()
 
 
-@pytest.mark.parametrize("content, suffix, message", [
-    (None, ".txt", "calibration file not found"),
-    ("", ".txt", "no calibration text"),
-    ("  \n\n ", ".jsonl", "no calibration text"),
-    ('{"text": "a"}\nnot json\n', ".jsonl", ":2: not valid JSON"),
-    ('{"prompt": "a"}\n', ".jsonl", ":1: no field 'text' (fields: prompt)"),
-    ('{"text": 3}\n', ".jsonl", "field 'text' is int, not text"),
-    ('["a"]\n', ".jsonl", "expected a JSON object"),
-])
+@pytest.mark.parametrize(
+    "content, suffix, message",
+    [
+        (None, ".txt", "calibration file not found"),
+        ("", ".txt", "no calibration text"),
+        ("  \n\n ", ".jsonl", "no calibration text"),
+        ('{"text": "a"}\nnot json\n', ".jsonl", ":2: not valid JSON"),
+        ('{"prompt": "a"}\n', ".jsonl", ":1: no field 'text' (fields: prompt)"),
+        ('{"text": 3}\n', ".jsonl", "field 'text' is int, not text"),
+        ('["a"]\n', ".jsonl", "expected a JSON object"),
+    ],
+)
 def test_bad_calibration_files_are_one_clear_error(tmp_path, content, suffix, message):
     path = tmp_path / f"calib{suffix}"
     if content is not None:
@@ -131,8 +143,15 @@ def test_torch_runtime_refuses_formats_it_cannot_run_even_on_a_gpu(tiny_pair, tm
     from trtspec.build.ptq import preflight
     from trtspec.spec import spec_from_dict
 
-    spec = spec_from_dict({"runtime": "torch", "target": {"model": str(tiny_pair[0]), "quantization": "nvfp4"},
-                           "draft": {"model": str(tiny_pair[1])}}, base_dir=tmp_path, environ={})
+    spec = spec_from_dict(
+        {
+            "runtime": "torch",
+            "target": {"model": str(tiny_pair[0]), "quantization": "nvfp4"},
+            "draft": {"model": str(tiny_pair[1])},
+        },
+        base_dir=tmp_path,
+        environ={},
+    )
     with pytest.raises(QuantizationError, match="torch runtime cannot run nvfp4") as err:
         preflight(spec, "target", cuda=True)
     assert "trtllm-llmapi" in err.value.hint

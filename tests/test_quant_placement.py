@@ -38,8 +38,13 @@ def test_gpu_machines_spread_the_model_over_every_gpu_and_cpus_keep_it_whole(tin
 
 def test_placement_counts_modules_per_device_from_the_device_map(tiny_pair):
     model = _tiny(tiny_pair)
-    model.hf_device_map = {"model.embed_tokens": 0, "model.layers.0": 0, "model.layers.1": 1, "model.norm": "cpu",
-                           "lm_head": "cpu"}
+    model.hf_device_map = {
+        "model.embed_tokens": 0,
+        "model.layers.0": 0,
+        "model.layers.1": 1,
+        "model.norm": "cpu",
+        "lm_head": "cpu",
+    }
     placement = ptq.placement_of(model)
     assert placement == {"cpu": 2, "cuda:0": 2, "cuda:1": 1}
     assert ptq.placement_summary(placement) == "cpu+cuda:0+cuda:1"
@@ -64,8 +69,13 @@ def test_on_a_gpu_machine_calibration_runs_on_the_gpu_and_says_so(tmp_path, tiny
 
     from tests.engine_helpers import engine_spec
 
-    spec = engine_spec(tmp_path, tiny_pair, runtime="trtllm-llmapi", target={"dtype": "bfloat16"},
-                       calibration={"samples": 4, "seq_len": 32, "batch_size": 2})
+    spec = engine_spec(
+        tmp_path,
+        tiny_pair,
+        runtime="trtllm-llmapi",
+        target={"dtype": "bfloat16"},
+        calibration={"samples": 4, "seq_len": 32, "batch_size": 2},
+    )
     c = ptq.calibrate(spec, "target")
     assert c.device.startswith("cuda:0") and c.placement.get("cuda:0", 0) > 0
     assert next(c.model.parameters()).device.type == "cuda" and torch.cuda.is_available()

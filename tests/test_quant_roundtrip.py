@@ -36,11 +36,16 @@ CALIBRATION = {"samples": 4, "seq_len": 32, "batch_size": 2}
 
 
 def _spec(target, tmp_path, runtime="torch", quantization="fp8", kv_cache="auto"):
-    return spec_from_dict({"runtime": runtime,
-                           "target": {"model": str(target), "dtype": "float32", "quantization": quantization,
-                                      "kv_cache": kv_cache},
-                           "draft": {"model": str(target), "dtype": "float32", "quantization": "none"},
-                           "calibration": CALIBRATION}, base_dir=tmp_path, environ={})
+    return spec_from_dict(
+        {
+            "runtime": runtime,
+            "target": {"model": str(target), "dtype": "float32", "quantization": quantization, "kv_cache": kv_cache},
+            "draft": {"model": str(target), "dtype": "float32", "quantization": "none"},
+            "calibration": CALIBRATION,
+        },
+        base_dir=tmp_path,
+        environ={},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +60,7 @@ def _logits(model, ids):
 
 
 def _compare(got, ref, rel_tol, top1_min, what):
-    got = got[..., :ref.shape[-1]]  # AWQ TRT-LLM checkpoints pad the vocabulary to a multiple of 64
+    got = got[..., : ref.shape[-1]]  # AWQ TRT-LLM checkpoints pad the vocabulary to a multiple of 64
     rel = float((got - ref).abs().max() / ref.abs().max())
     top1 = float((got.argmax(-1) == ref.argmax(-1)).float().mean())
     assert rel <= rel_tol and top1 >= top1_min, f"{what}: relative max diff {rel:.2e} (<= {rel_tol}), top-1 {top1:.3f}"
@@ -82,8 +87,10 @@ def test_hf_export_reloads_with_the_calibrated_numbers(calibrated, tmp_path, pro
     out.mkdir()
     fields = export_calibrated(spec, dataclasses.replace(c, model=copy.deepcopy(c.model)), out)
     assert fields["format"] == fmt and fields["export"] == "hf-checkpoint"
-    assert json.loads((out / "hf_quant_config.json").read_text())["quantization"]["quant_algo"] == \
-        fields["trtllm_quant_algo"]
+    assert (
+        json.loads((out / "hf_quant_config.json").read_text())["quantization"]["quant_algo"]
+        == fields["trtllm_quant_algo"]
+    )
     assert (out / "tokenizer.json").is_file() and is_modelopt_checkpoint(out)
     assert json.loads((out / "config.json").read_text())["rope_theta"] == 100000.0  # for transformers-4 readers
     loaded = load_modelopt_checkpoint(out, "float32")
@@ -161,7 +168,8 @@ def test_unquantized_trtllm_checkpoint_is_a_plain_conversion(tiny_pair, tmp_path
     out.mkdir()
     fields = quantize_into(spec, "target", out)
     assert fields["calibration"] is None and fields["warnings"] == [
-        "target.dtype float32 is not a TensorRT-LLM checkpoint dtype: exported as float16"]
+        "target.dtype float32 is not a TensorRT-LLM checkpoint dtype: exported as float16"
+    ]
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["quantization"]["quant_algo"] is None and cfg["rotary_base"] == 100000.0
     ref = _logits(AutoModelForCausalLM.from_pretrained(tiny_pair[0], dtype=torch.float32), probe)

@@ -23,11 +23,12 @@ def _load_for_torch_runtime(path):
 
 
 def _greedy_answer(model, tokenizer, prompt: str, max_new_tokens: int = 12) -> str:
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                        return_tensors="pt", return_dict=True)
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
     with torch.no_grad():
         out = model.generate(**ids, max_new_tokens=max_new_tokens, do_sample=False)
-    return tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+    return tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
 @pytest.mark.parametrize("fmt, min_top1", [("fp8", 0.85), ("int8_wo", 0.85)])
@@ -38,11 +39,16 @@ def test_smollm2_target_quantized_reloads_and_still_answers(fmt, min_top1, examp
     from trtspec.build.quantized_loader import is_modelopt_checkpoint
     from trtspec.spec import spec_from_dict
 
-    spec = spec_from_dict({"runtime": "torch",
-                           "target": {"model": str(example_paths.target), "dtype": "float32", "quantization": fmt},
-                           "draft": {"model": str(example_paths.draft), "dtype": "float32", "quantization": "none"},
-                           "calibration": {"samples": 16, "seq_len": 128, "batch_size": 4}},
-                          base_dir=tmp_path, environ={})
+    spec = spec_from_dict(
+        {
+            "runtime": "torch",
+            "target": {"model": str(example_paths.target), "dtype": "float32", "quantization": fmt},
+            "draft": {"model": str(example_paths.draft), "dtype": "float32", "quantization": "none"},
+            "calibration": {"samples": 16, "seq_len": 128, "batch_size": 4},
+        },
+        base_dir=tmp_path,
+        environ={},
+    )
     outcome = quantize_stage(spec, "target")
     manifest = outcome.manifest
     assert outcome.status == "built" and manifest["format"] == fmt

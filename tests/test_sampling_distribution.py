@@ -28,9 +28,19 @@ def _tiny_vocab_model(seed: int, scale: float):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                      num_key_value_heads=1, intermediate_size=64, max_position_embeddings=64,
-                      tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=0)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
     model = LlamaForCausalLM(cfg).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(scale)
@@ -91,9 +101,14 @@ def _chi_square_p(samples, exact) -> float:
     return float(chisquare(obs, exp).pvalue)
 
 
-@pytest.mark.parametrize(("params", "k", "lazy_head"), [(SamplingParams(temperature=1.0), 2, True),
-                                                        (SamplingParams(temperature=0.8, top_k=4, top_p=0.9), 3, True),
-                                                        (SamplingParams(temperature=1.0), 2, False)])
+@pytest.mark.parametrize(
+    ("params", "k", "lazy_head"),
+    [
+        (SamplingParams(temperature=1.0), 2, True),
+        (SamplingParams(temperature=0.8, top_k=4, top_p=0.9), 3, True),
+        (SamplingParams(temperature=1.0), 2, False),
+    ],
+)
 def test_speculative_sampling_matches_target_distribution(pair, params, k, lazy_head):
     target, draft = pair
     exact = _exact_joint(target, params)
@@ -135,10 +150,12 @@ def test_ngram_and_hybrid_sampling_match_target_distribution(pair, kind):
     target, draft = pair
     params = SamplingParams(temperature=1.0)
     gen = torch.Generator().manual_seed(3)
-    pool = NgramPool.from_sequences([torch.randint(0, VOCAB, (40,), generator=gen).tolist() for _ in range(20)],
-                                    vocab_size=VOCAB, max_match=2)
-    dec = SpeculativeDecoder(target, draft if kind == "hybrid" else None, max_draft_len=3, drafter=kind,
-                             ngram_pool=pool)
+    pool = NgramPool.from_sequences(
+        [torch.randint(0, VOCAB, (40,), generator=gen).tolist() for _ in range(20)], vocab_size=VOCAB, max_match=2
+    )
+    dec = SpeculativeDecoder(
+        target, draft if kind == "hybrid" else None, max_draft_len=3, drafter=kind, ngram_pool=pool
+    )
     out, drafted, accepted = [], 0, 0
     for chunk in range(SAMPLES // 500):
         p = SamplingParams(params.temperature, seed=chunk * 1000)

@@ -20,16 +20,22 @@ pytestmark = pytest.mark.triton
 
 
 def run(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "trtspec", *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return subprocess.run(
+        [sys.executable, "-m", "trtspec", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
 
 
 def _repo(tiny_pair, root):
     from trtspec.triton_repo.writer import write_repo
 
     draft = make_noisy_draft(tiny_pair[0], root / "draft")
-    spec = spec_from_dict(torch_spec_dict(tiny_pair[0], draft, speculative={"route_threshold": 8}),
-                          base_dir=root, environ={})
+    spec = spec_from_dict(
+        torch_spec_dict(tiny_pair[0], draft, speculative={"route_threshold": 8}), base_dir=root, environ={}
+    )
     write_repo(spec)
     return spec.repo_dir
 
@@ -94,8 +100,9 @@ def test_a_stream_the_server_drops_is_a_server_error(tiny_pair, tmp_path, scheme
     try:
         url = f"{scheme}://{server.grpc_url if scheme == 'grpc' else server.http_url}"
         cmd = ["generate", "The quick brown fox", "--url", url, "--raw", "--stream", "-n", "480", "--no-draft"]
-        proc = subprocess.Popen([sys.executable, "-m", "trtspec", *cmd], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trtspec", *cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         assert proc.stdout.read(1)  # the stream has started
         os.killpg(server.pid, signal.SIGKILL)  # the server dies mid-stream (no drain)
         _, err = proc.communicate(timeout=120)

@@ -18,7 +18,7 @@ from trtspec.serving.server import Ports, TritonServer, free_port
 
 pytestmark = pytest.mark.triton
 
-ECHO = textwrap.dedent('''
+ECHO = textwrap.dedent("""
     import os, sys
     sys.path.insert(0, os.environ["TRTSPEC_PYTHONPATH"])  # what the repository's model.py files do
     import triton_python_backend_utils as pb_utils
@@ -31,23 +31,24 @@ ECHO = textwrap.dedent('''
         def execute(self, requests):
             return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X")
                     .as_numpy())]) for r in requests]
-''')
-CONFIG = textwrap.dedent('''
+""")
+CONFIG = textwrap.dedent("""
     name: "echo"
     backend: "python"
     max_batch_size: 0
     input [ { name: "X" data_type: TYPE_INT32 dims: [ -1 ] } ]
     output [ { name: "Y" data_type: TYPE_INT32 dims: [ -1 ] } ]
     instance_group [ { count: 1 kind: KIND_CPU } ]
-''')
+""")
 
 
 def echo_repo(root: Path, broken: bool = False) -> Path:
     model = root / "repo" / "echo"
     (model / "1").mkdir(parents=True)
     (model / "config.pbtxt").write_text(CONFIG)
-    (model / "1" / "model.py").write_text(ECHO.replace("import trtspec", "raise RuntimeError('broken model')")
-                                          if broken else ECHO)
+    (model / "1" / "model.py").write_text(
+        ECHO.replace("import trtspec", "raise RuntimeError('broken model')") if broken else ECHO
+    )
     return root / "repo"
 
 
@@ -74,8 +75,9 @@ def test_server_starts_answers_and_stops_with_its_stubs(tmp_path):
         assert client.infer("echo", [x]).as_numpy("Y").tolist() == [1, 2, 3]
         client.close()
         pid = server.pid
-        group = [int(p) for p in subprocess.run(["pgrep", "-g", str(pid)], capture_output=True,
-                                                text=True).stdout.split()]
+        group = [
+            int(p) for p in subprocess.run(["pgrep", "-g", str(pid)], capture_output=True, text=True).stdout.split()
+        ]
         assert len(group) >= 2  # tritonserver and the Python stub
     assert not any(_alive(p) for p in group)
     assert "Started GRPCInferenceService" in (tmp_path / "server.log").read_text()
@@ -84,16 +86,17 @@ def test_server_starts_answers_and_stops_with_its_stubs(tmp_path):
 def test_server_dies_with_its_parent(tmp_path):
     """PR_SET_PDEATHSIG: a parent killed with SIGKILL (no clean-up code runs) still takes the server with it."""
     repo = echo_repo(tmp_path)
-    code = textwrap.dedent(f'''
+    code = textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
         from trtspec.serving.server import TritonServer
         s = TritonServer(Path({str(repo)!r}), log_file=Path({str(tmp_path / "child.log")!r})).start()
         print(s.pid, flush=True)
         time.sleep(600)
-    ''')
-    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                             env={**os.environ, "PYTHONPATH": os.getcwd()})
+    """)
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()}
+    )
     try:
         pid = int(child.stdout.readline())
         assert _alive(pid)
@@ -134,8 +137,9 @@ def test_a_non_decoupled_repository_answers_and_refuses_streaming(tiny_pair, tmp
     from trtspec.spec import spec_from_dict
     from trtspec.triton_repo.writer import write_repo
 
-    spec = spec_from_dict(torch_spec_dict(tiny_pair[0], tiny_pair[0], triton={"decoupled": False}),
-                          base_dir=tmp_path, environ={})
+    spec = spec_from_dict(
+        torch_spec_dict(tiny_pair[0], tiny_pair[0], triton={"decoupled": False}), base_dir=tmp_path, environ={}
+    )
     write_repo(spec)
     with TritonServer(spec.repo_dir) as server:
         for url, protocol in ((server.grpc_url, "grpc"), (server.http_url, "http")):
@@ -150,17 +154,36 @@ def test_a_non_decoupled_repository_answers_and_refuses_streaming(tiny_pair, tmp
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_cli_serve_runs_until_ctrl_c_or_sigterm_and_takes_the_server_down(tmp_path, sig):
     repo = echo_repo(tmp_path)
-    proc = subprocess.Popen([sys.executable, "-m", "trtspec", "serve", str(repo), "--http-port", "0", "--grpc-port",
-                             "0", "--metrics-port", "0", "--log-file", str(tmp_path / "s.log")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": os.getcwd(), "COLUMNS": "200"})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "trtspec",
+            "serve",
+            str(repo),
+            "--http-port",
+            "0",
+            "--grpc-port",
+            "0",
+            "--metrics-port",
+            "0",
+            "--log-file",
+            str(tmp_path / "s.log"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd(), "COLUMNS": "200"},
+    )
     try:
         line = ""
         while "ready:" not in line:
             line = proc.stdout.readline()
             assert line or proc.poll() is None, proc.stderr.read()
-        children = [int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
-                                                   text=True).stdout.split()]
+        children = [
+            int(p)
+            for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        ]
         assert children and all(_alive(p) for p in children)
         proc.send_signal(sig)
         assert proc.wait(60) == 0

@@ -20,9 +20,16 @@ from trtspec.spec import spec_from_dict
 
 pytestmark = pytest.mark.triton
 
-PROMPTS = ["The quick brown fox", "Zürich, naïve café, 東京 🙂", "def add(a, b):\n    return a",
-           "Q: What is the capital of France? A:", "Speculative decoding lets a small draft model",
-           "emoji", "The lazy dog. The quick", "A"]
+PROMPTS = [
+    "The quick brown fox",
+    "Zürich, naïve café, 東京 🙂",
+    "def add(a, b):\n    return a",
+    "Q: What is the capital of France? A:",
+    "Speculative decoding lets a small draft model",
+    "emoji",
+    "The lazy dog. The quick",
+    "A",
+]
 MAX_SEQ_LEN = 512
 ROUTE = 8
 
@@ -36,9 +43,17 @@ def served(request, tiny_pair, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("serving")
     draft = make_noisy_draft(tiny_pair[0], root / "draft")
-    spec = spec_from_dict(torch_spec_dict(tiny_pair[0], draft, speculative={"route_threshold": ROUTE},
-                                          engine={"max_seq_len": MAX_SEQ_LEN},
-                                          triton={"orchestration": request.param}), base_dir=root, environ={})
+    spec = spec_from_dict(
+        torch_spec_dict(
+            tiny_pair[0],
+            draft,
+            speculative={"route_threshold": ROUTE},
+            engine={"max_seq_len": MAX_SEQ_LEN},
+            triton={"orchestration": request.param},
+        ),
+        base_dir=root,
+        environ={},
+    )
     write_repo(spec)
     with TritonServer(spec.repo_dir, log_file=root / "server.log") as server:
         yield server
@@ -98,10 +113,12 @@ def test_streamed_text_is_exact_for_characters_split_across_responses(served, ti
         start = max(0, end - 1 - 32)
         window = np.array([[ids[start:end]]], dtype=np.int32)
         inputs = []
-        for name, arr, dtype in (("TOKENS_BATCH", window, "INT32"),
-                                 ("SEQUENCE_LENGTH", np.array([[end - start]], dtype=np.int32), "INT32"),
-                                 ("DECODED_LENGTH", np.array([[end - 1 - start]], dtype=np.int32), "INT32"),
-                                 ("IS_FINAL", np.array([[end == len(ids)]]), "BOOL")):
+        for name, arr, dtype in (
+            ("TOKENS_BATCH", window, "INT32"),
+            ("SEQUENCE_LENGTH", np.array([[end - start]], dtype=np.int32), "INT32"),
+            ("DECODED_LENGTH", np.array([[end - 1 - start]], dtype=np.int32), "INT32"),
+            ("IS_FINAL", np.array([[end == len(ids)]]), "BOOL"),
+        ):
             x = grpcclient.InferInput(name, list(arr.shape), dtype)
             x.set_data_from_numpy(arr)
             inputs.append(x)
@@ -140,9 +157,11 @@ def test_batch_of_two_prompts_in_one_request(served, reference):
     client = grpcclient.InferenceServerClient(served.grpc_url)
     prompts = [PROMPTS[0], PROMPTS[3]]
     inputs = []
-    for name, arr, dtype in (("text_input", np.array([[p.encode()] for p in prompts], dtype=np.object_), "BYTES"),
-                             ("max_tokens", np.array([[20], [20]], dtype=np.int32), "INT32"),
-                             ("exclude_input_in_output", np.array([[True], [True]]), "BOOL")):
+    for name, arr, dtype in (
+        ("text_input", np.array([[p.encode()] for p in prompts], dtype=np.object_), "BYTES"),
+        ("max_tokens", np.array([[20], [20]], dtype=np.int32), "INT32"),
+        ("exclude_input_in_output", np.array([[True], [True]]), "BOOL"),
+    ):
         x = grpcclient.InferInput(name, list(arr.shape), dtype)
         x.set_data_from_numpy(arr)
         inputs.append(x)
@@ -151,7 +170,7 @@ def test_batch_of_two_prompts_in_one_request(served, reference):
     client.async_stream_infer("ensemble", inputs)
     client.stop_stream()  # waits for the outstanding response
     client.close()
-    (result, error), = responses
+    ((result, error),) = responses
     assert error is None
     texts = [t.decode("utf-8") for t in result.as_numpy("text_output").reshape(-1)]
     assert texts == [reference(p, 20) for p in prompts]
@@ -218,8 +237,13 @@ def test_bad_requests_get_errors_and_the_server_keeps_serving(served, reference)
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "trtspec", *args], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": os.getcwd()})
+    return subprocess.run(
+        [sys.executable, "-m", "trtspec", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
 
 
 def test_cli_generate_url_over_grpc_and_http_and_bench(served, reference, tmp_path):
@@ -231,8 +255,21 @@ def test_cli_generate_url_over_grpc_and_http_and_bench(served, reference, tmp_pa
     r = _cli("generate", "hi", "--url", "127.0.0.1:1", "--raw")
     assert r.returncode == 1 and "connection refused" in r.stderr and "Traceback" not in r.stderr
     plot = tmp_path / "bench.png"
-    r = _cli("bench", "--url", served.grpc_url, "-c", "1,2", "-n", "12", "--requests", "2", "--raw", "--json",
-             "--plot", str(plot))
+    r = _cli(
+        "bench",
+        "--url",
+        served.grpc_url,
+        "-c",
+        "1,2",
+        "-n",
+        "12",
+        "--requests",
+        "2",
+        "--raw",
+        "--json",
+        "--plot",
+        str(plot),
+    )
     assert r.returncode == 0, r.stderr
     levels = json.loads(r.stdout)["levels"]
     assert [lv["concurrency"] for lv in levels] == [1, 2]

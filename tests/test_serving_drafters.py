@@ -24,8 +24,11 @@ def reference(tiny_pair):
     return {p: session.generate(p, MAX_TOKENS, use_draft=False, chat=False) for p in PROMPTS}
 
 
-@pytest.fixture(scope="module", params=[("ngram", "in_process"), ("hybrid", "in_process"), ("ngram", "bls"),
-                                        ("hybrid", "bls")], ids=lambda p: "-".join(p))
+@pytest.fixture(
+    scope="module",
+    params=[("ngram", "in_process"), ("hybrid", "in_process"), ("ngram", "bls"), ("hybrid", "bls")],
+    ids=lambda p: "-".join(p),
+)
 def served(request, tiny_pair, reference, tmp_path_factory):
     """A pool of the target's own answers to the first prompt (its proposals are accepted there)."""
     from trtspec.engines.drafters.ngram import NgramPool
@@ -39,11 +42,19 @@ def served(request, tiny_pair, reference, tmp_path_factory):
     draft = make_noisy_draft(tiny_pair[0], root / "draft")
     tok = load_tokenizer(tiny_pair[0])
     first = reference[PROMPTS[0]]
-    NgramPool.from_sequences([tok.encode(PROMPTS[0]) + first.token_ids],
-                             vocab_size=read_config(tiny_pair[0]).vocab_size).save(draft / "ngram_pool.npz")
-    spec = spec_from_dict(torch_spec_dict(tiny_pair[0], draft, speculative={"route_threshold": 0,
-                                                                            "drafter": drafter},
-                                          triton={"orchestration": orchestration}), base_dir=root, environ={})
+    NgramPool.from_sequences(
+        [tok.encode(PROMPTS[0]) + first.token_ids], vocab_size=read_config(tiny_pair[0]).vocab_size
+    ).save(draft / "ngram_pool.npz")
+    spec = spec_from_dict(
+        torch_spec_dict(
+            tiny_pair[0],
+            draft,
+            speculative={"route_threshold": 0, "drafter": drafter},
+            triton={"orchestration": orchestration},
+        ),
+        base_dir=root,
+        environ={},
+    )
     write_repo(spec)
     with TritonServer(spec.repo_dir, log_file=root / "server.log") as server:
         yield server

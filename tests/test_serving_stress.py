@@ -20,8 +20,16 @@ from trtspec.spec import spec_from_dict
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 
-PROMPTS = ["The quick brown fox", "Zürich, naïve café", "def add(a, b):", "Q: What is the capital of France? A:",
-           "Speculative decoding lets", "emoji", "The lazy dog. The quick", "A"]
+PROMPTS = [
+    "The quick brown fox",
+    "Zürich, naïve café",
+    "def add(a, b):",
+    "Q: What is the capital of France? A:",
+    "Speculative decoding lets",
+    "emoji",
+    "The lazy dog. The quick",
+    "A",
+]
 REQUESTS, CONCURRENCY, BURNERS = 600, 12, 2
 
 
@@ -32,10 +40,17 @@ def served(request, tiny_pair, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("stress")
     draft = make_noisy_draft(tiny_pair[0], root / "draft")
-    spec = spec_from_dict(torch_spec_dict(tiny_pair[0], draft, speculative={"route_threshold": 8},
-                                          engine={"max_seq_len": 512},
-                                          triton={"orchestrator_instances": 4, "orchestration": request.param}),
-                          base_dir=root, environ={})
+    spec = spec_from_dict(
+        torch_spec_dict(
+            tiny_pair[0],
+            draft,
+            speculative={"route_threshold": 8},
+            engine={"max_seq_len": 512},
+            triton={"orchestrator_instances": 4, "orchestration": request.param},
+        ),
+        base_dir=root,
+        environ={},
+    )
     write_repo(spec)
     with TritonServer(spec.repo_dir, log_file=root / "server.log") as server:
         yield server
@@ -54,8 +69,9 @@ def busy_cpu():
 def test_streamed_concurrent_load_on_a_busy_machine_keeps_every_stub_alive(served, busy_cpu):
     refs = soak.reference_texts(served.grpc_url, PROMPTS, 24)
     requests = [soak.SoakRequest("good", PROMPTS[i % len(PROMPTS)], 24, True) for i in range(REQUESTS)]
-    result = soak.run_soak(served.grpc_url, served.pid, served.metrics_url, requests, CONCURRENCY, refs,
-                           timeout_s=60, time_limit_s=600)
+    result = soak.run_soak(
+        served.grpc_url, served.pid, served.metrics_url, requests, CONCURRENCY, refs, timeout_s=60, time_limit_s=600
+    )
     summary = result.summary()
     assert result.completed == REQUESTS, summary
     assert not result.dead_stubs and not result.segfaults, summary

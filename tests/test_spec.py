@@ -51,8 +51,9 @@ def test_missing_model_is_reported():
 
 
 def test_env_overrides_fields():
-    spec = spec_from_dict(BASE, environ={"TRTSPEC_SPEC__DRAFT__QUANTIZATION": "fp8",
-                                         "TRTSPEC_SPEC__SPECULATIVE__MAX_DRAFT_LEN": "7"})
+    spec = spec_from_dict(
+        BASE, environ={"TRTSPEC_SPEC__DRAFT__QUANTIZATION": "fp8", "TRTSPEC_SPEC__SPECULATIVE__MAX_DRAFT_LEN": "7"}
+    )
     assert spec.draft.quantization is Quantization.FP8
     assert spec.speculative.max_draft_len == 7
 

@@ -37,8 +37,13 @@ def _server_pid(serve: Serve) -> int:
 
 
 def _probe(url: str, timeout: float = 10.0) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trtspec", "probe", "--url", url, "--timeout", str(timeout)],
-                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    return subprocess.run(
+        [sys.executable, "-m", "trtspec", "probe", "--url", url, "--timeout", str(timeout)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
 
 
 def _read_until(stream, needle: str, timeout: float = 180.0) -> str:

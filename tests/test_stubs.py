@@ -22,18 +22,23 @@ def _fake_stub(tmp_path: Path, model: str, instance: str) -> subprocess.Popen:
     script.parent.mkdir(parents=True, exist_ok=True)
     script.write_text("import time\ntime.sleep(120)\n")
     # stub, model path, shm region, shm sizes (2), parent pid, libpython dir, ipc handle, instance name
-    return subprocess.Popen([str(binary), str(script), "prefix_region", "1048576", "1048576", str(os.getpid()),
-                             "/lib", "336", instance])
+    return subprocess.Popen(
+        [str(binary), str(script), "prefix_region", "1048576", "1048576", str(os.getpid()), "/lib", "336", instance]
+    )
 
 
 def test_the_watch_names_the_model_and_instance_of_a_stub_that_died(tmp_path):
-    stubs = [_fake_stub(tmp_path, "tensorrt_llm_bls", "tensorrt_llm_bls_0_0"),
-             _fake_stub(tmp_path, "tensorrt_llm", "tensorrt_llm_0_0")]
+    stubs = [
+        _fake_stub(tmp_path, "tensorrt_llm_bls", "tensorrt_llm_bls_0_0"),
+        _fake_stub(tmp_path, "tensorrt_llm", "tensorrt_llm_0_0"),
+    ]
     try:
         time.sleep(0.3)
         found = stub_processes(os.getpid())
-        assert {(s.model, s.instance) for s in found.values()} >= {("tensorrt_llm_bls", "tensorrt_llm_bls_0_0"),
-                                                                  ("tensorrt_llm", "tensorrt_llm_0_0")}
+        assert {(s.model, s.instance) for s in found.values()} >= {
+            ("tensorrt_llm_bls", "tensorrt_llm_bls_0_0"),
+            ("tensorrt_llm", "tensorrt_llm_0_0"),
+        }
         watch = StubWatch(os.getpid(), {"tensorrt_llm_bls": 1, "tensorrt_llm": 1})
         assert watch.check() == [] and watch.missing() == {}
         stubs[0].send_signal(signal.SIGSEGV)
@@ -59,15 +64,29 @@ def test_expected_stubs_are_the_python_models_instance_counts(tmp_path, tiny_pai
     from trtspec.spec import spec_from_dict
     from trtspec.triton_repo.writer import write_repo
 
-    spec = spec_from_dict(torch_spec_dict(*tiny_pair, triton={"orchestrator_instances": 2, "orchestration": "bls"}),
-                          base_dir=tmp_path / "bls", environ={})
+    spec = spec_from_dict(
+        torch_spec_dict(*tiny_pair, triton={"orchestrator_instances": 2, "orchestration": "bls"}),
+        base_dir=tmp_path / "bls",
+        environ={},
+    )
     expected = expected_stubs(write_repo(spec)["path"])
-    assert expected == {"preprocessing": expected["preprocessing"], "postprocessing": expected["postprocessing"],
-                        "tensorrt_llm_bls": 2, "tensorrt_llm": 1, "tensorrt_llm_draft": 1}
+    assert expected == {
+        "preprocessing": expected["preprocessing"],
+        "postprocessing": expected["postprocessing"],
+        "tensorrt_llm_bls": 2,
+        "tensorrt_llm": 1,
+        "tensorrt_llm_draft": 1,
+    }
     assert "ensemble" not in expected
     # In process: draft and target in one model, one stub per instance.
-    spec = spec_from_dict(torch_spec_dict(*tiny_pair, triton={"orchestration": "in_process"}),
-                          base_dir=tmp_path / "in_process", environ={})
+    spec = spec_from_dict(
+        torch_spec_dict(*tiny_pair, triton={"orchestration": "in_process"}),
+        base_dir=tmp_path / "in_process",
+        environ={},
+    )
     expected = expected_stubs(write_repo(spec)["path"])
-    assert expected == {"preprocessing": expected["preprocessing"], "postprocessing": expected["postprocessing"],
-                        "tensorrt_llm": 1}
+    assert expected == {
+        "preprocessing": expected["preprocessing"],
+        "postprocessing": expected["postprocessing"],
+        "tensorrt_llm": 1,
+    }

@@ -23,40 +23,72 @@ IN_PROCESS_MODELS = {"ensemble", "preprocessing", "postprocessing", "tensorrt_ll
 
 # Upstream TensorRT-LLM triton_backend/all_models/inflight_batcher_llm/*/config.pbtxt: (type, dims[, reshape]).
 UPSTREAM_ENSEMBLE_INPUTS = {
-    "text_input": ("STRING", [1]), "max_tokens": ("INT32", [1]), "bad_words": ("STRING", [-1]),
-    "stop_words": ("STRING", [-1]), "exclude_input_in_output": ("BOOL", [1]), "end_id": ("INT32", [1]),
-    "pad_id": ("INT32", [1]), "top_k": ("INT32", [1]), "top_p": ("FP32", [1]), "temperature": ("FP32", [1]),
-    "seed": ("UINT64", [1]), "return_perf_metrics": ("BOOL", [1]), "stream": ("BOOL", [1]),
+    "text_input": ("STRING", [1]),
+    "max_tokens": ("INT32", [1]),
+    "bad_words": ("STRING", [-1]),
+    "stop_words": ("STRING", [-1]),
+    "exclude_input_in_output": ("BOOL", [1]),
+    "end_id": ("INT32", [1]),
+    "pad_id": ("INT32", [1]),
+    "top_k": ("INT32", [1]),
+    "top_p": ("FP32", [1]),
+    "temperature": ("FP32", [1]),
+    "seed": ("UINT64", [1]),
+    "return_perf_metrics": ("BOOL", [1]),
+    "stream": ("BOOL", [1]),
 }
 UPSTREAM_ENSEMBLE_OUTPUTS = {
-    "text_output": ("STRING", [-1]), "acceptance_rate": ("FP32", [1]),
-    "total_accepted_draft_tokens": ("INT32", [1]), "total_draft_tokens": ("INT32", [1]),
-    "num_input_tokens": ("INT32", [1]), "num_output_tokens": ("INT32", [1]),
-    "arrival_time_ns": ("INT64", [1]), "first_token_time_ns": ("INT64", [1]), "last_token_time_ns": ("INT64", [1]),
+    "text_output": ("STRING", [-1]),
+    "acceptance_rate": ("FP32", [1]),
+    "total_accepted_draft_tokens": ("INT32", [1]),
+    "total_draft_tokens": ("INT32", [1]),
+    "num_input_tokens": ("INT32", [1]),
+    "num_output_tokens": ("INT32", [1]),
+    "arrival_time_ns": ("INT64", [1]),
+    "first_token_time_ns": ("INT64", [1]),
+    "last_token_time_ns": ("INT64", [1]),
 }
 UPSTREAM_BLS_SPEC_INPUTS = {"num_draft_tokens": ("INT32", [1]), "use_draft_logits": ("BOOL", [1])}
 UPSTREAM_ENGINE_INPUTS = {
-    "input_ids": ("INT32", [-1], None), "input_lengths": ("INT32", [1], []),
-    "request_output_len": ("INT32", [1], []), "draft_input_ids": ("INT32", [-1], None),
-    "draft_logits": ("FP32", [-1, -1], None), "end_id": ("INT32", [1], []), "pad_id": ("INT32", [1], []),
-    "stop_words_list": ("INT32", [2, -1], None), "bad_words_list": ("INT32", [2, -1], None),
-    "temperature": ("FP32", [1], []), "runtime_top_k": ("INT32", [1], []), "runtime_top_p": ("FP32", [1], []),
-    "seed": ("UINT64", [1], []), "return_generation_logits": ("BOOL", [1], []),
-    "exclude_input_in_output": ("BOOL", [1], []), "streaming": ("BOOL", [1], []), "beam_width": ("INT32", [1], []),
+    "input_ids": ("INT32", [-1], None),
+    "input_lengths": ("INT32", [1], []),
+    "request_output_len": ("INT32", [1], []),
+    "draft_input_ids": ("INT32", [-1], None),
+    "draft_logits": ("FP32", [-1, -1], None),
+    "end_id": ("INT32", [1], []),
+    "pad_id": ("INT32", [1], []),
+    "stop_words_list": ("INT32", [2, -1], None),
+    "bad_words_list": ("INT32", [2, -1], None),
+    "temperature": ("FP32", [1], []),
+    "runtime_top_k": ("INT32", [1], []),
+    "runtime_top_p": ("FP32", [1], []),
+    "seed": ("UINT64", [1], []),
+    "return_generation_logits": ("BOOL", [1], []),
+    "exclude_input_in_output": ("BOOL", [1], []),
+    "streaming": ("BOOL", [1], []),
+    "beam_width": ("INT32", [1], []),
 }
-UPSTREAM_ENGINE_OUTPUTS = {"output_ids": ("INT32", [-1, -1]), "sequence_length": ("INT32", [-1]),
-                           "generation_logits": ("FP32", [-1, -1, -1]), "batch_index": ("INT32", [1])}
-UPSTREAM_PRE_OUTPUTS = {"INPUT_ID": ("INT32", [-1]), "REQUEST_INPUT_LEN": ("INT32", [1]),
-                        "BAD_WORDS_IDS": ("INT32", [2, -1]), "STOP_WORDS_IDS": ("INT32", [2, -1]),
-                        "REQUEST_OUTPUT_LEN": ("INT32", [-1]), "OUT_END_ID": ("INT32", [1]),
-                        "OUT_PAD_ID": ("INT32", [1])}
+UPSTREAM_ENGINE_OUTPUTS = {
+    "output_ids": ("INT32", [-1, -1]),
+    "sequence_length": ("INT32", [-1]),
+    "generation_logits": ("FP32", [-1, -1, -1]),
+    "batch_index": ("INT32", [1]),
+}
+UPSTREAM_PRE_OUTPUTS = {
+    "INPUT_ID": ("INT32", [-1]),
+    "REQUEST_INPUT_LEN": ("INT32", [1]),
+    "BAD_WORDS_IDS": ("INT32", [2, -1]),
+    "STOP_WORDS_IDS": ("INT32", [2, -1]),
+    "REQUEST_OUTPUT_LEN": ("INT32", [-1]),
+    "OUT_END_ID": ("INT32", [1]),
+    "OUT_PAD_ID": ("INT32", [1]),
+}
 
 
 @pytest.fixture
 def spec(tiny_pair, tmp_path):
     """The BLS layout (the one runtime trtllm-engine has), with the torch runtime's engine models."""
-    return spec_from_dict(torch_spec_dict(*tiny_pair, triton={"orchestration": "bls"}), base_dir=tmp_path,
-                          environ={})
+    return spec_from_dict(torch_spec_dict(*tiny_pair, triton={"orchestration": "bls"}), base_dir=tmp_path, environ={})
 
 
 def test_torch_runtime_default_is_one_in_process_draft_target_model(tiny_pair, tmp_path):
@@ -77,8 +109,11 @@ def test_torch_runtime_default_is_one_in_process_draft_target_model(tiny_pair, t
     for name, expected in {**UPSTREAM_ENSEMBLE_INPUTS, **UPSTREAM_BLS_SPEC_INPUTS}.items():
         assert ens_in[name] == expected, name
     with pytest.raises(SpecError, match="in_process needs runtime torch"):
-        spec_from_dict(torch_spec_dict(*tiny_pair, runtime="trtllm-engine", triton={"orchestration": "in_process"}),
-                       base_dir=tmp_path, environ={})
+        spec_from_dict(
+            torch_spec_dict(*tiny_pair, runtime="trtllm-engine", triton={"orchestration": "in_process"}),
+            base_dir=tmp_path,
+            environ={},
+        )
 
 
 def _io(tensors):
@@ -146,8 +181,11 @@ def test_validation_catches_a_miswired_ensemble(spec):
 def test_up_to_date_repository_is_kept_and_a_changed_spec_rewrites_it(spec, tiny_pair, tmp_path):
     first = write_repo(spec)
     assert write_repo(spec)["skipped"]
-    changed = spec_from_dict(torch_spec_dict(*tiny_pair, speculative={"max_draft_len": 6},
-                                             triton={"orchestration": "bls"}), base_dir=tmp_path, environ={})
+    changed = spec_from_dict(
+        torch_spec_dict(*tiny_pair, speculative={"max_draft_len": 6}, triton={"orchestration": "bls"}),
+        base_dir=tmp_path,
+        environ={},
+    )
     again = write_repo(changed)
     assert not again["skipped"] and again["manifest"]["inputs_hash"] != first["manifest"]["inputs_hash"]
     cfg = load_configs(again["path"])["tensorrt_llm_bls"]
@@ -173,12 +211,18 @@ def test_engine_runtime_swaps_only_the_two_engine_models(tiny_pair, tmp_path):
     spec = spec_from_dict(data, base_dir=tmp_path, environ={})
     for role in ("target", "draft"):
         engine_dir(spec, role).mkdir(parents=True)
-        (engine_dir(spec, role) / "config.json").write_text(json.dumps(
-            {"version": spec.engine.trtllm_version, "build_config": {}, "pretrained_config": {}}))
+        (engine_dir(spec, role) / "config.json").write_text(
+            json.dumps({"version": spec.engine.trtllm_version, "build_config": {}, "pretrained_config": {}})
+        )
         (engine_dir(spec, role) / "rank0.engine").write_bytes(b"")
     checkpoint_dir(spec, "target").mkdir(parents=True)
-    torch_configs = load_configs(write_repo(spec_from_dict(torch_spec_dict(*tiny_pair, triton={"orchestration": "bls"}),
-                                                           base_dir=tmp_path / "t", environ={}))["path"])
+    torch_configs = load_configs(
+        write_repo(
+            spec_from_dict(
+                torch_spec_dict(*tiny_pair, triton={"orchestration": "bls"}), base_dir=tmp_path / "t", environ={}
+            )
+        )["path"]
+    )
     result = write_repo(spec)
     configs = validate_repo(result["path"])
     assert set(configs) == MODELS
@@ -194,8 +238,11 @@ def test_engine_runtime_swaps_only_the_two_engine_models(tiny_pair, tmp_path):
 
 
 def test_llmapi_repository_for_a_release_before_1_0_is_refused_and_nothing_is_left(tiny_pair, tmp_path):
-    spec = spec_from_dict(torch_spec_dict(*tiny_pair, runtime="trtllm-llmapi", engine={"trtllm_version": "0.21.0"}),
-                          base_dir=tmp_path, environ={})
+    spec = spec_from_dict(
+        torch_spec_dict(*tiny_pair, runtime="trtllm-llmapi", engine={"trtllm_version": "0.21.0"}),
+        base_dir=tmp_path,
+        environ={},
+    )
     with pytest.raises(SpecError, match="trtllm-llmapi needs TensorRT-LLM >= 1.0"):
         write_repo(spec)
     assert not spec.repo_dir.exists() and not any(p.name.startswith(".tmp-") for p in tmp_path.iterdir())
@@ -215,8 +262,14 @@ def test_model_sources_are_package_data():
 
 
 def _cli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "trtspec", *args], capture_output=True, text=True, cwd=cwd,
-                          env={**os.environ, "PYTHONPATH": os.getcwd()}, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "trtspec", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+        timeout=300,
+    )
 
 
 def test_cli_repo_writes_and_serve_docker_shows_the_container_command(tiny_pair, tmp_path):
@@ -225,8 +278,16 @@ def test_cli_repo_writes_and_serve_docker_shows_the_container_command(tiny_pair,
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["path"] == str(tmp_path / "triton_repo") and set(out["models"]) == IN_PROCESS_MODELS
-    r = _cli("serve", "triton_repo", "--docker", "nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3",
-             "--http-port", "9000", "--dry-run", cwd=tmp_path)
+    r = _cli(
+        "serve",
+        "triton_repo",
+        "--docker",
+        "nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3",
+        "--http-port",
+        "9000",
+        "--dry-run",
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     cmd = r.stdout.replace("\n", "")
     assert cmd.startswith("docker run --rm --init --gpus all")

@@ -30,8 +30,13 @@ def test_table_covers_the_five_release_lines():
 @pytest.mark.parametrize("line", sorted(VERSIONS))
 def test_every_release_documents_the_draft_target_flags(line):
     r = RELEASES[line]
-    assert set(r.speculative_modes) == {"draft_tokens_external", "lookahead_decoding", "medusa",
-                                        "explicit_draft_tokens", "eagle"}
+    assert set(r.speculative_modes) == {
+        "draft_tokens_external",
+        "lookahead_decoding",
+        "medusa",
+        "explicit_draft_tokens",
+        "eagle",
+    }
     assert r.flag("--max_draft_len").type is int
     assert r.flag("--use_paged_context_fmha").choices == ("enable", "disable")
     assert r.flag("--use_fp8_context_fmha").choices == ("enable", "disable")
@@ -81,15 +86,18 @@ def test_generated_commands_use_only_documented_flags(tmp_path, tiny_pair, line,
     assert ("--workers" in target) == (spec.target.tp_size > 1)
 
 
-@pytest.mark.parametrize("bad,msg", [
-    (["--auto_parallel", "2"], "has no flag --auto_parallel"),
-    (["--gemm_plugin", "int8"], "has no choice 'int8'"),
-    (["--speculative_decoding_mode", "draft_model"], "has no choice 'draft_model'"),
-    (["--max_draft_len"], "needs exactly one value"),
-    (["--max_draft_len", "four"], "takes an integer"),
-    (["--gather_generation_logits=true"], "takes no value"),
-    (["--tp_size", "2"], "has no flag --tp_size"),
-])
+@pytest.mark.parametrize(
+    "bad,msg",
+    [
+        (["--auto_parallel", "2"], "has no flag --auto_parallel"),
+        (["--gemm_plugin", "int8"], "has no choice 'int8'"),
+        (["--speculative_decoding_mode", "draft_model"], "has no choice 'draft_model'"),
+        (["--max_draft_len"], "needs exactly one value"),
+        (["--max_draft_len", "four"], "takes an integer"),
+        (["--gather_generation_logits=true"], "takes no value"),
+        (["--tp_size", "2"], "has no flag --tp_size"),
+    ],
+)
 def test_validate_command_rejects_what_1_2_does_not_document(bad, msg):
     base = ["trtllm-build", "--checkpoint_dir", "c", "--output_dir", "o"]
     validate_command(base, "1.2.0")
@@ -125,7 +133,10 @@ def test_ngc_tags_map_to_trtllm_releases():
         ngc_image("0.19.0")
     for t in NGC_TAGS:
         assert normalize_version(t.trtllm_version) in {normalize_version(v) for v in VERSIONS.values()} | {
-            "1.0.3", "1.2.0rc8", "1.2.1"}
+            "1.0.3",
+            "1.2.0rc8",
+            "1.2.1",
+        }
 
 
 def test_versions_normalize_to_the_release():

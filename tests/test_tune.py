@@ -9,8 +9,12 @@ import pytest
 
 from trtspec.spec_edit import set_section_values
 
-PROMPTS = ["The quick brown", "def add(a, b):\n    return a", "Q: What is the capital of France? A:",
-           "Speculative decoding lets a small"]
+PROMPTS = [
+    "The quick brown",
+    "def add(a, b):\n    return a",
+    "Q: What is the capital of France? A:",
+    "Speculative decoding lets a small",
+]
 MAX_TOKENS = 32
 # A verification that grows with K and a draft that costs a tenth of a target step: the best K is in the middle.
 COSTS = {"c": 0.1, "v": {str(k): 1.0 + 0.1 * k for k in range(1, 9)}}
@@ -36,10 +40,11 @@ def noisy_pair(tiny_pair, tmp_path_factory):
 
 @pytest.fixture
 def spec_file(noisy_pair, tmp_path):
-    text = ("# tuned by the test\nname: tiny\nruntime: torch\ntarget:\n  model: {t}\n  dtype: float32\n"
-            "draft:\n  model: {d}\n  dtype: float32\nspeculative:\n  max_draft_len: 1  # K: draft tokens\n"
-            "  route_threshold: 0\nengine:\n  max_input_len: 256\n  max_seq_len: 512\n").format(t=noisy_pair[0],
-                                                                                             d=noisy_pair[1])
+    text = (
+        "# tuned by the test\nname: tiny\nruntime: torch\ntarget:\n  model: {t}\n  dtype: float32\n"
+        "draft:\n  model: {d}\n  dtype: float32\nspeculative:\n  max_draft_len: 1  # K: draft tokens\n"
+        "  route_threshold: 0\nengine:\n  max_input_len: 256\n  max_seq_len: 512\n"
+    ).format(t=noisy_pair[0], d=noisy_pair[1])
     path = tmp_path / "trtspec.yaml"
     path.write_text(text)
     (tmp_path / "prompts.txt").write_text("\n".join(p.replace("\n", " ") for p in PROMPTS) + "\n")
@@ -55,8 +60,9 @@ def brute_force(noisy_pair, prompts_text, ks):
     from trtspec.engines.torch_runtime.session import eos_ids_of
 
     target, draft, tok = load_model(noisy_pair[0]), load_model(noisy_pair[1]), load_tokenizer(noisy_pair[0])
-    dec = SpeculativeDecoder(target, draft, max_draft_len=max(ks), eos_ids=eos_ids_of(target, tok),
-                             pad_id=tok.pad_token_id)
+    dec = SpeculativeDecoder(
+        target, draft, max_draft_len=max(ks), eos_ids=eos_ids_of(target, tok), pad_id=tok.pad_token_id
+    )
     ids = [encode_prompt(tok, p) for p in prompts_text]
     cost, steps = {}, {}
     for k in ks:
@@ -84,9 +90,21 @@ def run_tune(capsys, *args):
 
 
 def test_tune_picks_the_k_a_brute_force_sweep_finds_fastest(capsys, noisy_pair, spec_file):
-    code, out, err = run_tune(capsys, str(spec_file), "--prompts", str(spec_file.parent / "prompts.txt"),
-                              "--costs", str(spec_file.parent / "costs.json"), "--k-max", "8",
-                              "--max-tokens", str(MAX_TOKENS), "--n-prompts", "4", "--json")
+    code, out, err = run_tune(
+        capsys,
+        str(spec_file),
+        "--prompts",
+        str(spec_file.parent / "prompts.txt"),
+        "--costs",
+        str(spec_file.parent / "costs.json"),
+        "--k-max",
+        "8",
+        "--max-tokens",
+        str(MAX_TOKENS),
+        "--n-prompts",
+        "4",
+        "--json",
+    )
     assert code == 0, err
     result = json.loads(out)
     cost, steps = brute_force(noisy_pair, [p.replace("\n", " ") for p in PROMPTS], range(1, 9))
@@ -101,9 +119,21 @@ def test_tune_picks_the_k_a_brute_force_sweep_finds_fastest(capsys, noisy_pair, 
 
 
 def test_tune_write_keeps_comments_and_layout(capsys, spec_file):
-    code, out, err = run_tune(capsys, str(spec_file), "--prompts", str(spec_file.parent / "prompts.txt"),
-                              "--costs", str(spec_file.parent / "costs.json"), "--k-max", "4",
-                              "--max-tokens", "16", "--n-prompts", "2", "--write")
+    code, out, err = run_tune(
+        capsys,
+        str(spec_file),
+        "--prompts",
+        str(spec_file.parent / "prompts.txt"),
+        "--costs",
+        str(spec_file.parent / "costs.json"),
+        "--k-max",
+        "4",
+        "--max-tokens",
+        "16",
+        "--n-prompts",
+        "2",
+        "--write",
+    )
     assert code == 0, err
     text = spec_file.read_text()
     assert text.startswith("# tuned by the test\n") and "  # K: draft tokens" in text
@@ -117,12 +147,15 @@ def test_set_section_values_edits_in_place_adds_missing_keys_and_sections():
     text = "a: 1\nspeculative:\n  max_draft_len: 4  # K\n\nengine:\n  x: 1\n"
     new = set_section_values(text, "speculative", {"max_draft_len": 6, "route_threshold": 32})
     assert new == "a: 1\nspeculative:\n  max_draft_len: 6  # K\n  route_threshold: 32\n\nengine:\n  x: 1\n"
-    assert set_section_values("a: 1\n", "speculative", {"max_draft_len": 2}) == \
-        "a: 1\nspeculative:\n  max_draft_len: 2\n"
+    assert (
+        set_section_values("a: 1\n", "speculative", {"max_draft_len": 2}) == "a: 1\nspeculative:\n  max_draft_len: 2\n"
+    )
 
 
-@pytest.mark.parametrize("args, message", [(["--k-max", "17"], "--k-max 17"), (["--write"], "--write needs"),
-                                           (["--n-prompts", "0"], "--n-prompts")])
+@pytest.mark.parametrize(
+    "args, message",
+    [(["--k-max", "17"], "--k-max 17"), (["--write"], "--write needs"), (["--n-prompts", "0"], "--n-prompts")],
+)
 def test_tune_bad_input_is_one_line(capsys, args, message):
     code, _, err = run_tune(capsys, *args)
     lines = [x for x in err.splitlines() if x.strip()]
@@ -134,9 +167,21 @@ def test_tune_ngram_simulates_the_decoder_s_n_gram_steps_exactly(capsys, spec_fi
     exact simulation of the n-gram's proposals predicts the decoder's step count at every K."""
     text = spec_file.read_text().replace("  route_threshold: 0\n", "  route_threshold: 0\n  drafter: ngram\n")
     spec_file.write_text(text)
-    code, out, err = run_tune(capsys, str(spec_file), "--prompts", str(spec_file.parent / "prompts.txt"),
-                              "--costs", str(spec_file.parent / "costs.json"), "--k-max", "4",
-                              "--max-tokens", str(MAX_TOKENS), "--n-prompts", "4", "--json")
+    code, out, err = run_tune(
+        capsys,
+        str(spec_file),
+        "--prompts",
+        str(spec_file.parent / "prompts.txt"),
+        "--costs",
+        str(spec_file.parent / "costs.json"),
+        "--k-max",
+        "4",
+        "--max-tokens",
+        str(MAX_TOKENS),
+        "--n-prompts",
+        "4",
+        "--json",
+    )
     assert code == 0, err
     result = json.loads(out)
     assert result["drafter"] == "ngram"

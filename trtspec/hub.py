@@ -17,8 +17,10 @@ from trtspec.errors import MissingDependencyError, ModelLoadError
 
 # What `check`, `plan` and `init` read: configs, tokenizer files, chat templates; never weights.
 CONFIG_PATTERNS = ("*.json", "*.txt", "*.model", "*.tiktoken", "*.jinja", "tokenizer*")
-_HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*)"
-                     r"(?:@(?P<rev>[A-Za-z0-9._/-]+))?$")
+_HUB_ID = re.compile(
+    r"^(?P<repo>[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*)"
+    r"(?:@(?P<rev>[A-Za-z0-9._/-]+))?$"
+)
 _TRUE = ("1", "true", "yes", "on")
 
 
@@ -61,29 +63,41 @@ def _snapshot(repo_id: str, revision: str | None, weights: bool, offline: bool, 
         from huggingface_hub import snapshot_download
         from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
     except ImportError:
-        raise MissingDependencyError(f"{repo_id}: resolving a hub id needs the Python package 'huggingface_hub'",
-                                     hint="pip install huggingface_hub (it comes with 'trtspec[torch]'), or point "
-                                          "the spec at a local model directory") from None
+        raise MissingDependencyError(
+            f"{repo_id}: resolving a hub id needs the Python package 'huggingface_hub'",
+            hint="pip install huggingface_hub (it comes with 'trtspec[torch]'), or point "
+            "the spec at a local model directory",
+        ) from None
     ref = repo_id + (f"@{revision}" if revision else "")
     try:
-        path = snapshot_download(repo_id, revision=revision, cache_dir=cache, local_files_only=offline,
-                                 allow_patterns=None if weights else list(CONFIG_PATTERNS))
+        path = snapshot_download(
+            repo_id,
+            revision=revision,
+            cache_dir=cache,
+            local_files_only=offline,
+            allow_patterns=None if weights else list(CONFIG_PATTERNS),
+        )
     except RevisionNotFoundError:
-        raise ModelLoadError(f"{ref}: the Hugging Face Hub has no revision {revision!r} of this model",
-                             hint="use a branch, tag or commit the model has, or omit @revision") from None
+        raise ModelLoadError(
+            f"{ref}: the Hugging Face Hub has no revision {revision!r} of this model",
+            hint="use a branch, tag or commit the model has, or omit @revision",
+        ) from None
     except GatedRepoError:
-        raise ModelLoadError(f"{ref}: the model is gated on the Hugging Face Hub and this machine is not allowed to "
-                             "download it", hint="accept its terms on the Hub, then `hf auth login` or set HF_TOKEN")\
-            from None
+        raise ModelLoadError(
+            f"{ref}: the model is gated on the Hugging Face Hub and this machine is not allowed to download it",
+            hint="accept its terms on the Hub, then `hf auth login` or set HF_TOKEN",
+        ) from None
     except RepositoryNotFoundError:
-        raise ModelLoadError(f"{ref}: no such model on the Hugging Face Hub (nor a local directory)",
-                             hint="check the spelling (org/name), or point the spec at a local model directory")\
-            from None
+        raise ModelLoadError(
+            f"{ref}: no such model on the Hugging Face Hub (nor a local directory)",
+            hint="check the spelling (org/name), or point the spec at a local model directory",
+        ) from None
     except Exception as exc:  # noqa: BLE001 - LocalEntryNotFoundError, connection errors: not in cache, no Hub
         cause = exc.__cause__ or exc
         why = "HF_HUB_OFFLINE is set" if offline else f"the Hub could not be reached ({type(cause).__name__})"
         raise ModelLoadError(
             f"{ref}: not a local directory, not in the Hugging Face cache {cache}, and {why}",
             hint=f"download it where the network allows (`hf download {repo_id}`) into that cache, or point the "
-                 "spec at a local model directory") from None
+            "spec at a local model directory",
+        ) from None
     return Path(path)

@@ -75,13 +75,19 @@ class _Section(BaseModel):
 class ModelSpec(_Section):
     """One model of the pair (target or draft)."""
 
-    model: str = Field(description="local HF model directory (config.json, tokenizer, weights), or a Hugging Face "
-                                   "hub id org/name[@revision] (downloaded, or read from the HF cache offline)")
-    dtype: DType = Field(DType.BFLOAT16, description="dtype of the unquantized parts: bfloat16 or float16 on GPUs; "
-                                                     "float32 only on CPUs (the torch runtime), where it is fastest")
+    model: str = Field(
+        description="local HF model directory (config.json, tokenizer, weights), or a Hugging Face "
+        "hub id org/name[@revision] (downloaded, or read from the HF cache offline)"
+    )
+    dtype: DType = Field(
+        DType.BFLOAT16,
+        description="dtype of the unquantized parts: bfloat16 or float16 on GPUs; "
+        "float32 only on CPUs (the torch runtime), where it is fastest",
+    )
     quantization: Quantization | None = Field(
-        None, description="ModelOpt PTQ format; empty: none on torch; on GPU runtimes the best format that fits the "
-                          "model (target: fp8, int4_awq, int8_sq, int8_wo; draft: int4_awq, fp8, int8_wo, int8_sq)"
+        None,
+        description="ModelOpt PTQ format; empty: none on torch; on GPU runtimes the best format that fits the "
+        "model (target: fp8, int4_awq, int8_sq, int8_wo; draft: int4_awq, fp8, int8_wo, int8_sq)",
     )
     kv_cache: KVCacheFormat = Field(KVCacheFormat.AUTO, description="KV-cache format; fp8 halves KV memory on GPUs")
     tp_size: int = Field(1, ge=1, le=64, description="tensor-parallel GPUs (the draft always runs on one GPU)")
@@ -98,8 +104,9 @@ class SpeculativeSpec(_Section):
         100, ge=0, description="requests asking fewer max_tokens than this go straight to the target"
     )
     drafter: DrafterKind = Field(
-        DrafterKind.MODEL, description="model: the draft model; ngram: prompt lookup + the n-gram pool; hybrid: "
-        "n-gram on a >= 2-token match, else the draft model"
+        DrafterKind.MODEL,
+        description="model: the draft model; ngram: prompt lookup + the n-gram pool; hybrid: "
+        "n-gram on a >= 2-token match, else the draft model",
     )
     ngram_pool: Path | None = Field(
         None, description="n-gram pool (ngram_pool.npz from trtspec distill); empty: the one in the draft's directory"
@@ -148,8 +155,10 @@ class TritonSpec(_Section):
     draft_instances: int = Field(1, ge=1, le=64, description="instances of the draft model")
     orchestrator_instances: int = Field(4, ge=1, le=256, description="instances of the draft-target orchestrator (BLS)")
     orchestration: Orchestration = Field(
-        Orchestration.AUTO, description="auto | in_process (torch: draft and target in one model) | bls (two engine "
-        "models and a BLS orchestrator)")
+        Orchestration.AUTO,
+        description="auto | in_process (torch: draft and target in one model) | bls (two engine "
+        "models and a BLS orchestrator)",
+    )
     decoupled: bool = Field(True, description="streaming responses (decoupled transaction policy)")
     max_queue_delay_us: int = Field(100, ge=0, description="dynamic batching queue delay in microseconds")
     target_kv_cache_fraction: float | None = Field(
@@ -182,8 +191,11 @@ class BuildSpec(_Section):
     """Everything a trtspec build needs, validated once."""
 
     name: str = Field("trtspec", pattern=r"^[A-Za-z0-9_.-]+$", description="name of this deployment")
-    runtime: Runtime = Field(Runtime.TORCH, description="where the models run: TensorRT-LLM engines, the LLM API, or "
-                                                        "trtspec's torch runtime (any machine, CPU included)")
+    runtime: Runtime = Field(
+        Runtime.TORCH,
+        description="where the models run: TensorRT-LLM engines, the LLM API, or "
+        "trtspec's torch runtime (any machine, CPU included)",
+    )
     target: ModelSpec
     draft: ModelSpec
     speculative: SpeculativeSpec = Field(default_factory=SpeculativeSpec)
@@ -206,8 +218,10 @@ class BuildSpec(_Section):
         if self.draft.tp_size != 1:
             raise ValueError("draft.tp_size must be 1: the draft runs on one GPU")
         if self.triton.orchestration is Orchestration.IN_PROCESS and self.runtime is not Runtime.TORCH:
-            raise ValueError(f"triton.orchestration in_process needs runtime torch (runtime {self.runtime.value} "
-                             "serves its engines as separate models): use auto or bls")
+            raise ValueError(
+                f"triton.orchestration in_process needs runtime torch (runtime {self.runtime.value} "
+                "serves its engines as separate models): use auto or bls"
+            )
         return self
 
     @property
@@ -302,17 +316,20 @@ def _format_error(source: str, err: Mapping[str, Any]) -> str:
         return f"{source}: {loc}: field required"
     msg = str(err["msg"])
     msg = msg.removeprefix("Value error, ")
-    return f"{source}: {loc}: {msg}" + (f" (got {value!r})" if kind not in ("value_error",) and value is not None
-                                         and not isinstance(value, dict) else "")
+    return f"{source}: {loc}: {msg}" + (
+        f" (got {value!r})"
+        if kind not in ("value_error",) and value is not None and not isinstance(value, dict)
+        else ""
+    )
 
 
 def _error_source(source: str, loc: tuple, overrides: Mapping[tuple, str]) -> tuple[str, bool]:
     """Who set the field an error is about: an environment variable (when it set that field or one above it),
     else ``source``; a section error with an override below it names both. Second value: an override is involved."""
     for path, var in overrides.items():
-        if tuple(loc[:len(path)]) == path:
+        if tuple(loc[: len(path)]) == path:
             return f"{var} (environment)", True
-    below = [var for path, var in overrides.items() if tuple(path[:len(loc)]) == tuple(loc)]
+    below = [var for path, var in overrides.items() if tuple(path[: len(loc)]) == tuple(loc)]
     if below:
         return f"{source} with {', '.join(below)} from the environment", True
     return source, False
@@ -323,8 +340,11 @@ def _raise_validation(source: str, exc: ValidationError, overrides: Mapping[tupl
     where, from_env = _error_source(source, tuple(str(p) for p in errors[0]["loc"]), overrides or {})
     first = _format_error(where, errors[0])
     more = f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
-    hint = "fix or unset that environment variable (TRTSPEC_SPEC__SECTION__FIELD=value)" if from_env else \
-        "`trtspec init` writes a commented spec with every field and its allowed values"
+    hint = (
+        "fix or unset that environment variable (TRTSPEC_SPEC__SECTION__FIELD=value)"
+        if from_env
+        else "`trtspec init` writes a commented spec with every field and its allowed values"
+    )
     raise SpecError(first + more, hint=hint)
 
 
@@ -336,8 +356,11 @@ def _parse_scalar(text: str) -> Any:
 
 def env_overrides(environ: Mapping[str, str]) -> dict[tuple, str]:
     """The field paths that ``TRTSPEC_SPEC__...`` variables set, each with its variable's name."""
-    return {tuple(p.lower() for p in key[len(ENV_PREFIX):].split("__") if p): key
-            for key in sorted(environ) if key.startswith(ENV_PREFIX)}
+    return {
+        tuple(p.lower() for p in key[len(ENV_PREFIX) :].split("__") if p): key
+        for key in sorted(environ)
+        if key.startswith(ENV_PREFIX)
+    }
 
 
 def apply_env_overrides(data: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
@@ -349,18 +372,25 @@ def apply_env_overrides(data: dict[str, Any], environ: Mapping[str, str]) -> dic
         for part in path[:-1]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
-                raise SpecError(f"{key} (environment): {part} is not a section",
-                                hint="use TRTSPEC_SPEC__SECTION__FIELD=value")
+                raise SpecError(
+                    f"{key} (environment): {part} is not a section", hint="use TRTSPEC_SPEC__SECTION__FIELD=value"
+                )
         try:
             node[path[-1]] = _parse_scalar(environ[key])
         except Exception as exc:  # noqa: BLE001 - a YAML error in one variable's value
-            raise SpecError(f"{key} (environment): its value is not a YAML scalar ({exc})",
-                            hint="quote the value, e.g. TRTSPEC_SPEC__NAME='\"my-name\"'") from None
+            raise SpecError(
+                f"{key} (environment): its value is not a YAML scalar ({exc})",
+                hint="quote the value, e.g. TRTSPEC_SPEC__NAME='\"my-name\"'",
+            ) from None
     return data
 
 
-def spec_from_dict(data: Mapping[str, Any], source: str = "spec", base_dir: Path | None = None,
-                   environ: Mapping[str, str] | None = None) -> BuildSpec:
+def spec_from_dict(
+    data: Mapping[str, Any],
+    source: str = "spec",
+    base_dir: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> BuildSpec:
     """Validate a dict into a BuildSpec; errors name ``source`` (or the environment variable that set the field),
     the field path and the allowed values. Empty quantization fields of GPU runtimes get the best format the model
     takes (read from its config.json), with a note saying why."""
@@ -388,18 +418,23 @@ def load_spec(path: Path | str, environ: Mapping[str, str] | None = None) -> Bui
 
     path = Path(path)
     if not path.is_file():
-        raise SpecError(f"{path}: no such spec file",
-                        hint="`trtspec init` writes one; with no SPEC, ./trtspec.yaml or the embedded example is used")
+        raise SpecError(
+            f"{path}: no such spec file",
+            hint="`trtspec init` writes one; with no SPEC, ./trtspec.yaml or the embedded example is used",
+        )
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""
-        raise SpecError(f"{path}{where}: not valid YAML ({getattr(exc, 'problem', exc)})",
-                        hint="check indentation and quoting") from None
+        raise SpecError(
+            f"{path}{where}: not valid YAML ({getattr(exc, 'problem', exc)})", hint="check indentation and quoting"
+        ) from None
     if not isinstance(data, dict):
-        raise SpecError(f"{path}: expected a mapping of sections, got {type(data).__name__}",
-                        hint="`trtspec init` writes a commented spec")
+        raise SpecError(
+            f"{path}: expected a mapping of sections, got {type(data).__name__}",
+            hint="`trtspec init` writes a commented spec",
+        )
     return spec_from_dict(data, source=path.name, base_dir=path.parent, environ=environ)
 
 

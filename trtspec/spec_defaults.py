@@ -21,13 +21,16 @@ _STATIC = {"target": "fp8", "draft": "int4_awq"}  # when the model's config cann
 
 def linear_input_dims(cfg: Any) -> list[tuple[str, int]]:
     """The input dimensions of a decoder's quantized linears, named as the config names them."""
-    return [("hidden_size", cfg.hidden_size),
-            ("num_attention_heads x head_dim", cfg.num_attention_heads * cfg.head_dim),
-            ("intermediate_size", cfg.intermediate_size)]
+    return [
+        ("hidden_size", cfg.hidden_size),
+        ("num_attention_heads x head_dim", cfg.num_attention_heads * cfg.head_dim),
+        ("intermediate_size", cfg.intermediate_size),
+    ]
 
 
-def choose_format(role: str, dims: list[tuple[str, int]], compute_capability: tuple[int, int] | None
-                  ) -> tuple[str, list[str]]:
+def choose_format(
+    role: str, dims: list[tuple[str, int]], compute_capability: tuple[int, int] | None
+) -> tuple[str, list[str]]:
     """The best format of ``role``'s preference list that these dimensions and GPU allow, and why the better ones
     were passed over."""
     from trtspec.build.formats import FORMATS, FP8_FAST_CC
@@ -37,13 +40,16 @@ def choose_format(role: str, dims: list[tuple[str, int]], compute_capability: tu
     for name in PREFERENCES[role]:
         fmt = FORMATS[Quantization(name)]
         if fmt.uses_fp8 and compute_capability is not None and compute_capability < FP8_FAST_CC:
-            passed.append(f"{name} needs compute capability >= {FP8_FAST_CC[0]}.{FP8_FAST_CC[1]}, "
-                          f"gpu.compute_capability is {compute_capability[0]}.{compute_capability[1]}")
+            passed.append(
+                f"{name} needs compute capability >= {FP8_FAST_CC[0]}.{FP8_FAST_CC[1]}, "
+                f"gpu.compute_capability is {compute_capability[0]}.{compute_capability[1]}"
+            )
             continue
         bad = [(n, d) for n, d in dims if fmt.block_size and d % fmt.block_size]
         if bad:
-            passed.append(f"{name} needs input dimensions that are multiples of {fmt.block_size}, "
-                          f"{bad[0][0]} is {bad[0][1]}")
+            passed.append(
+                f"{name} needs input dimensions that are multiples of {fmt.block_size}, {bad[0][0]} is {bad[0][1]}"
+            )
             continue
         return name, passed
     return "none", passed
@@ -81,8 +87,10 @@ def fill_gpu_defaults(data: dict[str, Any], base: Path) -> dict[str, str]:
         cfg = _read_model_config(section.get("model"), base)
         if cfg is None:
             section["quantization"] = _STATIC[role]
-            notes[f"{role}.quantization"] = (f"{_STATIC[role]}: the {runtime} default; not checked against the model "
-                                             "(its config.json could not be read)")
+            notes[f"{role}.quantization"] = (
+                f"{_STATIC[role]}: the {runtime} default; not checked against the model "
+                "(its config.json could not be read)"
+            )
             continue
         name, passed = choose_format(role, linear_input_dims(cfg), capability)
         section["quantization"] = name

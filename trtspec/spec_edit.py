@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Any
 
 _TOP = re.compile(r"^[A-Za-z_][\w-]*\s*:")
-_ENTRY = re.compile(r"^(?P<indent>[ \t]+)(?P<key>[A-Za-z_][\w-]*)(?P<sep>\s*:\s*)(?P<value>[^#\n]*?)"
-                    r"(?P<comment>\s+#.*)?$")
+_ENTRY = re.compile(
+    r"^(?P<indent>[ \t]+)(?P<key>[A-Za-z_][\w-]*)(?P<sep>\s*:\s*)(?P<value>[^#\n]*?)"
+    r"(?P<comment>\s+#.*)?$"
+)
 
 
 def _scalar(value: Any) -> str:
@@ -53,8 +55,11 @@ def set_section_values(text: str, section: str, values: dict[str, Any]) -> str:
 
 def diff(old: str, new: str, name: str) -> str:
     """A unified diff of a spec file's change."""
-    return "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
-                                        fromfile=name, tofile=f"{name} (tuned)"))
+    return "".join(
+        difflib.unified_diff(
+            old.splitlines(keepends=True), new.splitlines(keepends=True), fromfile=name, tofile=f"{name} (tuned)"
+        )
+    )
 
 
 def write_checked(path: Path, new_text: str) -> None:

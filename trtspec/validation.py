@@ -18,8 +18,10 @@ SEED_MAX = 2**64 - 1  # the ensemble's seed is UINT64
 
 def _number(name: str, value: Any, kind: type) -> Any:
     if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
-        raise GenerationError(f"{name} must be {'a number' if kind is float else 'an integer'}, got {value!r}",
-                              hint=f"pass {name} as {'a number' if kind is float else 'an integer'}")
+        raise GenerationError(
+            f"{name} must be {'a number' if kind is float else 'an integer'}, got {value!r}",
+            hint=f"pass {name} as {'a number' if kind is float else 'an integer'}",
+        )
     return value
 
 
@@ -38,8 +40,9 @@ def validate_sampling(temperature: float = 0.0, top_k: int = 0, top_p: float = 1
 def validate_max_tokens(max_tokens: int) -> None:
     """At least one token."""
     if _number("max_tokens", max_tokens, int) < 1:
-        raise GenerationError(f"max_tokens must be >= 1, got {max_tokens}",
-                              hint="ask for at least one token (--max-tokens / -n)")
+        raise GenerationError(
+            f"max_tokens must be >= 1, got {max_tokens}", hint="ask for at least one token (--max-tokens / -n)"
+        )
 
 
 def validate_num_draft_tokens(k: int | None, max_draft_len: int = MAX_DRAFT_LEN) -> None:
@@ -47,10 +50,15 @@ def validate_num_draft_tokens(k: int | None, max_draft_len: int = MAX_DRAFT_LEN)
     if k is None:
         return
     if not 0 <= _number("num_draft_tokens", k, int) <= max_draft_len:
-        bound = (f"K is at most {MAX_DRAFT_LEN}" if max_draft_len == MAX_DRAFT_LEN
-                 else f"the deployment's max_draft_len is {max_draft_len}")
-        raise GenerationError(f"num_draft_tokens must be in 0..{max_draft_len}, got {k}",
-                              hint=f"{bound}; 0 (or --no-draft) is target-only decoding")
+        bound = (
+            f"K is at most {MAX_DRAFT_LEN}"
+            if max_draft_len == MAX_DRAFT_LEN
+            else f"the deployment's max_draft_len is {max_draft_len}"
+        )
+        raise GenerationError(
+            f"num_draft_tokens must be in 0..{max_draft_len}, got {k}",
+            hint=f"{bound}; 0 (or --no-draft) is target-only decoding",
+        )
 
 
 def validate_prompt(prompt: str | bytes) -> None:
@@ -58,9 +66,17 @@ def validate_prompt(prompt: str | bytes) -> None:
         raise GenerationError("the prompt is empty", hint="give some text to continue")
 
 
-def validate_request(prompt: str | bytes, max_tokens: int, *, temperature: float = 0.0, top_k: int = 0,
-                     top_p: float = 1.0, seed: int | None = None, num_draft_tokens: int | None = None,
-                     max_draft_len: int = MAX_DRAFT_LEN) -> None:
+def validate_request(
+    prompt: str | bytes,
+    max_tokens: int,
+    *,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    num_draft_tokens: int | None = None,
+    max_draft_len: int = MAX_DRAFT_LEN,
+) -> None:
     """Every rule of one request; raises GenerationError naming the field, the value and what is allowed."""
     validate_prompt(prompt)
     validate_max_tokens(max_tokens)
@@ -74,8 +90,9 @@ def validate_fields(values: dict[str, Any]) -> None:
         validate_prompt(values["text_input"])
     if "max_tokens" in values:
         validate_max_tokens(values["max_tokens"])
-    validate_sampling(values.get("temperature", 0.0), values.get("top_k", 0), values.get("top_p", 1.0),
-                      values.get("seed"))
+    validate_sampling(
+        values.get("temperature", 0.0), values.get("top_k", 0), values.get("top_p", 1.0), values.get("seed")
+    )
     validate_num_draft_tokens(values.get("num_draft_tokens"))
 
 

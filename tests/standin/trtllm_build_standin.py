@@ -95,15 +95,21 @@ def main(argv: list[str] | None = None) -> int:
     world = int(ckpt["mapping"].get("world_size", 1))
     mode = args.speculative_decoding_mode or "none"
     build_config = {
-        "max_batch_size": args.max_batch_size, "max_input_len": args.max_input_len, "max_seq_len": args.max_seq_len,
-        "max_beam_width": args.max_beam_width or 1, "max_num_tokens": args.max_num_tokens,
+        "max_batch_size": args.max_batch_size,
+        "max_input_len": args.max_input_len,
+        "max_seq_len": args.max_seq_len,
+        "max_beam_width": args.max_beam_width or 1,
+        "max_num_tokens": args.max_num_tokens,
         "max_draft_len": args.max_draft_len or 0,
         "speculative_decoding_mode": SPECULATIVE_MODE_VALUES[mode],
         "gather_context_logits": bool(args.gather_context_logits or args.gather_all_token_logits),
         "gather_generation_logits": bool(args.gather_generation_logits or args.gather_all_token_logits),
         "kv_cache_type": (args.kv_cache_type or "paged").upper(),
-        "plugin_config": {"gemm_plugin": args.gemm_plugin, "use_paged_context_fmha": args.use_paged_context_fmha,
-                          "use_fp8_context_fmha": args.use_fp8_context_fmha},
+        "plugin_config": {
+            "gemm_plugin": args.gemm_plugin,
+            "use_paged_context_fmha": args.use_paged_context_fmha,
+            "use_fp8_context_fmha": args.use_fp8_context_fmha,
+        },
     }
     pretrained = dict(ckpt)
     if args.logits_dtype:
@@ -113,9 +119,11 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(float(os.environ.get("TRTLLM_STANDIN_SLEEP", "0")))
         # Real engines are not byte-reproducible (TensorRT picks tactics by timing): a nonce stands for that.
         (out / f"rank{rank}.engine").write_bytes(
-            b"TRTSPEC STAND-IN ENGINE, NOT A TENSORRT PLAN\n" + uuid.uuid4().hex.encode() + b"\n")
-    (out / "config.json").write_text(json.dumps(
-        {"version": version, "pretrained_config": pretrained, "build_config": build_config}, indent=2))
+            b"TRTSPEC STAND-IN ENGINE, NOT A TENSORRT PLAN\n" + uuid.uuid4().hex.encode() + b"\n"
+        )
+    (out / "config.json").write_text(
+        json.dumps({"version": version, "pretrained_config": pretrained, "build_config": build_config}, indent=2)
+    )
     print("[TRT-LLM] [I] Total time of building all engines: 00:00:00", flush=True)
     return 0
 

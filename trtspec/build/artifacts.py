@@ -229,8 +229,10 @@ def build_lock(build_dir: Path) -> Iterator[Path]:
     lock_file = build_dir / BUILD_LOCK
     fd = _acquire(lock_file)
     if fd < 0:
-        raise SpecError(f"another trtspec build of this spec is running (lock {lock_file})",
-                        hint="wait for it to finish; the lock is released when it exits")
+        raise SpecError(
+            f"another trtspec build of this spec is running (lock {lock_file})",
+            hint="wait for it to finish; the lock is released when it exits",
+        )
     try:
         yield lock_file
     finally:

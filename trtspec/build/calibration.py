@@ -63,19 +63,27 @@ def _read_jsonl(path: Path, text: str, fieldname: str) -> list[Document]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise QuantizationError(f"{path}:{lineno}: not valid JSON ({exc.msg})",
-                                    hint="a JSONL calibration file holds one JSON object per line") from None
+            raise QuantizationError(
+                f"{path}:{lineno}: not valid JSON ({exc.msg})",
+                hint="a JSONL calibration file holds one JSON object per line",
+            ) from None
         if not isinstance(record, dict):
-            raise QuantizationError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}",
-                                    hint="a JSONL calibration file holds one JSON object per line")
+            raise QuantizationError(
+                f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}",
+                hint="a JSONL calibration file holds one JSON object per line",
+            )
         if fieldname not in record:
             keys = ", ".join(sorted(map(str, record))) or "none"
-            raise QuantizationError(f"{path}:{lineno}: no field {fieldname!r} (fields: {keys})",
-                                    hint="set calibration.field to the field that holds the text")
+            raise QuantizationError(
+                f"{path}:{lineno}: no field {fieldname!r} (fields: {keys})",
+                hint="set calibration.field to the field that holds the text",
+            )
         value = record[fieldname]
         if not isinstance(value, str):
-            raise QuantizationError(f"{path}:{lineno}: field {fieldname!r} is {type(value).__name__}, not text",
-                                    hint="set calibration.field to the field that holds the text")
+            raise QuantizationError(
+                f"{path}:{lineno}: field {fieldname!r} is {type(value).__name__}, not text",
+                hint="set calibration.field to the field that holds the text",
+            )
         if value.strip():
             docs.append(Document(value, str(record.get("kind", "text"))))
     return docs
@@ -110,7 +118,7 @@ def _pack(stream: list[int], seq_len: int, limit: int) -> list[list[int]]:
     n = min(limit, len(stream) // seq_len)
     if n == 0 and len(stream) >= 2:
         return [stream]  # less than one full chunk: one shorter chunk rather than nothing
-    return [stream[i * seq_len:(i + 1) * seq_len] for i in range(n)]
+    return [stream[i * seq_len : (i + 1) * seq_len] for i in range(n)]
 
 
 def heldout_chunk_count(samples: int) -> int:
@@ -118,8 +126,9 @@ def heldout_chunk_count(samples: int) -> int:
     return min(MAX_HELDOUT_CHUNKS, max(2, samples // 4))
 
 
-def tokenize_calibration(docs: list[Document], tokenizer: Any, *, samples: int, seq_len: int,
-                         source: str) -> CalibrationData:
+def tokenize_calibration(
+    docs: list[Document], tokenizer: Any, *, samples: int, seq_len: int, source: str
+) -> CalibrationData:
     """Split documents into calibration and held-out streams and pack both into token chunks."""
     import torch
 
@@ -144,8 +153,9 @@ def tokenize_calibration(docs: list[Document], tokenizer: Any, *, samples: int, 
     calib = _pack(calib_stream, seq_len, samples)
     held = _pack(held_stream, seq_len, want_held)
     if not calib:
-        raise QuantizationError(f"{source}: the calibration text is shorter than two tokens",
-                                hint="give a longer calibration file")
+        raise QuantizationError(
+            f"{source}: the calibration text is shorter than two tokens", hint="give a longer calibration file"
+        )
     calib_t = torch.tensor(calib, dtype=torch.long)
     held_t = torch.tensor(held, dtype=torch.long) if held else torch.zeros((0, 0), dtype=torch.long)
     summary = {
@@ -169,19 +179,21 @@ def load_calibration(spec: BuildSpec, tokenizer: Any) -> CalibrationData:
     shipped = spec.calibration.file is None
     docs = read_documents(path, "text" if shipped else spec.calibration.field)
     source = "shipped corpus (trtspec/data/calibration.jsonl)" if shipped else str(path)
-    data = tokenize_calibration(docs, tokenizer, samples=spec.calibration.samples, seq_len=spec.calibration.seq_len,
-                                source=source)
+    data = tokenize_calibration(
+        docs, tokenizer, samples=spec.calibration.samples, seq_len=spec.calibration.seq_len, source=source
+    )
     data.summary["batch_size"] = spec.calibration.batch_size
     return data
 
 
 def batches(chunks: torch.Tensor, batch_size: int) -> list[torch.Tensor]:
     """Consecutive batches of at most ``batch_size`` chunks."""
-    return [chunks[i:i + batch_size] for i in range(0, int(chunks.shape[0]), batch_size)]
+    return [chunks[i : i + batch_size] for i in range(0, int(chunks.shape[0]), batch_size)]
 
 
-def forward_loop(chunks: torch.Tensor, batch_size: int, progress: Progress | None = None,
-                 description: str = "calibrating") -> Callable[[Any], None]:
+def forward_loop(
+    chunks: torch.Tensor, batch_size: int, progress: Progress | None = None, description: str = "calibrating"
+) -> Callable[[Any], None]:
     """A ModelOpt ``forward_loop``: runs every calibration batch through the model, with a progress bar per pass."""
     import torch
 

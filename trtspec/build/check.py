@@ -20,8 +20,11 @@ BLOCK_SIZE_4BIT = 128
 # as draft_input_ids (trtspec.triton_repo.orchestrator). The LLM API maps ngram to TensorRT-LLM's own NGram drafter
 # and has no hybrid of a draft model and n-grams.
 ALL_DRAFTERS = {DrafterKind.MODEL, DrafterKind.NGRAM, DrafterKind.HYBRID}
-DRAFTERS_SERVED = {Runtime.TORCH: ALL_DRAFTERS, Runtime.TRTLLM_ENGINE: ALL_DRAFTERS,
-                   Runtime.TRTLLM_LLMAPI: {DrafterKind.MODEL, DrafterKind.NGRAM}}
+DRAFTERS_SERVED = {
+    Runtime.TORCH: ALL_DRAFTERS,
+    Runtime.TRTLLM_ENGINE: ALL_DRAFTERS,
+    Runtime.TRTLLM_LLMAPI: {DrafterKind.MODEL, DrafterKind.NGRAM},
+}
 
 
 def drafters_served(spec: BuildSpec) -> set[DrafterKind]:
@@ -82,9 +85,11 @@ def _load(report: CheckReport, spec: BuildSpec, role: str) -> tuple[NormalizedCo
     except TrtspecError as exc:
         report.add(f"{role} model", Level.ERROR, exc.message, exc.hint)
         return None
-    report.add(f"{role} model", Level.OK,
-               f"{cfg.model_type}, {cfg.num_layers} layers, hidden {cfg.hidden_size}, "
-               f"{cfg.num_params / 1e6:.1f}M params")
+    report.add(
+        f"{role} model",
+        Level.OK,
+        f"{cfg.model_type}, {cfg.num_layers} layers, hidden {cfg.hidden_size}, {cfg.num_params / 1e6:.1f}M params",
+    )
     return cfg, tok
 
 
@@ -93,67 +98,107 @@ def _check_family(report: CheckReport, spec: BuildSpec, role: str, cfg: Normaliz
         report.add(f"{role} family", Level.OK, f"{cfg.model_type} (TRT-LLM decoder {cfg.family.decoder_type})")
     elif spec.runtime is Runtime.TORCH:
         # The torch runtime runs any transformers causal LM (trtspec's distilled drafts included): nothing to warn.
-        report.add(f"{role} family", Level.OK, f"{cfg.model_type} (runs on the torch runtime; the TensorRT-LLM "
-                   f"runtimes take {', '.join(known_families())})")
+        report.add(
+            f"{role} family",
+            Level.OK,
+            f"{cfg.model_type} (runs on the torch runtime; the TensorRT-LLM "
+            f"runtimes take {', '.join(known_families())})",
+        )
     else:
-        report.add(f"{role} family", Level.ERROR, f"model family '{cfg.model_type}' is not supported by "
-                   f"{spec.runtime.value}", f"supported: {', '.join(known_families())}; or use runtime torch")
+        report.add(
+            f"{role} family",
+            Level.ERROR,
+            f"model family '{cfg.model_type}' is not supported by {spec.runtime.value}",
+            f"supported: {', '.join(known_families())}; or use runtime torch",
+        )
 
 
-def _check_tokenizers(report: CheckReport, t: tuple[NormalizedConfig, TokenizerInfo],
-                      d: tuple[NormalizedConfig, TokenizerInfo]) -> None:
+def _check_tokenizers(
+    report: CheckReport, t: tuple[NormalizedConfig, TokenizerInfo], d: tuple[NormalizedConfig, TokenizerInfo]
+) -> None:
     (tc, tt), (dc, dt) = t, d
     if tc.vocab_size != dc.vocab_size:
-        report.add("vocabulary size", Level.ERROR,
-                   f"target vocab_size {tc.vocab_size} != draft vocab_size {dc.vocab_size}",
-                   "draft and target must share one tokenizer and one vocabulary")
+        report.add(
+            "vocabulary size",
+            Level.ERROR,
+            f"target vocab_size {tc.vocab_size} != draft vocab_size {dc.vocab_size}",
+            "draft and target must share one tokenizer and one vocabulary",
+        )
     else:
         report.add("vocabulary size", Level.OK, f"{tc.vocab_size} (config), {len(tt.vocab)} tokenizer entries")
     diff = first_vocab_difference(tt.vocab, dt.vocab)
     if diff is None:
         report.add("token-to-id mapping", Level.OK, f"identical ({len(tt.vocab)} tokens)")
     else:
-        report.add("token-to-id mapping", Level.ERROR, f"tokenizers differ at {diff}",
-                   "use a draft trained with the target's tokenizer (same family), or distill one: trtspec distill")
-    for name, a, b in (("bos", tc.bos_token_id, dc.bos_token_id), ("eos", tc.eos_token_ids, dc.eos_token_ids),
-                       ("pad", tc.pad_token_id, dc.pad_token_id)):
+        report.add(
+            "token-to-id mapping",
+            Level.ERROR,
+            f"tokenizers differ at {diff}",
+            "use a draft trained with the target's tokenizer (same family), or distill one: trtspec distill",
+        )
+    for name, a, b in (
+        ("bos", tc.bos_token_id, dc.bos_token_id),
+        ("eos", tc.eos_token_ids, dc.eos_token_ids),
+        ("pad", tc.pad_token_id, dc.pad_token_id),
+    ):
         a_tok, b_tok = tt.special_ids.get(name), dt.special_ids.get(name)
         if a != b or a_tok != b_tok:
             level = Level.WARN if name == "pad" else Level.ERROR
-            report.add(f"{name} id", level, f"target {a} (tokenizer {a_tok}), draft {b} (tokenizer {b_tok})",
-                       "the pair must stop on the same tokens" if name != "pad"
-                       else "trtspec pads with the target's pad id; harmless, but check the draft's export")
+            report.add(
+                f"{name} id",
+                level,
+                f"target {a} (tokenizer {a_tok}), draft {b} (tokenizer {b_tok})",
+                "the pair must stop on the same tokens"
+                if name != "pad"
+                else "trtspec pads with the target's pad id; harmless, but check the draft's export",
+            )
         else:
             report.add(f"{name} id", Level.OK, f"{a}")
 
 
 def _check_context(report: CheckReport, spec: BuildSpec, role: str, cfg: NormalizedConfig) -> None:
     if cfg.max_position_embeddings < spec.engine.max_seq_len:
-        report.add(f"{role} context", Level.ERROR,
-                   f"max_position_embeddings {cfg.max_position_embeddings} < "
-                   f"engine.max_seq_len {spec.engine.max_seq_len}",
-                   f"set engine.max_seq_len <= {cfg.max_position_embeddings}")
+        report.add(
+            f"{role} context",
+            Level.ERROR,
+            f"max_position_embeddings {cfg.max_position_embeddings} < engine.max_seq_len {spec.engine.max_seq_len}",
+            f"set engine.max_seq_len <= {cfg.max_position_embeddings}",
+        )
     else:
-        report.add(f"{role} context", Level.OK,
-                   f"max_position_embeddings {cfg.max_position_embeddings} >= max_seq_len {spec.engine.max_seq_len}")
+        report.add(
+            f"{role} context",
+            Level.OK,
+            f"max_position_embeddings {cfg.max_position_embeddings} >= max_seq_len {spec.engine.max_seq_len}",
+        )
 
 
-def _check_quantization(report: CheckReport, spec: BuildSpec, role: str, cfg: NormalizedConfig,
-                        tools: Toolchain) -> None:
+def _check_quantization(
+    report: CheckReport, spec: BuildSpec, role: str, cfg: NormalizedConfig, tools: Toolchain
+) -> None:
     q = getattr(spec, role).quantization
     if q in (Quantization.INT4_AWQ, Quantization.W4A8_AWQ):
-        dims = {"hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
-                "num_attention_heads x head_dim": cfg.num_attention_heads * cfg.head_dim}
+        dims = {
+            "hidden_size": cfg.hidden_size,
+            "intermediate_size": cfg.intermediate_size,
+            "num_attention_heads x head_dim": cfg.num_attention_heads * cfg.head_dim,
+        }
         bad = {k: v for k, v in dims.items() if v % BLOCK_SIZE_4BIT}
         if bad:
             name, dim = next(iter(bad.items()))
-            report.add(f"{role} quantization", Level.ERROR,
-                       f"{q.value} needs input dimensions that are multiples of {BLOCK_SIZE_4BIT}; {name} is {dim}",
-                       "use fp8, int8_sq or int8_wo for this model")
+            report.add(
+                f"{role} quantization",
+                Level.ERROR,
+                f"{q.value} needs input dimensions that are multiples of {BLOCK_SIZE_4BIT}; {name} is {dim}",
+                "use fp8, int8_sq or int8_wo for this model",
+            )
             return
     if q in CUDA_ONLY_FORMATS and not tools.has_gpu:
-        report.add(f"{role} quantization", Level.ERROR, f"{q.value} calibration needs a CUDA GPU and none is here",
-                   "run `trtspec quantize` on a GPU machine, or pick fp8 / int4_awq")
+        report.add(
+            f"{role} quantization",
+            Level.ERROR,
+            f"{q.value} calibration needs a CUDA GPU and none is here",
+            "run `trtspec quantize` on a GPU machine, or pick fp8 / int4_awq",
+        )
         return
     report.add(f"{role} quantization", Level.OK, f"{q.value}")
 
@@ -162,19 +207,31 @@ def _check_speculative(report: CheckReport, spec: BuildSpec, t: NormalizedConfig
     k = spec.speculative.max_draft_len
     room = spec.engine.max_seq_len - spec.engine.max_input_len
     if k >= room:
-        report.add("draft length", Level.ERROR, f"K={k} leaves no room: max_seq_len - max_input_len = {room}",
-                   "lower speculative.max_draft_len or raise engine.max_seq_len")
+        report.add(
+            "draft length",
+            Level.ERROR,
+            f"K={k} leaves no room: max_seq_len - max_input_len = {room}",
+            "lower speculative.max_draft_len or raise engine.max_seq_len",
+        )
     else:
         report.add("draft length", Level.OK, f"K={k} (runtime {spec.runtime.value} allows 1..16)")
     ratio = d.num_params / max(t.num_params, 1)
     if ratio > 0.5:
-        report.add("draft size", Level.WARN, f"draft has {ratio:.0%} of the target's parameters",
-                   "a draft pays off when one of its steps costs a small fraction of a target step")
+        report.add(
+            "draft size",
+            Level.WARN,
+            f"draft has {ratio:.0%} of the target's parameters",
+            "a draft pays off when one of its steps costs a small fraction of a target step",
+        )
     else:
         report.add("draft size", Level.OK, f"draft/target parameters = {ratio:.3f}")
     if spec.speculative.use_draft_logits and spec.runtime is Runtime.TRTLLM_LLMAPI:
-        report.add("draft logits", Level.WARN, "the LLM API DraftTarget path accepts by exact match only",
-                   "use_draft_logits applies to the trtllm-engine runtime")
+        report.add(
+            "draft logits",
+            Level.WARN,
+            "the LLM API DraftTarget path accepts by exact match only",
+            "use_draft_logits applies to the trtllm-engine runtime",
+        )
 
 
 def _check_drafter(report: CheckReport, spec: BuildSpec, t: NormalizedConfig, tt: TokenizerInfo) -> None:
@@ -185,17 +242,31 @@ def _check_drafter(report: CheckReport, spec: BuildSpec, t: NormalizedConfig, tt
     served = drafters_served(spec)
     if kind not in served:
         names = ", ".join(sorted(k.value for k in served))
-        report.add("drafter", Level.ERROR, f"runtime {spec.runtime.value} does not serve drafter '{kind.value}' (it "
-                   f"serves: {names})", "use speculative.drafter: model or ngram, or runtime torch or trtllm-engine "
-                   "(hybrid)")
+        report.add(
+            "drafter",
+            Level.ERROR,
+            f"runtime {spec.runtime.value} does not serve drafter '{kind.value}' (it serves: {names})",
+            "use speculative.drafter: model or ngram, or runtime torch or trtllm-engine (hybrid)",
+        )
     else:
-        report.add("drafter", Level.OK, f"{kind.value}: " + ("prompt lookup + the n-gram pool propose"
-                   if kind is DrafterKind.NGRAM else "n-grams on a confident match, else the draft model"))
+        report.add(
+            "drafter",
+            Level.OK,
+            f"{kind.value}: "
+            + (
+                "prompt lookup + the n-gram pool propose"
+                if kind is DrafterKind.NGRAM
+                else "n-grams on a confident match, else the draft model"
+            ),
+        )
     pool = spec.ngram_pool_path
     if not pool.is_file() and spec.speculative.ngram_pool is None and spec.runtime is Runtime.TORCH:
-        report.add("n-gram pool", Level.WARN, f"{pool}: missing; the {kind.value} drafter proposes by prompt "
-                   "lookup only", "trtspec distill writes ngram_pool.npz next to the draft; or set "
-                   "speculative.ngram_pool")
+        report.add(
+            "n-gram pool",
+            Level.WARN,
+            f"{pool}: missing; the {kind.value} drafter proposes by prompt lookup only",
+            "trtspec distill writes ngram_pool.npz next to the draft; or set speculative.ngram_pool",
+        )
         return
     try:
         from trtspec.engines.drafters.ngram import read_pool_meta, vocab_fingerprint
@@ -203,19 +274,31 @@ def _check_drafter(report: CheckReport, spec: BuildSpec, t: NormalizedConfig, tt
         meta = read_pool_meta(pool)
     except (OSError, KeyError, ValueError) as exc:
         level = Level.WARN if spec.runtime is Runtime.TRTLLM_LLMAPI else Level.ERROR
-        report.add("n-gram pool", level, f"{pool}: {'missing' if not pool.is_file() else f'not a pool ({exc})'}",
-                   "trtspec distill writes ngram_pool.npz next to the draft; set speculative.ngram_pool to one")
+        report.add(
+            "n-gram pool",
+            level,
+            f"{pool}: {'missing' if not pool.is_file() else f'not a pool ({exc})'}",
+            "trtspec distill writes ngram_pool.npz next to the draft; set speculative.ngram_pool to one",
+        )
         return
     fingerprint = meta.get("tokenizer_sha256")
     if int(meta["vocab_size"]) != t.vocab_size or fingerprint not in (None, vocab_fingerprint(tt.vocab)):
-        report.add("n-gram pool", Level.ERROR, f"{pool}: built with another tokenizer than the target's",
-                   "rebuild it with trtspec distill for this target")
+        report.add(
+            "n-gram pool",
+            Level.ERROR,
+            f"{pool}: built with another tokenizer than the target's",
+            "rebuild it with trtspec distill for this target",
+        )
         return
     detail = f"{pool.name}: {meta['tokens']:,} tokens ({meta.get('source', 'unknown source')})"
     if spec.runtime is Runtime.TRTLLM_LLMAPI:
-        report.add("n-gram pool", Level.WARN, detail + "; TensorRT-LLM's NGram drafter builds its own pool from the "
-                   "requests it serves (public pool) and cannot be pre-seeded from this file",
-                   "its acceptance starts at prompt lookup's and grows with traffic")
+        report.add(
+            "n-gram pool",
+            Level.WARN,
+            detail + "; TensorRT-LLM's NGram drafter builds its own pool from the "
+            "requests it serves (public pool) and cannot be pre-seeded from this file",
+            "its acceptance starts at prompt lookup's and grows with traffic",
+        )
     else:
         report.add("n-gram pool", Level.OK, detail)
 
@@ -225,9 +308,11 @@ def _check_host_memory(report: CheckReport, spec: BuildSpec, t: NormalizedConfig
     plan = plan_host_memory(spec, t, d)
     report.host_memory = plan
     need, avail, total = plan.needed_bytes / GIB, plan.available_bytes / GIB, plan.total_bytes / GIB
-    detail = (f"torch runtime on this machine's CPU: about {need:.2f} GiB (weights x instances + KV for "
-              f"{plan.kv_tokens:,} tokens) of {avail:.1f} GiB available ({total:.1f} GiB RAM); the gpu section is "
-              "not used")
+    detail = (
+        f"torch runtime on this machine's CPU: about {need:.2f} GiB (weights x instances + KV for "
+        f"{plan.kv_tokens:,} tokens) of {avail:.1f} GiB available ({total:.1f} GiB RAM); the gpu section is "
+        "not used"
+    )
     if plan.needed_bytes > plan.total_bytes:
         report.add("host memory", Level.ERROR, detail, "lower engine.max_batch_size / max_seq_len or the instances")
     elif plan.needed_bytes > plan.available_bytes:
@@ -242,8 +327,12 @@ def _check_dtype(report: CheckReport, spec: BuildSpec) -> None:
     for role in ("target", "draft"):
         dtype = getattr(spec, role).dtype
         if dtype.value == "float32":
-            report.add(f"{role} dtype", Level.WARN, f"float32 on {spec.runtime.value}: twice the memory of "
-                       "bfloat16 and no tensor-core kernels", f"set {role}.dtype: bfloat16 (or float16)")
+            report.add(
+                f"{role} dtype",
+                Level.WARN,
+                f"float32 on {spec.runtime.value}: twice the memory of bfloat16 and no tensor-core kernels",
+                f"set {role}.dtype: bfloat16 (or float16)",
+            )
 
 
 def _check_calibration(report: CheckReport, spec: BuildSpec) -> None:
@@ -276,39 +365,61 @@ def _check_memory(report: CheckReport, spec: BuildSpec, t: NormalizedConfig, d: 
     plan = plan_memory(spec, t, d)
     report.memory = plan
     if spec.target.tp_size > spec.gpu.count:
-        report.add("GPU count", Level.ERROR, f"target.tp_size {spec.target.tp_size} > gpu.count {spec.gpu.count}",
-                   "lower target.tp_size or raise gpu.count")
+        report.add(
+            "GPU count",
+            Level.ERROR,
+            f"target.tp_size {spec.target.tp_size} > gpu.count {spec.gpu.count}",
+            "lower target.tp_size or raise gpu.count",
+        )
     if plan.free_for_kv_gpu0 <= 0:
-        report.add("GPU memory", Level.ERROR,
-                   f"weights need {(plan.target.weight_bytes_per_gpu + plan.draft.weight_bytes_per_gpu) / GIB:.1f} GiB"
-                   f" on GPU 0 but {plan.usable_bytes_per_gpu / GIB:.1f} GiB are usable",
-                   "quantize harder, raise target.tp_size, or use a larger GPU")
+        report.add(
+            "GPU memory",
+            Level.ERROR,
+            f"weights need {(plan.target.weight_bytes_per_gpu + plan.draft.weight_bytes_per_gpu) / GIB:.1f} GiB"
+            f" on GPU 0 but {plan.usable_bytes_per_gpu / GIB:.1f} GiB are usable",
+            "quantize harder, raise target.tp_size, or use a larger GPU",
+        )
     elif not plan.kv_sufficient:
-        report.add("KV cache", Level.WARN,
-                   f"room for {plan.kv_tokens_capacity:,} tokens < "
-                   f"max_batch_size x max_seq_len = {plan.kv_tokens_needed:,}",
-                   "requests will queue for KV blocks; lower max_batch_size or use fp8 KV cache")
+        report.add(
+            "KV cache",
+            Level.WARN,
+            f"room for {plan.kv_tokens_capacity:,} tokens < max_batch_size x max_seq_len = {plan.kv_tokens_needed:,}",
+            "requests will queue for KV blocks; lower max_batch_size or use fp8 KV cache",
+        )
     else:
-        report.add("GPU memory", Level.OK,
-                   f"{plan.free_for_kv_gpu0 / GIB:.1f} GiB left for KV on GPU 0: {plan.kv_tokens_capacity:,} tokens"
-                   f" (need {plan.kv_tokens_needed:,})")
+        report.add(
+            "GPU memory",
+            Level.OK,
+            f"{plan.free_for_kv_gpu0 / GIB:.1f} GiB left for KV on GPU 0: {plan.kv_tokens_capacity:,} tokens"
+            f" (need {plan.kv_tokens_needed:,})",
+        )
 
 
 def _check_toolchain(report: CheckReport, spec: BuildSpec, tools: Toolchain) -> None:
     report.toolchain = tools
     if spec.runtime is Runtime.TORCH:
-        report.add("runtime", Level.OK if tools.torch_installed else Level.ERROR,
-                   "torch runtime: runs on this machine" if tools.torch_installed else "torch is not installed",
-                   None if tools.torch_installed else "pip install 'trtspec[torch]'")
+        report.add(
+            "runtime",
+            Level.OK if tools.torch_installed else Level.ERROR,
+            "torch runtime: runs on this machine" if tools.torch_installed else "torch is not installed",
+            None if tools.torch_installed else "pip install 'trtspec[torch]'",
+        )
     else:
         if tools.trtllm_build:
             report.add("runtime", Level.OK, f"trtllm-build at {tools.trtllm_build}")
         else:
-            report.add("runtime", Level.WARN, f"{spec.runtime.value}: no trtllm-build and no GPU here",
-                       "`trtspec compile` prints the docker command that runs it in the NGC image")
-    report.add("tritonserver", Level.OK if tools.tritonserver else Level.WARN,
-               tools.tritonserver or "no tritonserver binary found",
-               None if tools.tritonserver else "pip install 'trtspec[serve]' (bundles one), or use serve --docker")
+            report.add(
+                "runtime",
+                Level.WARN,
+                f"{spec.runtime.value}: no trtllm-build and no GPU here",
+                "`trtspec compile` prints the docker command that runs it in the NGC image",
+            )
+    report.add(
+        "tritonserver",
+        Level.OK if tools.tritonserver else Level.WARN,
+        tools.tritonserver or "no tritonserver binary found",
+        None if tools.tritonserver else "pip install 'trtspec[serve]' (bundles one), or use serve --docker",
+    )
 
 
 def run_check(spec: BuildSpec, toolchain: Toolchain | None = None) -> CheckReport:

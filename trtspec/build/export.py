@@ -17,9 +17,18 @@ from typing import Any
 
 from trtspec.errors import QuantizationError
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                   "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json",
-                   "generation_config.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
+)
 _REL_TOL = 1e-6
 
 
@@ -40,8 +49,10 @@ def restore_legacy_rope(config: Any, rope: dict[str, Any]) -> list[str]:
     fixes = []
     if rope["rope_theta"] is not None and getattr(config, "rope_theta", None) is None:
         config.rope_theta = rope["rope_theta"]
-        fixes.append(f"restored config.rope_theta={rope['rope_theta']:g} from rope_parameters for the TRT-LLM export "
-                     "(transformers 5 moved it; ModelOpt 0.47 would drop rotary_base)")
+        fixes.append(
+            f"restored config.rope_theta={rope['rope_theta']:g} from rope_parameters for the TRT-LLM export "
+            "(transformers 5 moved it; ModelOpt 0.47 would drop rotary_base)"
+        )
     if rope["rope_type"] != "default" and not getattr(config, "rope_scaling", None):
         config.rope_scaling = {**rope["scaling"], "type": rope["rope_type"], "rope_type": rope["rope_type"]}
         fixes.append(f"restored config.rope_scaling (type {rope['rope_type']}) from rope_parameters")
@@ -57,29 +68,36 @@ def check_trtllm_rope(exported: dict[str, Any], rope: dict[str, Any]) -> None:
         raise QuantizationError(
             f"the exported TRT-LLM config has rotary_base {base} but the source model's rope_theta is {theta:g}: "
             f"TensorRT-LLM would use {used} and generate wrong text",
-            hint="this is ModelOpt's transformers-5 rope_parameters bug; report it with `TRTSPEC_DEBUG=1` output")
+            hint="this is ModelOpt's transformers-5 rope_parameters bug; report it with `TRTSPEC_DEBUG=1` output",
+        )
     if rope["rope_type"] != "default":
         scaling = exported.get("rotary_scaling") or {}
         if (scaling.get("type") or scaling.get("rope_type")) != rope["rope_type"]:
             raise QuantizationError(
                 f"the exported TRT-LLM config has rotary_scaling {scaling or None} but the source uses rope type "
-                f"{rope['rope_type']}", hint="report it with `TRTSPEC_DEBUG=1` output")
+                f"{rope['rope_type']}",
+                hint="report it with `TRTSPEC_DEBUG=1` output",
+            )
 
 
-def export_trtllm(model: Any, out_dir: Path, *, decoder_type: str, dtype: Any, tp_size: int,
-                  raw_source_config: dict[str, Any]) -> list[str]:
+def export_trtllm(
+    model: Any, out_dir: Path, *, decoder_type: str, dtype: Any, tp_size: int, raw_source_config: dict[str, Any]
+) -> list[str]:
     """TensorRT-LLM checkpoint (config.json + rank*.safetensors) into ``out_dir``; returns the fixes applied."""
     from modelopt.torch.export import export_tensorrt_llm_checkpoint
 
     rope = source_rope(raw_source_config)
     fixes = restore_legacy_rope(model.config, rope)
     try:
-        export_tensorrt_llm_checkpoint(model, decoder_type=decoder_type, dtype=dtype, export_dir=out_dir,
-                                       inference_tensor_parallel=tp_size)
+        export_tensorrt_llm_checkpoint(
+            model, decoder_type=decoder_type, dtype=dtype, export_dir=out_dir, inference_tensor_parallel=tp_size
+        )
     except (NotImplementedError, ValueError, AssertionError, KeyError) as exc:
-        raise QuantizationError(f"ModelOpt's TRT-LLM export failed: {type(exc).__name__}: {exc}",
-                                hint=f"decoder type {decoder_type!r}; try another quantization format, or runtime "
-                                     "trtllm-llmapi (unified HF checkpoint)") from exc
+        raise QuantizationError(
+            f"ModelOpt's TRT-LLM export failed: {type(exc).__name__}: {exc}",
+            hint=f"decoder type {decoder_type!r}; try another quantization format, or runtime "
+            "trtllm-llmapi (unified HF checkpoint)",
+        ) from exc
     exported = json.loads((Path(out_dir) / "config.json").read_text(encoding="utf-8"))
     check_trtllm_rope(exported, rope)
     return fixes
@@ -92,8 +110,9 @@ def export_hf(model: Any, out_dir: Path, *, dtype: Any, raw_source_config: dict[
     try:
         export_hf_checkpoint(model, dtype=dtype, export_dir=out_dir)
     except (NotImplementedError, ValueError, AssertionError, KeyError) as exc:
-        raise QuantizationError(f"ModelOpt's HF export failed: {type(exc).__name__}: {exc}",
-                                hint="try another quantization format") from exc
+        raise QuantizationError(
+            f"ModelOpt's HF export failed: {type(exc).__name__}: {exc}", hint="try another quantization format"
+        ) from exc
     return add_legacy_config_keys(Path(out_dir) / "config.json", raw_source_config, dtype)
 
 
@@ -106,10 +125,15 @@ def add_legacy_config_keys(config_path: Path, raw_source_config: dict[str, Any],
     cfg = json.loads(config_path.read_text(encoding="utf-8"))
     rope = source_rope(raw_source_config)
     exported = source_rope(cfg)
-    if rope["rope_theta"] is not None and exported["rope_theta"] is not None \
-            and abs(exported["rope_theta"] - rope["rope_theta"]) > _REL_TOL * rope["rope_theta"]:
-        raise QuantizationError(f"exported config.json has rope_theta {exported['rope_theta']:g}, the source "
-                                f"{rope['rope_theta']:g}", hint="report it with `TRTSPEC_DEBUG=1` output")
+    if (
+        rope["rope_theta"] is not None
+        and exported["rope_theta"] is not None
+        and abs(exported["rope_theta"] - rope["rope_theta"]) > _REL_TOL * rope["rope_theta"]
+    ):
+        raise QuantizationError(
+            f"exported config.json has rope_theta {exported['rope_theta']:g}, the source {rope['rope_theta']:g}",
+            hint="report it with `TRTSPEC_DEBUG=1` output",
+        )
     fixes = []
     if rope["rope_theta"] is not None and "rope_theta" not in cfg:
         cfg["rope_theta"] = rope["rope_theta"]

@@ -30,21 +30,55 @@ class QuantFormat:
     description: str = ""
 
 
-FORMATS: dict[Quantization, QuantFormat] = {f.quantization: f for f in (
-    QuantFormat(Quantization.NONE, None, None, description="no quantization (dtype of the spec)"),
-    QuantFormat(Quantization.FP8, "FP8_DEFAULT_CFG", "FP8", uses_fp8=True,
-                description="FP8 E4M3 weights and activations, per-tensor scales"),
-    QuantFormat(Quantization.INT8_SQ, "INT8_SMOOTHQUANT_CFG", "W8A8_SQ_PER_CHANNEL",
-                description="INT8 weights (per channel) and activations (per tensor), SmoothQuant"),
-    QuantFormat(Quantization.INT8_WO, "INT8_WEIGHT_ONLY_CFG", "W8A16",
-                description="INT8 weights per channel, activations in the model dtype"),
-    QuantFormat(Quantization.INT4_AWQ, "INT4_AWQ_CFG", "W4A16_AWQ", block_size=128,
-                description="INT4 weights in blocks of 128 (AWQ), activations in the model dtype"),
-    QuantFormat(Quantization.W4A8_AWQ, "W4A8_AWQ_BETA_CFG", "W4A8_AWQ", block_size=128, uses_fp8=True,
-                description="INT4 weights in blocks of 128 (AWQ), FP8 activations"),
-    QuantFormat(Quantization.NVFP4, "NVFP4_DEFAULT_CFG", "NVFP4", block_size=16, needs_cuda=True, uses_fp8=True,
-                description="FP4 E2M1 weights and activations in blocks of 16 with FP8 scales (Blackwell)"),
-)}
+FORMATS: dict[Quantization, QuantFormat] = {
+    f.quantization: f
+    for f in (
+        QuantFormat(Quantization.NONE, None, None, description="no quantization (dtype of the spec)"),
+        QuantFormat(
+            Quantization.FP8,
+            "FP8_DEFAULT_CFG",
+            "FP8",
+            uses_fp8=True,
+            description="FP8 E4M3 weights and activations, per-tensor scales",
+        ),
+        QuantFormat(
+            Quantization.INT8_SQ,
+            "INT8_SMOOTHQUANT_CFG",
+            "W8A8_SQ_PER_CHANNEL",
+            description="INT8 weights (per channel) and activations (per tensor), SmoothQuant",
+        ),
+        QuantFormat(
+            Quantization.INT8_WO,
+            "INT8_WEIGHT_ONLY_CFG",
+            "W8A16",
+            description="INT8 weights per channel, activations in the model dtype",
+        ),
+        QuantFormat(
+            Quantization.INT4_AWQ,
+            "INT4_AWQ_CFG",
+            "W4A16_AWQ",
+            block_size=128,
+            description="INT4 weights in blocks of 128 (AWQ), activations in the model dtype",
+        ),
+        QuantFormat(
+            Quantization.W4A8_AWQ,
+            "W4A8_AWQ_BETA_CFG",
+            "W4A8_AWQ",
+            block_size=128,
+            uses_fp8=True,
+            description="INT4 weights in blocks of 128 (AWQ), FP8 activations",
+        ),
+        QuantFormat(
+            Quantization.NVFP4,
+            "NVFP4_DEFAULT_CFG",
+            "NVFP4",
+            block_size=16,
+            needs_cuda=True,
+            uses_fp8=True,
+            description="FP4 E2M1 weights and activations in blocks of 16 with FP8 scales (Blackwell)",
+        ),
+    )
+}
 
 # KV-cache formats: the ModelOpt quantizer entries appended to the weight preset, and TRT-LLM's kv_cache_quant_algo.
 _KV_ENTRIES: dict[KVCacheFormat, list[dict[str, Any]]] = {
@@ -58,8 +92,9 @@ def get_format(q: Quantization | str) -> QuantFormat:
     try:
         return FORMATS[Quantization(q)]
     except ValueError:
-        raise QuantizationError(f"unknown quantization format {q!r}",
-                                hint=f"use one of: {', '.join(f.value for f in Quantization)}") from None
+        raise QuantizationError(
+            f"unknown quantization format {q!r}", hint=f"use one of: {', '.join(f.value for f in Quantization)}"
+        ) from None
 
 
 def modelopt_config(q: Quantization, kv: KVCacheFormat) -> dict[str, Any]:
@@ -82,29 +117,33 @@ def check_machine(q: Quantization, kv: KVCacheFormat, *, cuda_available: bool, h
     """Refuse, before any work, formats this machine or the chosen export cannot produce."""
     fmt = get_format(q)
     if fmt.needs_cuda and not cuda_available:
-        others = ", ".join(f.quantization.value for f in FORMATS.values()
-                           if f.modelopt_cfg and not f.needs_cuda)
+        others = ", ".join(f.quantization.value for f in FORMATS.values() if f.modelopt_cfg and not f.needs_cuda)
         raise QuantizationError(
             f"{q.value} calibration needs a CUDA GPU and this machine has none "
             "(ModelOpt's NVFP4/MX kernels are CUDA-only)",
-            hint=f"run `trtspec quantize` on a GPU machine, or pick a CPU-capable format: {others}")
+            hint=f"run `trtspec quantize` on a GPU machine, or pick a CPU-capable format: {others}",
+        )
     if kv is KVCacheFormat.INT8 and hf_export:
         raise QuantizationError(
             "an INT8 KV cache cannot be written into a unified HF checkpoint "
             "(ModelOpt 0.47 exports only FP8 KV scales)",
-            hint="use kv_cache: fp8, or runtime trtllm-engine (its TRT-LLM checkpoint supports INT8 KV)")
+            hint="use kv_cache: fp8, or runtime trtllm-engine (its TRT-LLM checkpoint supports INT8 KV)",
+        )
 
 
-def fp8_capability_warning(q: Quantization, kv: KVCacheFormat, capabilities: Iterable[tuple[str, tuple[int, int]]]
-                           ) -> str | None:
+def fp8_capability_warning(
+    q: Quantization, kv: KVCacheFormat, capabilities: Iterable[tuple[str, tuple[int, int]]]
+) -> str | None:
     """A warning when an FP8-using format targets a GPU below compute capability 8.9 (it runs, but slowly)."""
     if not (get_format(q).uses_fp8 or kv is KVCacheFormat.FP8):
         return None
     for where, cc in capabilities:
         if tuple(cc) < FP8_FAST_CC:
             what = q.value if get_format(q).uses_fp8 else "an FP8 KV cache"
-            return (f"{what} needs compute capability >= {FP8_FAST_CC[0]}.{FP8_FAST_CC[1]} for FP8 tensor cores; "
-                    f"{where} is {cc[0]}.{cc[1]}: TensorRT-LLM falls back to slower kernels or refuses FP8 there")
+            return (
+                f"{what} needs compute capability >= {FP8_FAST_CC[0]}.{FP8_FAST_CC[1]} for FP8 tensor cores; "
+                f"{where} is {cc[0]}.{cc[1]}: TensorRT-LLM falls back to slower kernels or refuses FP8 there"
+            )
     return None
 
 
@@ -154,7 +193,8 @@ def check_block_size(q: Quantization, linears: list[tuple[str, int]], *, cuda_av
     raise QuantizationError(
         f"{q.value} quantizes weights in blocks of {block} input channels, but layer {name} has input dimension {dim} "
         f"({dim} % {block} = {dim % block})",
-        hint=f"formats that work for this model here: {', '.join(fits) or 'none'}")
+        hint=f"formats that work for this model here: {', '.join(fits) or 'none'}",
+    )
 
 
 def quantized_linears(model: Any) -> list[tuple[str, int]]:

@@ -171,12 +171,17 @@ class HostMemoryPlan:
         return asdict(self)
 
 
-def plan_host_memory(spec: BuildSpec, target_cfg: NormalizedConfig, draft_cfg: NormalizedConfig,
-                     machine: tuple[int, int] | None = None) -> HostMemoryPlan:
+def plan_host_memory(
+    spec: BuildSpec, target_cfg: NormalizedConfig, draft_cfg: NormalizedConfig, machine: tuple[int, int] | None = None
+) -> HostMemoryPlan:
     """The torch runtime's memory on this machine (``machine``: (total, available) bytes, default: measured)."""
     total, available = machine or host_memory()
-    as_served = {role: spec.target.model_copy(update={"quantization": Quantization.NONE}) if role == "target"
-                 else spec.draft.model_copy(update={"quantization": Quantization.NONE}) for role in ("target", "draft")}
+    as_served = {
+        role: spec.target.model_copy(update={"quantization": Quantization.NONE})
+        if role == "target"
+        else spec.draft.model_copy(update={"quantization": Quantization.NONE})
+        for role in ("target", "draft")
+    }
     wt = weight_bytes(target_cfg, as_served["target"])
     wd = weight_bytes(draft_cfg, as_served["draft"])
     nt, nd = spec.triton.target_instances, spec.triton.draft_instances

@@ -79,8 +79,13 @@ class StageResult:
     detail: str = ""
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "status": self.status, "output": self.output, "seconds": round(self.seconds, 3),
-                "detail": self.detail}
+        return {
+            "name": self.name,
+            "status": self.status,
+            "output": self.output,
+            "seconds": round(self.seconds, 3),
+            "detail": self.detail,
+        }
 
 
 @dataclass
@@ -105,16 +110,23 @@ def pipeline_stages(spec: BuildSpec, bodies: StageBodies | None = None) -> list[
     b = bodies or StageBodies()
 
     def role_stage(name: str, output: Path, role: str) -> PipelineStage:
-        return PipelineStage(f"{name}:{role}", output, inputs=lambda: b.get(f"{name}_inputs")(spec, role),
-                             body=lambda out, progress: b.get(f"{name}_into")(spec, role, out, progress))
+        return PipelineStage(
+            f"{name}:{role}",
+            output,
+            inputs=lambda: b.get(f"{name}_inputs")(spec, role),
+            body=lambda out, progress: b.get(f"{name}_into")(spec, role, out, progress),
+        )
 
     stages = [PipelineStage("check", None)]
     for role in ROLES:
         if _needs_quantize(spec, role):
             stages.append(role_stage("quantize", checkpoint_dir(spec, role), role))
         else:
-            stages.append(PipelineStage(f"quantize:{role}", None,
-                                        not_needed="quantization none: served from its source directory"))
+            stages.append(
+                PipelineStage(
+                    f"quantize:{role}", None, not_needed="quantization none: served from its source directory"
+                )
+            )
     if any(_needs_quantize(spec, r) for r in ROLES):
         stages.append(PipelineStage("quality", None))  # build/quality.json (a file, see _run_quality)
     else:
@@ -123,8 +135,11 @@ def pipeline_stages(spec: BuildSpec, bodies: StageBodies | None = None) -> list[
         if spec.runtime is Runtime.TRTLLM_ENGINE:
             stages.append(role_stage("compile", engine_dir(spec, role), role))
         else:
-            stages.append(PipelineStage(f"compile:{role}", None,
-                                        not_needed=f"{spec.runtime.value} loads the checkpoint at serve time"))
+            stages.append(
+                PipelineStage(
+                    f"compile:{role}", None, not_needed=f"{spec.runtime.value} loads the checkpoint at serve time"
+                )
+            )
 
     def repo_inputs() -> tuple[dict[str, Path | None], dict]:
         return b.get("repo_inputs")(spec)  # runs the engines' version guard (trtspec.triton_repo.writer)
@@ -143,8 +158,10 @@ def _run_check(spec: BuildSpec) -> str:
     if not report.ok:
         first = report.errors[0]
         more = f" (and {len(report.errors) - 1} more)" if len(report.errors) > 1 else ""
-        raise SpecError(f"preflight check failed: {first.check}: {first.detail}{more}",
-                        hint=first.hint or "`trtspec check` shows every finding")
+        raise SpecError(
+            f"preflight check failed: {first.check}: {first.detail}{more}",
+            hint=first.hint or "`trtspec check` shows every finding",
+        )
     warns = [f.check for f in report.findings if f.level.value == "warn"]
     return f"{len(report.findings)} checks, warnings: {', '.join(warns)}" if warns else f"{len(report.findings)} checks"
 
@@ -163,17 +180,24 @@ def clean_stale_outputs(outputs: Iterable[Path]) -> list[Path]:
     return removed
 
 
-def run_pipeline(spec: BuildSpec, *, only: Iterable[str] | None = None, force: bool = False,
-                 bodies: StageBodies | None = None, progress: Any = None,
-                 on_result: Callable[[StageResult], None] | None = None) -> BuildReport:
+def run_pipeline(
+    spec: BuildSpec,
+    *,
+    only: Iterable[str] | None = None,
+    force: bool = False,
+    bodies: StageBodies | None = None,
+    progress: Any = None,
+    on_result: Callable[[StageResult], None] | None = None,
+) -> BuildReport:
     """Run the stages (all, or those named in ``only``); skip up-to-date ones unless ``force``."""
     stages = pipeline_stages(spec, bodies)
     wanted = set(only) if only is not None else None
     if wanted is not None:
         unknown = wanted - {s.name for s in stages}
         if unknown:
-            raise SpecError(f"no stage named {', '.join(sorted(unknown))}",
-                            hint=f"stages: {', '.join(s.name for s in stages)}")
+            raise SpecError(
+                f"no stage named {', '.join(sorted(unknown))}", hint=f"stages: {', '.join(s.name for s in stages)}"
+            )
         stages = [s for s in stages if s.name in wanted]
     report = BuildReport()
     current: str | None = None
@@ -205,9 +229,11 @@ def interrupted_error(exc: KeyboardInterrupt) -> Interrupted:
     """What to tell a user whose Ctrl-C stopped ``run_pipeline``: the stage, and what was kept."""
     stage = getattr(exc, "trtspec_stage", None)
     done = getattr(exc, "trtspec_done", [])
-    return Interrupted((f"during {stage}; its partial output was removed" if stage else "before the first stage")
-                       + (f"; completed stages kept: {', '.join(done)}" if done else ""),
-                       hint="run the same command again: completed stages are skipped")
+    return Interrupted(
+        (f"during {stage}; its partial output was removed" if stage else "before the first stage")
+        + (f"; completed stages kept: {', '.join(done)}" if done else ""),
+        hint="run the same command again: completed stages are skipped",
+    )
 
 
 def _run_stage(spec: BuildSpec, stage: PipelineStage, force: bool, progress: Any) -> StageResult:
@@ -227,12 +253,19 @@ def _run_stage(spec: BuildSpec, stage: PipelineStage, force: bool, progress: Any
     started = time.time()
     with atomic_dir(stage.output) as tmp:
         extras = stage.body(tmp, progress) or {}
-        write_manifest(tmp, {
-            **extras,  # first: a body's fields never overwrite the hash the skip decision reads
-            "stage": stage.name, "inputs_hash": inputs_hash, "inputs": {k: str(v) for k, v in paths.items()},
-            "settings": settings, "started_at": started, "seconds": round(time.monotonic() - t0, 3),
-            "tools": tool_versions("trtspec", "torch", "transformers", "nvidia-modelopt", "tritonclient"),
-        })
+        write_manifest(
+            tmp,
+            {
+                **extras,  # first: a body's fields never overwrite the hash the skip decision reads
+                "stage": stage.name,
+                "inputs_hash": inputs_hash,
+                "inputs": {k: str(v) for k, v in paths.items()},
+                "settings": settings,
+                "started_at": started,
+                "seconds": round(time.monotonic() - t0, 3),
+                "tools": tool_versions("trtspec", "torch", "transformers", "nvidia-modelopt", "tritonclient"),
+            },
+        )
     return StageResult(stage.name, "built", str(stage.output), time.monotonic() - t0, "")
 
 
@@ -245,8 +278,11 @@ def _run_quality(spec: BuildSpec, force: bool, progress: Any, t0: float) -> Stag
 
     path = spec.build_dir / REPORT
     manifests = [checkpoint_dir(spec, r) / MANIFEST for r in ROLES if _needs_quantize(spec, r)]
-    if not force and path.is_file() and all(m.is_file() and m.stat().st_mtime <= path.stat().st_mtime
-                                            for m in manifests):
+    if (
+        not force
+        and path.is_file()
+        and all(m.is_file() and m.stat().st_mtime <= path.stat().st_mtime for m in manifests)
+    ):
         return StageResult("quality", "skipped", str(path), time.monotonic() - t0, "up to date")
     from trtspec.build.quality import write_quality_report
 

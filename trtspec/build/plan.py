@@ -55,8 +55,11 @@ def _quantize_stage(spec: BuildSpec, role: str) -> Stage:
     calibrated = q is not Quantization.NONE or model.kv_cache is not KVCacheFormat.AUTO
     if not calibrated and spec.runtime is not Runtime.TRTLLM_ENGINE:
         return Stage(f"quantize:{role}", f"none: {role} served from its source directory", [src], [src])
-    action = f"ModelOpt PTQ {q.value} (KV cache {model.kv_cache.value}) -> {fmt}" if calibrated \
+    action = (
+        f"ModelOpt PTQ {q.value} (KV cache {model.kv_cache.value}) -> {fmt}"
+        if calibrated
         else f"convert to {fmt} ({model.dtype.value})"
+    )
     return Stage(f"quantize:{role}", action, [src, "calibration data" if calibrated else src], [out])
 
 
@@ -64,24 +67,44 @@ def _compile_stage(spec: BuildSpec, role: str) -> Stage:
     if spec.runtime is Runtime.TRTLLM_ENGINE:
         ckpt, out = checkpoint_dir(spec, role), engine_dir(spec, role)
         cmd = trtllm_build_command(spec, role, ckpt, out)
-        return Stage(f"compile:{role}", f"trtllm-build (TensorRT-LLM {spec.engine.trtllm_version})",
-                     [str(ckpt)], [str(out)], [cmd])
+        return Stage(
+            f"compile:{role}",
+            f"trtllm-build (TensorRT-LLM {spec.engine.trtllm_version})",
+            [str(ckpt)],
+            [str(out)],
+            [cmd],
+        )
     src = str(serving_model_dir(spec, role, weights=False))
-    what = "LLM API loads the checkpoint at serve time" if spec.runtime is Runtime.TRTLLM_LLMAPI \
+    what = (
+        "LLM API loads the checkpoint at serve time"
+        if spec.runtime is Runtime.TRTLLM_LLMAPI
         else "torch runtime loads the checkpoint at serve time"
+    )
     return Stage(f"compile:{role}", f"none: {what}", [src], [src])
 
 
 def build_plan(spec: BuildSpec) -> list[Stage]:
     """All stages of `trtspec build` for this spec, in order."""
-    stages = [Stage("check", "preflight: compatibility, memory plan, toolchain",
-                    [str(spec.model_path(r, weights=False)) for r in ROLES], [])]
+    stages = [
+        Stage(
+            "check",
+            "preflight: compatibility, memory plan, toolchain",
+            [str(spec.model_path(r, weights=False)) for r in ROLES],
+            [],
+        )
+    ]
     stages += [_quantize_stage(spec, r) for r in ROLES]
     stages += [_compile_stage(spec, r) for r in ROLES]
     repo = str(spec.repo_dir)
-    stages.append(Stage("repo", f"Triton model repository ({spec.runtime.value}): ensemble, preprocessing, "
-                        "tensorrt_llm_bls, tensorrt_llm, tensorrt_llm_draft, postprocessing",
-                        [str(serving_model_dir(spec, r, weights=False)) for r in ROLES], [repo]))
+    stages.append(
+        Stage(
+            "repo",
+            f"Triton model repository ({spec.runtime.value}): ensemble, preprocessing, "
+            "tensorrt_llm_bls, tensorrt_llm, tensorrt_llm_draft, postprocessing",
+            [str(serving_model_dir(spec, r, weights=False)) for r in ROLES],
+            [repo],
+        )
+    )
     if spec.runtime is Runtime.TORCH:
         serve = ["trtspec", "serve", repo]
     else:
@@ -94,7 +117,14 @@ def build_plan(spec: BuildSpec) -> list[Stage]:
 
         launch = launch_command(launch_settings(spec), REPO_MOUNT)
         commands.append(["env", *(f"{k}={v}" for k, v in sorted(launch.env.items())), *launch.argv])
-    stages.append(Stage("serve", "tritonserver on gRPC :8001, HTTP :8000, metrics :8002" +
-                        (" (in the container: upstream's multi-model launch)" if len(commands) > 1 else ""),
-                        [repo], [], commands))
+    stages.append(
+        Stage(
+            "serve",
+            "tritonserver on gRPC :8001, HTTP :8000, metrics :8002"
+            + (" (in the container: upstream's multi-model launch)" if len(commands) > 1 else ""),
+            [repo],
+            [],
+            commands,
+        )
+    )
     return stages

@@ -47,9 +47,11 @@ def export_kind(spec: BuildSpec) -> str:
 def check_weights_present(model_dir: Path) -> None:
     """Raise ModelLoadError when a model directory has a config but no weight files."""
     if not any(next(Path(model_dir).glob(g), None) for g in _WEIGHT_GLOBS):
-        raise ModelLoadError(f"{model_dir}: no model weights (*.safetensors or pytorch_model*.bin)",
-                             hint="save the full model into this directory (model.save_pretrained(dir)); "
-                                  "config and tokenizer alone are not enough")
+        raise ModelLoadError(
+            f"{model_dir}: no model weights (*.safetensors or pytorch_model*.bin)",
+            hint="save the full model into this directory (model.save_pretrained(dir)); "
+            "config and tokenizer alone are not enough",
+        )
 
 
 def _fp8_capabilities(spec: BuildSpec, cuda: bool) -> list[tuple[str, tuple[int, int]]]:
@@ -79,9 +81,10 @@ def preflight(spec: BuildSpec, role: str, cuda: bool) -> tuple[dict[str, Any], l
     check_machine(q, kv, cuda_available=cuda, hf_export=spec.runtime is not Runtime.TRTLLM_ENGINE)
     algo = get_format(q).trtllm_algo
     if spec.runtime is Runtime.TORCH and algo is not None and algo not in SUPPORTED_ALGOS:
-        raise QuantizationError(f"the torch runtime cannot run {q.value} checkpoints (no PyTorch kernels for {algo})",
-                                hint=f"use runtime trtllm-llmapi for {q.value}, "
-                                     "or another format for the torch runtime")
+        raise QuantizationError(
+            f"the torch runtime cannot run {q.value} checkpoints (no PyTorch kernels for {algo})",
+            hint=f"use runtime trtllm-llmapi for {q.value}, or another format for the torch runtime",
+        )
     src = spec.model_path(role)
     cfg = read_config(src)
     if spec.runtime is Runtime.TRTLLM_ENGINE:
@@ -117,8 +120,9 @@ def export_dtype(spec: BuildSpec, role: str) -> tuple[Any, list[str]]:
     return getattr(torch, dtype.value), []
 
 
-def load_for_calibration(src: Path, dtype: Any, cuda: bool,
-                         log_lines: list[str] | None = None) -> tuple[Any, dict[str, int]]:
+def load_for_calibration(
+    src: Path, dtype: Any, cuda: bool, log_lines: list[str] | None = None
+) -> tuple[Any, dict[str, int]]:
     """Load a model where it is calibrated; return it (eval mode) and where its modules went (device -> count).
 
     On a GPU machine, as ModelOpt's examples/llm_ptq/hf_ptq.py does: ``device_map="auto"`` spreads the layers over every
@@ -135,8 +139,10 @@ def load_for_calibration(src: Path, dtype: Any, cuda: bool,
     except ValueError as exc:
         if "offload" not in str(exc):
             raise
-        raise QuantizationError(f"{src}: the model fits neither the GPUs nor CPU memory ({exc})",
-                                hint="use a machine with more GPU or CPU memory for the quantize stage") from None
+        raise QuantizationError(
+            f"{src}: the model fits neither the GPUs nor CPU memory ({exc})",
+            hint="use a machine with more GPU or CPU memory for the quantize stage",
+        ) from None
     return model.eval(), placement_of(model)
 
 
@@ -198,8 +204,10 @@ def calibrate(spec: BuildSpec, role: str, progress: Progress | None = None) -> C
     out.model, out.placement = load_for_calibration(src, load_dtype, cuda, out.modelopt_log)
     out.device = placement_summary(out.placement)
     if cuda and any(not d.startswith("cuda") for d in out.placement):
-        out.warnings.append(f"{role}: the GPUs hold only part of the model ({out.device}); the rest runs from CPU "
-                            "memory, so calibration is slower")
+        out.warnings.append(
+            f"{role}: the GPUs hold only part of the model ({out.device}); the rest runs from CPU "
+            "memory, so calibration is slower"
+        )
     log.info("%s: placed on %s", role, out.device)
     out.timings["load_s"] = time.monotonic() - t0
     if not calibrating:
@@ -246,8 +254,14 @@ def export_calibrated(spec: BuildSpec, c: Calibrated, out_dir: Path, progress: P
     with quiet_libraries(c.modelopt_log):
         if spec.runtime is Runtime.TRTLLM_ENGINE:
             decoder = get_family(normalize_config(c.raw_config).model_type).decoder_type
-            fixes = export.export_trtllm(c.model, out_dir, decoder_type=decoder, dtype=dtype,
-                                         tp_size=model_spec.tp_size, raw_source_config=c.raw_config)
+            fixes = export.export_trtllm(
+                c.model,
+                out_dir,
+                decoder_type=decoder,
+                dtype=dtype,
+                tp_size=model_spec.tp_size,
+                raw_source_config=c.raw_config,
+            )
         else:
             fixes = export.export_hf(c.model, out_dir, dtype=dtype, raw_source_config=c.raw_config)
     copied = export.copy_tokenizer_files(src, out_dir)
@@ -263,13 +277,22 @@ def export_calibrated(spec: BuildSpec, c: Calibrated, out_dir: Path, progress: P
         log.info("%s: %s", role, fix)
     q = model_spec.quantization
     return {
-        "role": role, "source": str(src), "source_hash": hash_dir(src), "format": q.value,
-        "trtllm_quant_algo": get_format(q).trtllm_algo, "kv_cache": model_spec.kv_cache.value,
-        "export": export_kind(spec), "dtype": str(dtype).removeprefix("torch."), "device": c.device,
+        "role": role,
+        "source": str(src),
+        "source_hash": hash_dir(src),
+        "format": q.value,
+        "trtllm_quant_algo": get_format(q).trtllm_algo,
+        "kv_cache": model_spec.kv_cache.value,
+        "export": export_kind(spec),
+        "dtype": str(dtype).removeprefix("torch."),
+        "device": c.device,
         "placement": c.placement,
         "versions": tool_versions("nvidia-modelopt", "transformers", "torch"),
-        "calibration": c.data.summary if c.data is not None else None, "quality": metrics,
-        "fixes": fixes, "warnings": c.warnings + dtype_notes, "tokenizer_files": copied,
+        "calibration": c.data.summary if c.data is not None else None,
+        "quality": metrics,
+        "fixes": fixes,
+        "warnings": c.warnings + dtype_notes,
+        "tokenizer_files": copied,
         "timings": {k: round(v, 3) for k, v in c.timings.items()},
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),  # process peak so far
     }

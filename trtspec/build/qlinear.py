@@ -68,8 +68,14 @@ def _per_row(scale: torch.Tensor, rows: int) -> torch.Tensor:
     return scale.reshape(-1, 1) if scale.numel() == rows else scale.reshape(())
 
 
-def dequantize_weight(algo: str, weight: torch.Tensor, weight_scale: torch.Tensor,
-                      weight_scale_2: torch.Tensor | None = None, *, name: str = "") -> torch.Tensor:
+def dequantize_weight(
+    algo: str,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    weight_scale_2: torch.Tensor | None = None,
+    *,
+    name: str = "",
+) -> torch.Tensor:
     """A quantized weight and its scales -> the float32 weight the calibrated model computed with."""
     if algo == "FP8":
         w = weight.view(torch.float8_e4m3fn) if weight.dtype in (torch.uint8, torch.int8) else weight
@@ -83,13 +89,17 @@ def dequantize_weight(algo: str, weight: torch.Tensor, weight_scale: torch.Tenso
         w = q * scale.repeat_interleave(block, dim=1)
         if algo == "W4A8_AWQ":
             if weight_scale_2 is None:
-                raise QuantizationError(f"{name}: W4A8_AWQ weight without weight_scale_2",
-                                        hint="re-export the checkpoint with trtspec quantize")
+                raise QuantizationError(
+                    f"{name}: W4A8_AWQ weight without weight_scale_2",
+                    hint="re-export the checkpoint with trtspec quantize",
+                )
             # ModelOpt's W4A8 weight quantizer is INT4 blocks followed by a per-tensor FP8 quantizer.
             w = fake_quant_fp8(w, weight_scale_2.to(torch.float32).reshape(()) * FP8_MAX)
         return w
-    raise QuantizationError(f"{name}: quantization {algo} cannot run in the torch runtime",
-                            hint=f"the torch runtime runs {', '.join(SUPPORTED_ALGOS)}; serve {algo} with TensorRT-LLM")
+    raise QuantizationError(
+        f"{name}: quantization {algo} cannot run in the torch runtime",
+        hint=f"the torch runtime runs {', '.join(SUPPORTED_ALGOS)}; serve {algo} with TensorRT-LLM",
+    )
 
 
 class QuantLinear(nn.Module):
@@ -99,8 +109,15 @@ class QuantLinear(nn.Module):
     input_amax: torch.Tensor | None  # buffers (register_buffer)
     pre_quant_scale: torch.Tensor | None
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *, algo: str,
-                 input_amax: torch.Tensor | None = None, pre_quant_scale: torch.Tensor | None = None) -> None:
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        *,
+        algo: str,
+        input_amax: torch.Tensor | None = None,
+        pre_quant_scale: torch.Tensor | None = None,
+    ) -> None:
         super().__init__()
         self.algo = algo
         self.out_features, self.in_features = int(weight.shape[0]), int(weight.shape[1])
@@ -108,8 +125,9 @@ class QuantLinear(nn.Module):
         self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
         self.input_kind = ACTIVATION_KIND.get(algo) if input_amax is not None else None
         self.register_buffer("input_amax", input_amax.to(torch.float32).reshape(()) if input_amax is not None else None)
-        self.register_buffer("pre_quant_scale",
-                             pre_quant_scale.to(weight.dtype) if pre_quant_scale is not None else None)
+        self.register_buffer(
+            "pre_quant_scale", pre_quant_scale.to(weight.dtype) if pre_quant_scale is not None else None
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.pre_quant_scale is not None:  # AWQ / SmoothQuant: part of ModelOpt's input quantizer
@@ -122,8 +140,10 @@ class QuantLinear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, algo={self.algo}, " \
-               f"activations={self.input_kind or 'unquantized'}"
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, algo={self.algo}, "
+            f"activations={self.input_kind or 'unquantized'}"
+        )
 
 
 def set_submodule(root: nn.Module, name: str, module: nn.Module) -> None:
@@ -137,8 +157,9 @@ def set_submodule(root: nn.Module, name: str, module: nn.Module) -> None:
 KV_ATTENTION_PREFIX = "trtspec_kv_fake_quant_"
 
 
-def _kv_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                  attention_mask: Any, **kwargs: Any) -> Any:
+def _kv_attention(
+    module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any, **kwargs: Any
+) -> Any:
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     kind = getattr(module, "_trtspec_kv_kind", None)
@@ -169,7 +190,7 @@ def enable_kv_fake_quant(model: Any, scales: dict[str, tuple[str, torch.Tensor, 
         return
     base = getattr(model.config, "_attn_implementation", None) or "sdpa"
     if base.startswith(KV_ATTENTION_PREFIX):
-        base = base[len(KV_ATTENTION_PREFIX):]
+        base = base[len(KV_ATTENTION_PREFIX) :]
     if base not in ("sdpa", "eager"):
         base = "sdpa"  # flash/flex kernels take no fake-quantized inputs we could check on a CPU; SDPA is exact
     name = KV_ATTENTION_PREFIX + base

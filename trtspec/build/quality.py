@@ -41,8 +41,13 @@ class EvalResult:
         return math.exp(self.nll_sum / self.tokens) if self.tokens else float("nan")
 
 
-def evaluate(model: Any, heldout: torch.Tensor, batch_size: int, progress: Progress | None = None,
-             description: str = "evaluating") -> EvalResult:
+def evaluate(
+    model: Any,
+    heldout: torch.Tensor,
+    batch_size: int,
+    progress: Progress | None = None,
+    description: str = "evaluating",
+) -> EvalResult:
     """Teacher-forced evaluation of a causal LM on held-out token chunks."""
     import numpy as np
     import torch
@@ -50,7 +55,7 @@ def evaluate(model: Any, heldout: torch.Tensor, batch_size: int, progress: Progr
 
     device = next(model.parameters()).device
     tops, nll, count = [], 0.0, 0
-    chunks = [heldout[i:i + batch_size] for i in range(0, int(heldout.shape[0]), batch_size)]
+    chunks = [heldout[i : i + batch_size] for i in range(0, int(heldout.shape[0]), batch_size)]
     task = progress.add_task(description, total=len(chunks)) if progress is not None else None
     with torch.no_grad():
         for batch in chunks:
@@ -76,8 +81,13 @@ def agreement(a: Any, b: Any) -> float | None:
 def role_metrics(before: EvalResult, after: EvalResult) -> dict[str, Any]:
     """Manifest fields: top-1 agreement and perplexity before/after quantization."""
     pb, pa = before.perplexity, after.perplexity
-    return {"top1_agreement": agreement(before.top1, after.top1), "perplexity_before": pb, "perplexity_after": pa,
-            "perplexity_change_pct": 100.0 * (pa - pb) / pb if pb else None, "heldout_tokens": before.tokens}
+    return {
+        "top1_agreement": agreement(before.top1, after.top1),
+        "perplexity_before": pb,
+        "perplexity_after": pa,
+        "perplexity_change_pct": 100.0 * (pa - pb) / pb if pb else None,
+        "heldout_tokens": before.tokens,
+    }
 
 
 def save_eval(out_dir: Path, before: EvalResult, after: EvalResult) -> None:
@@ -111,9 +121,17 @@ def _source_eval(spec: BuildSpec, role: str, progress: Progress | None) -> tuple
 
     src = spec.model_path(role)
     c = spec.calibration
-    key = hash_inputs({"model": src, "calibration": calibration_source(spec)},
-                      {"what": "source evaluation", "version": 1, "samples": c.samples, "seq_len": c.seq_len,
-                       "batch_size": c.batch_size, "field": c.field if c.file else None})
+    key = hash_inputs(
+        {"model": src, "calibration": calibration_source(spec)},
+        {
+            "what": "source evaluation",
+            "version": 1,
+            "samples": c.samples,
+            "seq_len": c.seq_len,
+            "batch_size": c.batch_size,
+            "field": c.field if c.file else None,
+        },
+    )
     cache = spec.build_dir / SOURCE_EVAL_CACHE / f"{role}.npz"
     if cache.is_file():
         with np.load(cache) as data:
@@ -124,9 +142,15 @@ def _source_eval(spec: BuildSpec, role: str, progress: Progress | None) -> tuple
         data = load_calibration(spec, AutoTokenizer.from_pretrained(src))
         model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
     result = evaluate(model, data.heldout, c.batch_size, progress, f"evaluating {role} (source)")
-    metrics = {"format": "none", "top1_agreement": 1.0, "perplexity_before": result.perplexity,
-               "perplexity_after": result.perplexity, "perplexity_change_pct": 0.0, "heldout_tokens": result.tokens,
-               "heldout_sha256": data.summary["heldout_sha256"]}
+    metrics = {
+        "format": "none",
+        "top1_agreement": 1.0,
+        "perplexity_before": result.perplexity,
+        "perplexity_after": result.perplexity,
+        "perplexity_change_pct": 0.0,
+        "heldout_tokens": result.tokens,
+        "heldout_sha256": data.summary["heldout_sha256"],
+    }
     cache.parent.mkdir(parents=True, exist_ok=True)
     tmp = cache.with_name(f".{role}.{os.getpid()}.npz")
     np.savez_compressed(tmp, key=np.array(key), metrics=np.array(json.dumps(metrics)), top1=result.top1)
@@ -143,9 +167,12 @@ def build_quality_report(spec: BuildSpec, progress: Progress | None = None) -> d
         model = getattr(spec, role)
         manifest = read_manifest(checkpoint_dir(spec, role))
         if manifest is not None and manifest.get("quality"):
-            models[role] = {"format": manifest.get("format"), "kv_cache": manifest.get("kv_cache"),
-                            **manifest["quality"],
-                            "heldout_sha256": manifest.get("calibration", {}).get("heldout_sha256")}
+            models[role] = {
+                "format": manifest.get("format"),
+                "kv_cache": manifest.get("kv_cache"),
+                **manifest["quality"],
+                "heldout_sha256": manifest.get("calibration", {}).get("heldout_sha256"),
+            }
             loaded = _load_eval(checkpoint_dir(spec, role))
             if loaded is not None:
                 evals[role] = loaded
@@ -156,14 +183,22 @@ def build_quality_report(spec: BuildSpec, progress: Progress | None = None) -> d
     pair: dict[str, Any] = {"before": None, "after": None}
     if set(evals) == set(ROLES):
         if models["target"].get("heldout_sha256") != models["draft"].get("heldout_sha256"):
-            notes.append("target and draft were evaluated on different held-out text (different tokenizers or "
-                         "calibration settings); no draft-target agreement")
+            notes.append(
+                "target and draft were evaluated on different held-out text (different tokenizers or "
+                "calibration settings); no draft-target agreement"
+            )
         else:
-            pair = {"before": agreement(evals["target"]["before"], evals["draft"]["before"]),
-                    "after": agreement(evals["target"]["after"], evals["draft"]["after"])}
-    return {"models": models, "draft_target_top1_agreement": pair, "notes": notes,
-            "definition": "top-1 agreement: fraction of held-out positions where two models' argmax tokens match "
-                          "(teacher-forced); draft-target agreement predicts the greedy acceptance rate"}
+            pair = {
+                "before": agreement(evals["target"]["before"], evals["draft"]["before"]),
+                "after": agreement(evals["target"]["after"], evals["draft"]["after"]),
+            }
+    return {
+        "models": models,
+        "draft_target_top1_agreement": pair,
+        "notes": notes,
+        "definition": "top-1 agreement: fraction of held-out positions where two models' argmax tokens match "
+        "(teacher-forced); draft-target agreement predicts the greedy acceptance rate",
+    }
 
 
 def write_quality_report(spec: BuildSpec, progress: Progress | None = None) -> dict[str, Any]:

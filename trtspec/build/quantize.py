@@ -36,15 +36,27 @@ def quantize_inputs(spec: BuildSpec, role: str) -> tuple[dict[str, Path | None],
     """The paths and settings whose hash decides whether a role's quantized checkpoint is up to date."""
     model = getattr(spec, role)
     calibrate = needs_calibration(spec, role)
-    paths: dict[str, Path | None] = {"model": spec.model_path(role),
-                                     "calibration": calibration_source(spec) if calibrate else None}
+    paths: dict[str, Path | None] = {
+        "model": spec.model_path(role),
+        "calibration": calibration_source(spec) if calibrate else None,
+    }
     settings = {
-        "stage": "quantize", "stage_version": STAGE_VERSION, "role": role, "quantization": model.quantization.value,
-        "kv_cache": model.kv_cache.value, "dtype": model.dtype.value, "tp_size": model.tp_size,
+        "stage": "quantize",
+        "stage_version": STAGE_VERSION,
+        "role": role,
+        "quantization": model.quantization.value,
+        "kv_cache": model.kv_cache.value,
+        "dtype": model.dtype.value,
+        "tp_size": model.tp_size,
         "export": export_kind(spec),
-        "calibration": {"samples": spec.calibration.samples, "seq_len": spec.calibration.seq_len,
-                        "batch_size": spec.calibration.batch_size,
-                        "field": spec.calibration.field if spec.calibration.file else None} if calibrate else None,
+        "calibration": {
+            "samples": spec.calibration.samples,
+            "seq_len": spec.calibration.seq_len,
+            "batch_size": spec.calibration.batch_size,
+            "field": spec.calibration.field if spec.calibration.file else None,
+        }
+        if calibrate
+        else None,
         "versions": tool_versions("nvidia-modelopt", "transformers", "torch"),
     }
     return paths, settings
@@ -58,8 +70,10 @@ def quantize_into(spec: BuildSpec, role: str, out_dir: Path, progress: Progress 
     if role not in ROLES:
         raise QuantizationError(f"unknown role {role!r}", hint="use target or draft")
     if not stage_needed(spec, role):
-        raise QuantizationError(f"{role}: quantization none on runtime {spec.runtime.value}: nothing to write",
-                                hint="the source directory is served as is")
+        raise QuantizationError(
+            f"{role}: quantization none on runtime {spec.runtime.value}: nothing to write",
+            hint="the source directory is served as is",
+        )
     t0 = time.monotonic()
     calibrated = calibrate(spec, role, progress)
     extra = export_calibrated(spec, calibrated, Path(out_dir), progress)
@@ -73,7 +87,7 @@ def _clean_stale(out: Path) -> None:
         return
     for p in out.parent.iterdir():
         for prefix in (f".tmp-{out.name}-", f".old-{out.name}-"):
-            pid = p.name[len(prefix):].split("-")[0] if p.name.startswith(prefix) else ""
+            pid = p.name[len(prefix) :].split("-")[0] if p.name.startswith(prefix) else ""
             if pid.isdigit() and not _alive(int(pid)):
                 shutil.rmtree(p, ignore_errors=True)
 
@@ -111,15 +125,22 @@ def quantize_stage(spec: BuildSpec, role: str, progress: Progress | None = None,
     started = time.time()
     with atomic_dir(out) as tmp:
         extra = quantize_into(spec, role, tmp, progress)
-        manifest = {"stage": f"quantize:{role}", "inputs_hash": inputs_hash, "settings": settings,
-                    "inputs": {k: str(v) if v is not None else None for k, v in paths.items()},
-                    "started_at": started, "finished_at": time.time(), **extra}
+        manifest = {
+            "stage": f"quantize:{role}",
+            "inputs_hash": inputs_hash,
+            "settings": settings,
+            "inputs": {k: str(v) if v is not None else None for k, v in paths.items()},
+            "started_at": started,
+            "finished_at": time.time(),
+            **extra,
+        }
         write_manifest(tmp, manifest)
     return StageOutcome(role, out, "built", manifest)
 
 
-def quantize_models(spec: BuildSpec, roles: tuple[str, ...] = ROLES, progress: Progress | None = None,
-                    force: bool = False) -> list[StageOutcome]:
+def quantize_models(
+    spec: BuildSpec, roles: tuple[str, ...] = ROLES, progress: Progress | None = None, force: bool = False
+) -> list[StageOutcome]:
     """``trtspec quantize``: each role's stage under the build lock; a failure leaves no new build directory behind."""
     from trtspec.build.artifacts import build_lock
 

@@ -74,8 +74,9 @@ def _layer_algo(qc: dict[str, Any], name: str) -> str:
         layer = (qc.get("quantized_layers") or {}).get(name) or {}
         algo = layer.get("quant_algo")
     if not algo:
-        raise QuantizationError(f"layer {name} has scales but no quant_algo in {HF_QUANT_CONFIG}",
-                                hint="re-export the checkpoint")
+        raise QuantizationError(
+            f"layer {name} has scales but no quant_algo in {HF_QUANT_CONFIG}", hint="re-export the checkpoint"
+        )
     return str(algo)
 
 
@@ -90,8 +91,10 @@ def load_modelopt_checkpoint(path: Path, dtype: str = "float32") -> Any:
     path = Path(path)
     qc = read_quant_config(path)
     if qc is None:
-        raise ModelLoadError(f"{path}: not a ModelOpt checkpoint (no {HF_QUANT_CONFIG})",
-                             hint="load unquantized checkpoints with AutoModelForCausalLM.from_pretrained")
+        raise ModelLoadError(
+            f"{path}: not a ModelOpt checkpoint (no {HF_QUANT_CONFIG})",
+            hint="load unquantized checkpoints with AutoModelForCausalLM.from_pretrained",
+        )
     torch_dtype = getattr(torch, dtype, None)
     if not isinstance(torch_dtype, torch.dtype):
         raise ModelLoadError(f"unknown dtype {dtype!r}", hint="use float32, bfloat16 or float16")
@@ -111,13 +114,27 @@ def load_modelopt_checkpoint(path: Path, dtype: str = "float32") -> Any:
             algo = _layer_algo(qc, name)
             weight = dequantize_weight(algo, t["weight"], t["weight_scale"], t["weight_scale_2"], name=name)
             if tuple(weight.shape) != (module.out_features, module.in_features):
-                raise ModelLoadError(f"{path}: {name}.weight dequantizes to {tuple(weight.shape)}, the config says "
-                                     f"{(module.out_features, module.in_features)}", hint="re-export the checkpoint")
-            input_amax = t["input_scale"].to(torch.float32) * (FP8_MAX if algo in ("FP8", "W4A8_AWQ") else 127.0) \
-                if t["input_scale"] is not None else None
-            set_submodule(model, name, QuantLinear(
-                weight.to(torch_dtype), t["bias"].to(torch_dtype) if t["bias"] is not None else None, algo=algo,
-                input_amax=input_amax, pre_quant_scale=t["pre_quant_scale"]))
+                raise ModelLoadError(
+                    f"{path}: {name}.weight dequantizes to {tuple(weight.shape)}, the config says "
+                    f"{(module.out_features, module.in_features)}",
+                    hint="re-export the checkpoint",
+                )
+            input_amax = (
+                t["input_scale"].to(torch.float32) * (FP8_MAX if algo in ("FP8", "W4A8_AWQ") else 127.0)
+                if t["input_scale"] is not None
+                else None
+            )
+            set_submodule(
+                model,
+                name,
+                QuantLinear(
+                    weight.to(torch_dtype),
+                    t["bias"].to(torch_dtype) if t["bias"] is not None else None,
+                    algo=algo,
+                    input_amax=input_amax,
+                    pre_quant_scale=t["pre_quant_scale"],
+                ),
+            )
             quantized.append(name + ".")
         k_scale = tensors.pop(f"{name}.k_proj.k_scale", None)
         v_scale = tensors.pop(f"{name}.v_proj.v_scale", None)
@@ -130,14 +147,21 @@ def load_modelopt_checkpoint(path: Path, dtype: str = "float32") -> Any:
     tied = set(getattr(model, "_tied_weights_keys", None) or [])
     if getattr(config, "tie_word_embeddings", False):
         model.tie_weights()
-    missing = [k for k in result.missing_keys if k not in tied and not k.endswith("lm_head.weight")
-               and not k.startswith(tuple(quantized))]
+    missing = [
+        k
+        for k in result.missing_keys
+        if k not in tied and not k.endswith("lm_head.weight") and not k.startswith(tuple(quantized))
+    ]
     if missing or result.unexpected_keys:
         what = f"missing {missing[:3]}" if missing else f"unexpected {result.unexpected_keys[:3]}"
-        raise ModelLoadError(f"{path}: checkpoint tensors do not match the model ({what})",
-                             hint="re-export the checkpoint with trtspec quantize")
+        raise ModelLoadError(
+            f"{path}: checkpoint tensors do not match the model ({what})",
+            hint="re-export the checkpoint with trtspec quantize",
+        )
     if "lm_head.weight" in result.missing_keys and not getattr(config, "tie_word_embeddings", False):
-        raise ModelLoadError(f"{path}: no lm_head.weight and tie_word_embeddings is false",
-                             hint="re-export the checkpoint with trtspec quantize")
+        raise ModelLoadError(
+            f"{path}: no lm_head.weight and tie_word_embeddings is false",
+            hint="re-export the checkpoint with trtspec quantize",
+        )
     enable_kv_fake_quant(model, kv_scales)
     return model.eval()

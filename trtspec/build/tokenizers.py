@@ -55,8 +55,10 @@ def read_tokenizer(model_dir: Path) -> TokenizerInfo:
             vocab.update({str(k): int(v) for k, v in _load_json(model_dir / "added_tokens.json").items()})
         source = "vocab.json"
     else:
-        raise ModelLoadError(f"{model_dir}: no tokenizer.json or vocab.json",
-                             hint="save the tokenizer next to the model (tokenizer.save_pretrained(dir))")
+        raise ModelLoadError(
+            f"{model_dir}: no tokenizer.json or vocab.json",
+            hint="save the tokenizer next to the model (tokenizer.save_pretrained(dir))",
+        )
     if not vocab:
         raise ModelLoadError(f"{model_dir / source}: empty vocabulary", hint="re-export the tokenizer")
     special: dict[str, int | None] = {}

@@ -15,8 +15,12 @@ from typing import Any
 from trtspec.errors import ModelLoadError, QuantizationError
 
 TRTLLM_DEFAULT_ROTARY_BASE = 10000.0  # what TensorRT-LLM's PretrainedConfig assumes when rotary_base is absent
-_HF_NAMES = {"attention.dense": "self_attn.o_proj", "mlp.fc": "mlp.gate_proj", "mlp.gate": "mlp.up_proj",
-             "mlp.proj": "mlp.down_proj"}
+_HF_NAMES = {
+    "attention.dense": "self_attn.o_proj",
+    "mlp.fc": "mlp.gate_proj",
+    "mlp.gate": "mlp.up_proj",
+    "mlp.proj": "mlp.down_proj",
+}
 
 
 def read_trtllm_config(ckpt_dir: Path) -> dict[str, Any]:
@@ -33,12 +37,19 @@ def _hf_config(cfg: dict[str, Any]) -> Any:
     from transformers import LlamaConfig
 
     return LlamaConfig(  # type: ignore[call-arg]  # rope_theta: transformers 5 takes it as a legacy keyword
-        vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"], num_hidden_layers=cfg["num_hidden_layers"],
-        num_attention_heads=cfg["num_attention_heads"], num_key_value_heads=cfg.get("num_key_value_heads"),
-        head_dim=cfg.get("head_size"), intermediate_size=cfg["intermediate_size"],
-        max_position_embeddings=cfg.get("max_position_embeddings", 2048), rms_norm_eps=cfg.get("norm_epsilon", 1e-6),
-        hidden_act=cfg.get("hidden_act", "silu"), tie_word_embeddings=bool(cfg.get("share_embedding_table", False)),
-        rope_theta=float(cfg.get("rotary_base", TRTLLM_DEFAULT_ROTARY_BASE)), attention_bias=bool(cfg.get("bias")),
+        vocab_size=cfg["vocab_size"],
+        hidden_size=cfg["hidden_size"],
+        num_hidden_layers=cfg["num_hidden_layers"],
+        num_attention_heads=cfg["num_attention_heads"],
+        num_key_value_heads=cfg.get("num_key_value_heads"),
+        head_dim=cfg.get("head_size"),
+        intermediate_size=cfg["intermediate_size"],
+        max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+        rms_norm_eps=cfg.get("norm_epsilon", 1e-6),
+        hidden_act=cfg.get("hidden_act", "silu"),
+        tie_word_embeddings=bool(cfg.get("share_embedding_table", False)),
+        rope_theta=float(cfg.get("rotary_base", TRTLLM_DEFAULT_ROTARY_BASE)),
+        attention_bias=bool(cfg.get("bias")),
     )
 
 
@@ -63,11 +74,15 @@ def load_trtllm_checkpoint(ckpt_dir: Path, dtype: str = "float32") -> Any:
     ckpt_dir = Path(ckpt_dir)
     cfg = read_trtllm_config(ckpt_dir)
     if cfg.get("decoder", cfg.get("architecture")) not in ("llama", "LlamaForCausalLM", "MistralForCausalLM"):
-        raise QuantizationError(f"{ckpt_dir}: decoder {cfg.get('decoder')!r}: only llama checkpoints can be read back",
-                                hint="verify other families on a GPU with trtllm-build")
+        raise QuantizationError(
+            f"{ckpt_dir}: decoder {cfg.get('decoder')!r}: only llama checkpoints can be read back",
+            hint="verify other families on a GPU with trtllm-build",
+        )
     if cfg.get("mapping", {}).get("world_size", 1) != 1:
-        raise QuantizationError(f"{ckpt_dir}: a {cfg['mapping']['world_size']}-rank checkpoint",
-                                hint="only single-rank checkpoints can be read back")
+        raise QuantizationError(
+            f"{ckpt_dir}: a {cfg['mapping']['world_size']}-rank checkpoint",
+            hint="only single-rank checkpoints can be read back",
+        )
     quant = cfg.get("quantization") or {}
     algo, kv_algo = quant.get("quant_algo"), quant.get("kv_cache_quant_algo")
     t = load_file(str(ckpt_dir / "rank0.safetensors"))
@@ -76,13 +91,18 @@ def load_trtllm_checkpoint(ckpt_dir: Path, dtype: str = "float32") -> Any:
     with no_init_weights():
         model = LlamaForCausalLM(hf_cfg).to(torch_dtype)
     vocab = hf_cfg.vocab_size
-    state = {"model.embed_tokens.weight": t.pop("transformer.vocab_embedding.weight")[:vocab],
-             "model.norm.weight": t.pop("transformer.ln_f.weight")}
+    state = {
+        "model.embed_tokens.weight": t.pop("transformer.vocab_embedding.weight")[:vocab],
+        "model.norm.weight": t.pop("transformer.ln_f.weight"),
+    }
     if "lm_head.weight" in t:
         state["lm_head.weight"] = t.pop("lm_head.weight")[:vocab]
     head = hf_cfg.head_dim
-    qkv_sizes = [hf_cfg.num_attention_heads * head, hf_cfg.num_key_value_heads * head,
-                 hf_cfg.num_key_value_heads * head]
+    qkv_sizes = [
+        hf_cfg.num_attention_heads * head,
+        hf_cfg.num_key_value_heads * head,
+        hf_cfg.num_key_value_heads * head,
+    ]
     kv_scales = {}
     for i in range(hf_cfg.num_hidden_layers):
         p, hp = f"transformer.layers.{i}.", f"model.layers.{i}."
@@ -90,24 +110,52 @@ def load_trtllm_checkpoint(ckpt_dir: Path, dtype: str = "float32") -> Any:
         state[hp + "post_attention_layernorm.weight"] = t.pop(p + "post_layernorm.weight")
         linears: dict[str, dict[str, Any]] = {}
         for trt, hf in _HF_NAMES.items():
-            linears[hf] = {k: t.pop(f"{p}{trt}.{k}", None) for k in
-                           ("weight", "bias", "weights_scaling_factor", "weights_scaling_factor_2",
-                            "activation_scaling_factor", "prequant_scaling_factor")}
-        fused = {k: t.pop(f"{p}attention.qkv.{k}", None) for k in
-                 ("weight", "bias", "weights_scaling_factor", "weights_scaling_factor_2",
-                  "activation_scaling_factor", "prequant_scaling_factor")}
-        parts = {k: _split_rows(v, qkv_sizes) if k in ("weight", "bias", "weights_scaling_factor") else [v] * 3
-                 for k, v in fused.items()}
+            linears[hf] = {
+                k: t.pop(f"{p}{trt}.{k}", None)
+                for k in (
+                    "weight",
+                    "bias",
+                    "weights_scaling_factor",
+                    "weights_scaling_factor_2",
+                    "activation_scaling_factor",
+                    "prequant_scaling_factor",
+                )
+            }
+        fused = {
+            k: t.pop(f"{p}attention.qkv.{k}", None)
+            for k in (
+                "weight",
+                "bias",
+                "weights_scaling_factor",
+                "weights_scaling_factor_2",
+                "activation_scaling_factor",
+                "prequant_scaling_factor",
+            )
+        }
+        parts = {
+            k: _split_rows(v, qkv_sizes) if k in ("weight", "bias", "weights_scaling_factor") else [v] * 3
+            for k, v in fused.items()
+        }
         for j, hf in enumerate(("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")):
             linears[hf] = {k: v[j] for k, v in parts.items()}
         for hf, d in linears.items():
             if algo and d["weights_scaling_factor"] is not None:
-                w = dequantize_weight(algo, d["weight"], d["weights_scaling_factor"], d["weights_scaling_factor_2"],
-                                      name=hp + hf)
+                w = dequantize_weight(
+                    algo, d["weight"], d["weights_scaling_factor"], d["weights_scaling_factor_2"], name=hp + hf
+                )
                 a = d["activation_scaling_factor"]
                 amax = a.float() * (FP8_MAX if algo in ("FP8", "W4A8_AWQ") else 127.0) if a is not None else None
-                set_submodule(model, hp + hf, QuantLinear(w.to(torch_dtype), d["bias"], algo=algo, input_amax=amax,
-                                                          pre_quant_scale=d["prequant_scaling_factor"]))
+                set_submodule(
+                    model,
+                    hp + hf,
+                    QuantLinear(
+                        w.to(torch_dtype),
+                        d["bias"],
+                        algo=algo,
+                        input_amax=amax,
+                        pre_quant_scale=d["prequant_scaling_factor"],
+                    ),
+                )
             else:
                 state[hp + hf + ".weight"] = d["weight"]
                 if d["bias"] is not None:

@@ -27,9 +27,16 @@ OnlyOpt = Annotated[Optional[Role], typer.Option("--only", help="only this model
 
 # K, in TensorRT-LLM's words: a deployment's max_draft_len (spec: speculative.max_draft_len), a request's
 # num_draft_tokens. --draft-len is the older name, kept hidden.
-NumDraftTokensOpt = Annotated[Optional[int], typer.Option(
-    "--num-draft-tokens", "-k", help="draft tokens per target step (K) for this request, 1..the deployment's "
-    "max_draft_len; default: max_draft_len", show_default=False)]
+NumDraftTokensOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--num-draft-tokens",
+        "-k",
+        help="draft tokens per target step (K) for this request, 1..the deployment's "
+        "max_draft_len; default: max_draft_len",
+        show_default=False,
+    ),
+]
 DraftLenAlias = Annotated[Optional[int], typer.Option("--draft-len", hidden=True)]
 
 
@@ -40,7 +47,17 @@ class Protocol(str, Enum):
     HTTP = "http"
 
 
-ProtocolOpt = Annotated[Optional[Protocol], typer.Option(
-    "--protocol", help="with --url: default the URL's scheme (grpc://, http://), else grpc", show_default=False)]
-UrlOpt = Annotated[str, typer.Option("--url", help="a served model: [grpc://|http://]HOST[:PORT] (default ports: "
-                                                   "gRPC 8001, HTTP 8000)", show_default=False)]
+ProtocolOpt = Annotated[
+    Optional[Protocol],
+    typer.Option(
+        "--protocol", help="with --url: default the URL's scheme (grpc://, http://), else grpc", show_default=False
+    ),
+]
+UrlOpt = Annotated[
+    str,
+    typer.Option(
+        "--url",
+        help="a served model: [grpc://|http://]HOST[:PORT] (default ports: gRPC 8001, HTTP 8000)",
+        show_default=False,
+    ),
+]

@@ -37,13 +37,20 @@ class LogProgress(Progress):
         task = self._tasks.get(task_id)
         if task is None:
             return
-        count = f"{int(task.completed)}/{int(task.total)}" if task.total else (
-            f"{int(task.completed)}" if task.completed else "")
+        count = (
+            f"{int(task.completed)}/{int(task.total)}"
+            if task.total
+            else (f"{int(task.completed)}" if task.completed else "")
+        )
         pct = f" ({100 * task.completed / task.total:.0f}%)" if task.total else ""
         elapsed = time.monotonic() - self._t0
         stamp = f"[{int(elapsed // 60):02d}:{elapsed % 60:04.1f}]"
-        self.console.print(f"{stamp} {task.description}: {event or count + pct}".rstrip(": "), markup=False,
-                           highlight=False, soft_wrap=True)
+        self.console.print(
+            f"{stamp} {task.description}: {event or count + pct}".rstrip(": "),
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
         self._last[task_id] = time.monotonic()
 
     def _maybe(self, task_id: TaskID) -> None:
@@ -56,10 +63,18 @@ class LogProgress(Progress):
         elif time.monotonic() - self._last.get(task_id, 0.0) >= self.interval_s:
             self._line(task_id)
 
-    def add_task(self, description: str, start: bool = True, total: float | None = 100.0, completed: int = 0,
-                 visible: bool = True, **fields: Any) -> TaskID:
-        task_id = super().add_task(description, start=start, total=total, completed=completed, visible=visible,
-                                   **fields)
+    def add_task(
+        self,
+        description: str,
+        start: bool = True,
+        total: float | None = 100.0,
+        completed: int = 0,
+        visible: bool = True,
+        **fields: Any,
+    ) -> TaskID:
+        task_id = super().add_task(
+            description, start=start, total=total, completed=completed, visible=visible, **fields
+        )
         self._line(task_id, "started" + (f", {int(total)} steps" if total else ""))
         return task_id
 

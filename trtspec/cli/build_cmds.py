@@ -21,12 +21,21 @@ def _run(spec, only, force: bool, as_json: bool):
             return
         label = "skipped (up to date)" if result.status == "skipped" else result.status
         extra = f" - {result.detail}" if result.detail and result.status != "skipped" else ""
-        progress.console.print(f"[{_STYLE.get(result.status, 'white')}]{result.name:<17}[/] {label}"
-                               f"{f' ({result.seconds:.1f} s)' if result.status == 'built' else ''}{extra}",
-                               highlight=False)
+        progress.console.print(
+            f"[{_STYLE.get(result.status, 'white')}]{result.name:<17}[/] {label}"
+            f"{f' ({result.seconds:.1f} s)' if result.status == 'built' else ''}{extra}",
+            highlight=False,
+        )
 
-    progress = make_progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
-                             console=err_console, transient=True, disable=as_json and err_console.is_terminal)
+    progress = make_progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+        disable=as_json and err_console.is_terminal,
+    )
     try:
         with progress:
             report = run_pipeline(spec, only=only, force=force, progress=progress, on_result=show)
@@ -39,8 +48,7 @@ def _run(spec, only, force: bool, as_json: bool):
     return report
 
 
-def compile(spec_path: SpecArg = None, only: OnlyOpt = None, force: ForceOpt = False,
-            as_json: JsonOpt = False) -> None:
+def compile(spec_path: SpecArg = None, only: OnlyOpt = None, force: ForceOpt = False, as_json: JsonOpt = False) -> None:
     """Build the TensorRT-LLM engines (runtime trtllm-engine) with trtllm-build, or print the docker command."""
     import shlex
 
@@ -52,8 +60,10 @@ def compile(spec_path: SpecArg = None, only: OnlyOpt = None, force: ForceOpt = F
 
     spec = resolve_spec(spec_path)
     if spec.runtime is not Runtime.TRTLLM_ENGINE:
-        raise SpecError(f"runtime {spec.runtime.value} has no engines to compile",
-                        hint="set runtime: trtllm-engine, or go on with `trtspec build`")
+        raise SpecError(
+            f"runtime {spec.runtime.value} has no engines to compile",
+            hint="set runtime: trtllm-engine, or go on with `trtspec build`",
+        )
     roles = [only.value] if only is not None else list(ROLES)
     try:
         _run(spec, [f"compile:{r}" for r in roles], force, as_json)
@@ -62,8 +72,9 @@ def compile(spec_path: SpecArg = None, only: OnlyOpt = None, force: ForceOpt = F
             # What to run elsewhere, for every role still without an engine; the next `trtspec compile` adopts them.
             for role in roles:
                 if not (engine_dir(spec, role) / MANIFEST).is_file():
-                    err_console.print(f"[dim]{role}:[/] {shlex.join(docker_command(spec, role))}", highlight=False,
-                                      soft_wrap=True)
+                    err_console.print(
+                        f"[dim]{role}:[/] {shlex.join(docker_command(spec, role))}", highlight=False, soft_wrap=True
+                    )
         raise
 
 

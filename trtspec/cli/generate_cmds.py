@@ -14,8 +14,16 @@ from trtspec.cli._options import DraftLenAlias, JsonOpt, NumDraftTokensOpt, Prot
 
 def _stats_table(stats: dict, title: str) -> Table:
     table = Table(title=title, show_header=False)
-    for key in ("num_output_tokens", "total_draft_tokens", "total_accepted_draft_tokens", "acceptance_rate",
-                "target_steps", "tokens_per_step", "decode_tok_per_s", "total_s"):
+    for key in (
+        "num_output_tokens",
+        "total_draft_tokens",
+        "total_accepted_draft_tokens",
+        "acceptance_rate",
+        "target_steps",
+        "tokens_per_step",
+        "decode_tok_per_s",
+        "total_s",
+    ):
         if key in stats:
             table.add_row(key, str(stats[key]))
     return table
@@ -34,8 +42,14 @@ def generate(
     no_draft: Annotated[bool, typer.Option("--no-draft", help="target-only decoding, same code path")] = False,
     raw: Annotated[bool, typer.Option("--raw", help="do not apply the chat template")] = False,
     stream: Annotated[bool, typer.Option("--stream", help="print text as it is generated")] = False,
-    url: Annotated[Optional[str], typer.Option("--url", help="a served model: [grpc://|http://]HOST[:PORT] "
-                                               "(default ports: gRPC 8001, HTTP 8000), instead of --spec")] = None,
+    url: Annotated[
+        Optional[str],
+        typer.Option(
+            "--url",
+            help="a served model: [grpc://|http://]HOST[:PORT] "
+            "(default ports: gRPC 8001, HTTP 8000), instead of --spec",
+        ),
+    ] = None,
     protocol: ProtocolOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -45,8 +59,9 @@ def generate(
 
     k = num_draft_tokens if num_draft_tokens is not None else draft_len
     if no_draft and k:
-        raise GenerationError(f"--no-draft and --num-draft-tokens {k} exclude each other",
-                              hint="--no-draft is --num-draft-tokens 0")
+        raise GenerationError(
+            f"--no-draft and --num-draft-tokens {k} exclude each other", hint="--no-draft is --num-draft-tokens 0"
+        )
     k = 0 if no_draft else k
     sampling: dict[str, Any] = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     validate_request(prompt, max_tokens, num_draft_tokens=k, **sampling)  # before anything is loaded or sent
@@ -55,8 +70,9 @@ def generate(
             raise GenerationError("--url and --spec exclude each other", hint="the server was built from its spec")
         from trtspec.cli.serve_cmds import generate_remote
 
-        generate_remote(prompt, url, protocol, max_tokens, num_draft_tokens=k, raw=raw, stream=stream,
-                        as_json=as_json, **sampling)
+        generate_remote(
+            prompt, url, protocol, max_tokens, num_draft_tokens=k, raw=raw, stream=stream, as_json=as_json, **sampling
+        )
         return
     spec = resolve_spec(spec_path)
     validate_request(prompt, max_tokens, num_draft_tokens=k, max_draft_len=spec.speculative.max_draft_len, **sampling)
@@ -70,8 +86,7 @@ def generate(
     with err_console.status("loading models"):
         session = TorchSession.from_spec(spec, with_draft=k != 0)
     kwargs: dict[str, Any] = dict(draft_len=k or None, use_draft=k != 0, chat=not raw)
-    title = "target only (no draft)" if k == 0 else \
-        f"speculative decoding (K = {k or spec.speculative.max_draft_len})"
+    title = "target only (no draft)" if k == 0 else f"speculative decoding (K = {k or spec.speculative.max_draft_len})"
     if stream and not as_json:
         result = None
         for piece in session.stream(prompt, max_tokens, params, **kwargs):

@@ -56,8 +56,11 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                       help="print the version and exit")) -> None:
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="print the version and exit"
+    ),
+) -> None:
     """Draft-target speculative decoding toolchain."""
 
 
@@ -105,7 +108,9 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(exc.exit_code)
         if debug:
             raise
-        sys.stderr.write(f"error: unexpected {type(exc).__name__}: {exc}\nhint: rerun with TRTSPEC_DEBUG=1 for a "
-                         "traceback and report it\n")
+        sys.stderr.write(
+            f"error: unexpected {type(exc).__name__}: {exc}\nhint: rerun with TRTSPEC_DEBUG=1 for a "
+            "traceback and report it\n"
+        )
         sys.exit(1)
     sys.exit(rc if isinstance(rc, int) else 0)

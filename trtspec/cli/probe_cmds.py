@@ -10,23 +10,34 @@ from trtspec.cli._common import console, print_json
 from trtspec.cli._options import JsonOpt, ProtocolOpt
 
 
-def probe(url: Annotated[str, typer.Option("--url", help="server, [grpc://|http://]HOST[:PORT]")
-                         ] = "127.0.0.1:8001",
-          protocol: ProtocolOpt = None,
-          model: Annotated[str, typer.Option("--model", help="model to ask (ensemble, or tensorrt_llm for an "
-                                             "LLM API repository)")] = "ensemble",
-          timeout: Annotated[float, typer.Option("--timeout", help="seconds for the whole request")] = 10.0,
-          as_json: JsonOpt = False) -> None:
+def probe(
+    url: Annotated[str, typer.Option("--url", help="server, [grpc://|http://]HOST[:PORT]")] = "127.0.0.1:8001",
+    protocol: ProtocolOpt = None,
+    model: Annotated[
+        str, typer.Option("--model", help="model to ask (ensemble, or tensorrt_llm for an LLM API repository)")
+    ] = "ensemble",
+    timeout: Annotated[float, typer.Option("--timeout", help="seconds for the whole request")] = 10.0,
+    as_json: JsonOpt = False,
+) -> None:
     """Check that the server generates: one 1-token request within --timeout, else exit 1 with why."""
     from trtspec.serving.probe import probe as run_probe
 
     result = run_probe(url, protocol=protocol.value if protocol else None, model=model, timeout_s=timeout)
     if as_json:
-        print_json({"ok": True, "url": result.url, "protocol": result.protocol, "model": result.model,
-                    "latency_s": round(result.latency_s, 4), "tokens": result.tokens})
+        print_json(
+            {
+                "ok": True,
+                "url": result.url,
+                "protocol": result.protocol,
+                "model": result.model,
+                "latency_s": round(result.latency_s, 4),
+                "tokens": result.tokens,
+            }
+        )
         return
-    console.print(f"ok: {result.protocol}://{result.url} {result.model} generated in {result.latency_s:.2f} s",
-                  highlight=False)
+    console.print(
+        f"ok: {result.protocol}://{result.url} {result.model} generated in {result.latency_s:.2f} s", highlight=False
+    )
 
 
 def register(app: typer.Typer) -> None:

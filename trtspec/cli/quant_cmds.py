@@ -25,11 +25,18 @@ def quality_table(report: dict) -> Table:
     for col in ("model", "format", "top-1 vs unquantized", "perplexity before", "after", "change"):
         table.add_column(col, justify="right" if col != "model" else "left")
     for role, m in report["models"].items():
-        table.add_row(role, str(m.get("format")), _pct(m.get("top1_agreement")), _num(m.get("perplexity_before")),
-                      _num(m.get("perplexity_after")), f"{_num(m.get('perplexity_change_pct'), '+.1f')}%")
+        table.add_row(
+            role,
+            str(m.get("format")),
+            _pct(m.get("top1_agreement")),
+            _num(m.get("perplexity_before")),
+            _num(m.get("perplexity_after")),
+            f"{_num(m.get('perplexity_change_pct'), '+.1f')}%",
+        )
     pair = report["draft_target_top1_agreement"]
-    table.add_row("draft vs target", "top-1 agreement", f"before {_pct(pair['before'])}", "",
-                  f"after {_pct(pair['after'])}", "")
+    table.add_row(
+        "draft vs target", "top-1 agreement", f"before {_pct(pair['before'])}", "", f"after {_pct(pair['after'])}", ""
+    )
     return table
 
 
@@ -50,8 +57,14 @@ def quantize(
         outcomes = quantize_models(spec, roles, progress, force)
         report = write_quality_report(spec, progress)
     if as_json:
-        print_json({"models": [{"role": o.role, "path": str(o.path), "status": o.status, "manifest": o.manifest}
-                               for o in outcomes], "quality": report})
+        print_json(
+            {
+                "models": [
+                    {"role": o.role, "path": str(o.path), "status": o.status, "manifest": o.manifest} for o in outcomes
+                ],
+                "quality": report,
+            }
+        )
         return
     for o in outcomes:
         m = o.manifest or {}
@@ -61,8 +74,12 @@ def quantize(
         t = m.get("timings", {}).get("total_s")
         took = f" in {t:.1f} s" if o.status == "built" and t is not None else ""
         placed = f", calibrated on {m['device']}" if m.get("device") else ""  # where the model went
-        console.print(f"{o.role}: {m.get('format')} (KV {m.get('kv_cache')}) -> {m.get('export')} {o.path} "
-                      f"({o.status}{took}){placed}", markup=False, highlight=False)
+        console.print(
+            f"{o.role}: {m.get('format')} (KV {m.get('kv_cache')}) -> {m.get('export')} {o.path} "
+            f"({o.status}{took}){placed}",
+            markup=False,
+            highlight=False,
+        )
         for fix in m.get("fixes", []) if o.status == "built" else []:
             console.print(f"  fixed: {fix}", markup=False, highlight=False)
         for warning in m.get("warnings", []):

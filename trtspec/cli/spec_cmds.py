@@ -26,10 +26,14 @@ def _as_written(model: str, output: Path) -> str:
 
 
 def init(
-    target: Annotated[Optional[str], typer.Option(help="target model: a local directory or a hub id org/name; "
-                                                  "omitted: the embedded example")] = None,
-    draft: Annotated[Optional[str], typer.Option(help="draft model: a local directory or a hub id org/name; "
-                                                 "omitted: the embedded example")] = None,
+    target: Annotated[
+        Optional[str],
+        typer.Option(help="target model: a local directory or a hub id org/name; omitted: the embedded example"),
+    ] = None,
+    draft: Annotated[
+        Optional[str],
+        typer.Option(help="draft model: a local directory or a hub id org/name; omitted: the embedded example"),
+    ] = None,
     runtime: Annotated[Runtime, typer.Option(help="where the models run")] = Runtime.TORCH,
     output: Annotated[Path, typer.Option("--output", "-o", help="spec file to write")] = Path("trtspec.yaml"),
     force: Annotated[bool, typer.Option("--force", help="overwrite an existing file")] = False,
@@ -91,17 +95,28 @@ def check(spec_path: SpecArg = None, as_json: JsonOpt = False) -> None:
             for col in ("model", "params", "weights/GPU GiB", "KV B/token/GPU", "TP", "KV fraction"):
                 mem.add_column(col, justify="right")
             for mm, frac in ((m.target, m.target_kv_fraction), (m.draft, m.draft_kv_fraction)):
-                mem.add_row(mm.role, f"{mm.params / 1e6:,.1f}M", f"{mm.weight_bytes_per_gpu / GIB:.2f}",
-                            f"{mm.kv_bytes_per_token_per_gpu:,}", str(mm.tp_size), f"{frac:.3f}")
+                mem.add_row(
+                    mm.role,
+                    f"{mm.params / 1e6:,.1f}M",
+                    f"{mm.weight_bytes_per_gpu / GIB:.2f}",
+                    f"{mm.kv_bytes_per_token_per_gpu:,}",
+                    str(mm.tp_size),
+                    f"{frac:.3f}",
+                )
             console.print(mem)
-            console.print(f"KV budget on GPU 0: {m.free_for_kv_gpu0 / GIB:.2f} GiB = {m.kv_tokens_capacity:,} tokens "
-                          f"(max_batch_size x max_seq_len = {m.kv_tokens_needed:,})")
+            console.print(
+                f"KV budget on GPU 0: {m.free_for_kv_gpu0 / GIB:.2f} GiB = {m.kv_tokens_capacity:,} tokens "
+                f"(max_batch_size x max_seq_len = {m.kv_tokens_needed:,})"
+            )
     if not report.ok:
         from trtspec.cli._common import err_console
 
         for f in report.errors:
-            err_console.print(f"[bold red]error:[/] {f.check}: {f.detail}" + (f" (hint: {f.hint})" if f.hint else ""),
-                              highlight=False, soft_wrap=True)
+            err_console.print(
+                f"[bold red]error:[/] {f.check}: {f.detail}" + (f" (hint: {f.hint})" if f.hint else ""),
+                highlight=False,
+                soft_wrap=True,
+            )
         raise typer.Exit(1)
 
 
@@ -119,8 +134,12 @@ def plan(spec_path: SpecArg = None, as_json: JsonOpt = False) -> None:
         table.add_column(col, overflow="fold")
     for s in stages:
         d = s.to_dict()
-        table.add_row(s.name, s.action, "\n".join(s.inputs) + ("\n-> " + "\n-> ".join(s.outputs) if s.outputs else ""),
-                      "\n".join(d["command_lines"]))
+        table.add_row(
+            s.name,
+            s.action,
+            "\n".join(s.inputs) + ("\n-> " + "\n-> ".join(s.outputs) if s.outputs else ""),
+            "\n".join(d["command_lines"]),
+        )
     console.print(table)
 
 

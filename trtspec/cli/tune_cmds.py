@@ -18,31 +18,53 @@ def _table(result) -> Table:
     for col in ("K", "tokens/step", "a", "v", "predicted speedup", "measured speedup", "c, v in the loop"):
         table.add_column(col, justify="right")
     for row in result.rows:
+
         def cell(key: str, row: dict = row) -> str:
             v = row.get(key)
             return "-" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))
 
         style = "bold green" if row["k"] == result.k else None
         loop = "-" if row.get("v_in_loop") is None else f"{cell('c_in_loop')}, {cell('v_in_loop')}"
-        table.add_row(str(row["k"]), cell("tokens_per_step"), cell("a"), cell("v"), cell("predicted_speedup"),
-                      cell("measured_speedup"), loop, style=style)
+        table.add_row(
+            str(row["k"]),
+            cell("tokens_per_step"),
+            cell("a"),
+            cell("v"),
+            cell("predicted_speedup"),
+            cell("measured_speedup"),
+            loop,
+            style=style,
+        )
     return table
 
 
 def tune(
     spec_path: SpecArg = None,
-    prompts: Annotated[Optional[Path], typer.Option(help="prompts to tune on (one per line, or JSONL 'prompt'); "
-                                                         "default: the held-out shipped distillation prompts")] = None,
-    url: Annotated[Optional[str], typer.Option(help="tune through a served endpoint (host:port of Triton gRPC) "
-                                                    "instead of in process")] = None,
+    prompts: Annotated[
+        Optional[Path],
+        typer.Option(
+            help="prompts to tune on (one per line, or JSONL 'prompt'); "
+            "default: the held-out shipped distillation prompts"
+        ),
+    ] = None,
+    url: Annotated[
+        Optional[str],
+        typer.Option(help="tune through a served endpoint (host:port of Triton gRPC) instead of in process"),
+    ] = None,
     n_prompts: Annotated[int, typer.Option("--n-prompts", help="prompts used")] = 8,
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="answer length per prompt")] = 64,
     k_max: Annotated[int, typer.Option("--k-max", help="largest K considered (1..16)")] = 16,
-    measure: Annotated[int, typer.Option(help="time the decoder at this many of the best predicted K "
-                                              "(0: predict only)")] = 4,
-    costs: Annotated[Optional[Path], typer.Option(help="step costs to use instead of timing them here (JSON: "
-                                                       "{\"c\": 0.1, \"v\": {\"1\": 1.05, ...}}), e.g. measured on "
-                                                       "the serving GPU")] = None,
+    measure: Annotated[
+        int, typer.Option(help="time the decoder at this many of the best predicted K (0: predict only)")
+    ] = 4,
+    costs: Annotated[
+        Optional[Path],
+        typer.Option(
+            help="step costs to use instead of timing them here (JSON: "
+            '{"c": 0.1, "v": {"1": 1.05, ...}}), e.g. measured on '
+            "the serving GPU"
+        ),
+    ] = None,
     write: Annotated[bool, typer.Option("--write", help="write the choice into SPEC (else show the diff)")] = False,
     threads: Annotated[int, typer.Option(help="torch threads")] = 1,
     as_json: JsonOpt = False,
@@ -53,8 +75,10 @@ def tune(
     if not 1 <= k_max <= 16:
         raise SpecError(f"--k-max {k_max} must be in 1..16", hint="K is the draft length the engines are built for")
     if n_prompts < 1 or max_tokens < 2 or measure < 0 or threads < 1:
-        raise SpecError("--n-prompts, --threads must be >= 1, --max-tokens >= 2, --measure >= 0",
-                        hint="e.g. --n-prompts 8 --max-tokens 64")
+        raise SpecError(
+            "--n-prompts, --threads must be >= 1, --max-tokens >= 2, --measure >= 0",
+            hint="e.g. --n-prompts 8 --max-tokens 64",
+        )
     if write and spec_path is None:
         raise SpecError("--write needs a spec file", hint="trtspec tune trtspec.yaml --write")
     step_costs = None
@@ -64,8 +88,9 @@ def tune(
         try:
             step_costs = StepCosts.from_dict(json.loads(costs.read_text(encoding="utf-8")))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise SpecError(f"--costs {costs}: {exc}", hint='JSON like {"c": 0.1, "v": {"1": 1.05, "2": 1.1}}') \
-                from None
+            raise SpecError(
+                f"--costs {costs}: {exc}", hint='JSON like {"c": 0.1, "v": {"1": 1.05, "2": 1.1}}'
+            ) from None
     spec = resolve_spec(spec_path)
     from trtspec.engines.distill.data import load_prompts
     from trtspec.engines.tune import default_prompts, tune_in_process, tune_url
@@ -80,8 +105,15 @@ def tune(
         torch.set_num_threads(threads)
         quiet_transformers()
         with err_console.status("tuning") as status:
-            result = tune_in_process(spec, texts, ks=ks, max_tokens=max_tokens, measure_top=measure,
-                                     costs=step_costs, progress=lambda text: status.update(text))
+            result = tune_in_process(
+                spec,
+                texts,
+                ks=ks,
+                max_tokens=max_tokens,
+                measure_top=measure,
+                costs=step_costs,
+                progress=lambda text: status.update(text),
+            )
     if not result.rows:
         raise GenerationError("nothing was measured", hint="check the prompts")
     _report(spec, spec_path, result, write, as_json)
@@ -106,8 +138,10 @@ def _report(spec, spec_path: Path | None, result, write: bool, as_json: bool) ->
         console.print("per-position acceptance: " + " ".join(f"{x:.2f}" for x in result.per_position))
     for note in result.notes:
         err_console.print(f"[dim]note:[/] {note}")
-    console.print(f"choice: max_draft_len {result.k}, route_threshold {result.route_threshold} "
-                  f"(now {result.current['max_draft_len']}, {result.current['route_threshold']})")
+    console.print(
+        f"choice: max_draft_len {result.k}, route_threshold {result.route_threshold} "
+        f"(now {result.current['max_draft_len']}, {result.current['route_threshold']})"
+    )
     if spec_path is None:
         console.print("(the embedded example: pass a spec file to see or write the change)")
     elif not change:

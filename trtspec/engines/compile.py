@@ -40,7 +40,9 @@ def compile_inputs(spec: BuildSpec, role: str) -> tuple[dict[str, Path | None], 
     ckpt, out = checkpoint_dir(spec, role), engine_dir(spec, role)
     cmd = trtllm_build_command(spec, role, ckpt, out)
     return {"checkpoint": ckpt}, {
-        "stage": "compile", "role": role, "trtllm_version": normalize_version(spec.engine.trtllm_version),
+        "stage": "compile",
+        "role": role,
+        "trtllm_version": normalize_version(spec.engine.trtllm_version),
         "argv": cmd[1:],
     }
 
@@ -50,23 +52,29 @@ def read_checkpoint_config(spec: BuildSpec, role: str) -> dict[str, Any]:
     ckpt = checkpoint_dir(spec, role)
     cfg_path = ckpt / "config.json"
     if not cfg_path.is_file():
-        raise EngineBuildError(f"{ckpt}: no TensorRT-LLM checkpoint for the {role} (config.json missing)",
-                               hint="run `trtspec quantize` first (or `trtspec build`, which runs every stage)")
+        raise EngineBuildError(
+            f"{ckpt}: no TensorRT-LLM checkpoint for the {role} (config.json missing)",
+            hint="run `trtspec quantize` first (or `trtspec build`, which runs every stage)",
+        )
     try:
         cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise EngineBuildError(f"{cfg_path}: not valid JSON ({exc})", hint="rerun `trtspec quantize`") from None
     missing = [k for k in ("architecture", "dtype", "mapping") if k not in cfg]
     if missing:
-        raise EngineBuildError(f"{cfg_path}: not a TensorRT-LLM checkpoint config (no {', '.join(missing)})",
-                               hint="the compile stage needs a TensorRT-LLM checkpoint; rerun `trtspec quantize`")
+        raise EngineBuildError(
+            f"{cfg_path}: not a TensorRT-LLM checkpoint config (no {', '.join(missing)})",
+            hint="the compile stage needs a TensorRT-LLM checkpoint; rerun `trtspec quantize`",
+        )
     mapping = cfg["mapping"]
     tp = int(mapping.get("tp_size", 1))
     world = int(mapping.get("world_size", tp * int(mapping.get("pp_size", 1))))
     want = getattr(spec, role).tp_size
     if tp != want:
-        raise EngineBuildError(f"{ckpt}: checkpoint is split for tp_size {tp}, spec says {role}.tp_size {want}",
-                               hint="rerun `trtspec quantize` after changing tp_size")
+        raise EngineBuildError(
+            f"{ckpt}: checkpoint is split for tp_size {tp}, spec says {role}.tp_size {want}",
+            hint="rerun `trtspec quantize` after changing tp_size",
+        )
     absent = [f"rank{i}.safetensors" for i in range(world) if not (ckpt / f"rank{i}.safetensors").is_file()]
     if absent:
         raise EngineBuildError(f"{ckpt}: {', '.join(absent)} missing", hint="rerun `trtspec quantize`")
@@ -77,9 +85,18 @@ def docker_command(spec: BuildSpec, role: str) -> list[str]:
     """`docker run` that builds this role's engine into engines/<role> in the NGC image (paths mounted 1:1)."""
     ckpt, out = checkpoint_dir(spec, role), engine_dir(spec, role)
     cmd = trtllm_build_command(spec, role, ckpt, out)
-    return ["docker", "run", "--rm", *DOCKER_GPU_FLAGS,
-            "-v", f"{ckpt}:{ckpt}:ro", "-v", f"{out.parent}:{out.parent}",
-            serving_image(spec), *cmd]
+    return [
+        "docker",
+        "run",
+        "--rm",
+        *DOCKER_GPU_FLAGS,
+        "-v",
+        f"{ckpt}:{ckpt}:ro",
+        "-v",
+        f"{out.parent}:{out.parent}",
+        serving_image(spec),
+        *cmd,
+    ]
 
 
 def find_trtllm_build() -> str | None:
@@ -118,8 +135,14 @@ def run_trtllm_build(cmd: list[str], log_path: Path, on_line=None) -> float:
         log.write(f"$ {shlex.join(cmd)}\n")
         log.flush()
         lock = threading.Lock()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace",
-                                preexec_fn=_parent_death_signal_setter())
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
+            preexec_fn=_parent_death_signal_setter(),
+        )
 
         def pump(stream, is_err: bool) -> None:
             for line in stream:
@@ -131,8 +154,10 @@ def run_trtllm_build(cmd: list[str], log_path: Path, on_line=None) -> float:
                 if on_line is not None and line.strip():
                     on_line(line.rstrip())
 
-        threads = [threading.Thread(target=pump, args=(proc.stdout, False), daemon=True),
-                   threading.Thread(target=pump, args=(proc.stderr, True), daemon=True)]
+        threads = [
+            threading.Thread(target=pump, args=(proc.stdout, False), daemon=True),
+            threading.Thread(target=pump, args=(proc.stderr, True), daemon=True),
+        ]
         for t in threads:
             t.start()
         try:
@@ -177,15 +202,21 @@ def _adopt_external_engine(spec: BuildSpec, role: str, out_dir: Path) -> dict | 
                 os.link(item, target)  # engines are large: a hard link costs nothing and leaves the original intact
             except OSError:
                 shutil.copy2(item, target)
-    return {"engine": info.to_dict(), "built_by": "external (docker run in the NGC image)",
-            "trtllm_build": None, "command": shlex.join(docker_command(spec, role))}
+    return {
+        "engine": info.to_dict(),
+        "built_by": "external (docker run in the NGC image)",
+        "trtllm_build": None,
+        "command": shlex.join(docker_command(spec, role)),
+    }
 
 
 def compile_into(spec: BuildSpec, role: str, out_dir: Path, progress=None) -> dict:
     """Build one engine into ``out_dir`` and verify it; return the manifest fields (version, command, engine facts)."""
     if spec.runtime is not Runtime.TRTLLM_ENGINE:
-        raise SpecError(f"runtime {spec.runtime.value} has no engine compile stage",
-                        hint="only runtime trtllm-engine builds engines; the others load checkpoints at serve time")
+        raise SpecError(
+            f"runtime {spec.runtime.value} has no engine compile stage",
+            hint="only runtime trtllm-engine builds engines; the others load checkpoints at serve time",
+        )
     read_checkpoint_config(spec, role)
     program = find_trtllm_build()
     if program is None:
@@ -211,5 +242,11 @@ def compile_into(spec: BuildSpec, role: str, out_dir: Path, progress=None) -> di
             progress.remove_task(task)
     info = verify_engine(out_dir, spec, role)
     shutil.copy2(log_path, out_dir / LOG_NAME)
-    return {"engine": info.to_dict(), "built_by": "trtllm-build", "trtllm_build": program,
-            "command": shlex.join(cmd), "build_seconds": round(seconds, 3), "log": LOG_NAME}
+    return {
+        "engine": info.to_dict(),
+        "built_by": "trtllm-build",
+        "trtllm_build": program,
+        "command": shlex.join(cmd),
+        "build_seconds": round(seconds, 3),
+        "log": LOG_NAME,
+    }

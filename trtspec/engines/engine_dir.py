@@ -65,15 +65,18 @@ def read_engine(path: Path) -> EngineInfo:
     path = Path(path)
     cfg_path = path / ENGINE_CONFIG
     if not cfg_path.is_file():
-        raise EngineBuildError(f"{path}: no engine here ({ENGINE_CONFIG} missing)",
-                               hint="build the engines with `trtspec compile`")
+        raise EngineBuildError(
+            f"{path}: no engine here ({ENGINE_CONFIG} missing)", hint="build the engines with `trtspec compile`"
+        )
     try:
         cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise EngineBuildError(f"{cfg_path}: not valid JSON ({exc})", hint="rebuild the engine") from None
     if not isinstance(cfg, dict) or "version" not in cfg or "build_config" not in cfg:
-        raise EngineBuildError(f"{cfg_path}: not a TensorRT-LLM engine config (no version/build_config)",
-                               hint="engines from trtllm-build record both; rebuild with `trtspec compile`")
+        raise EngineBuildError(
+            f"{cfg_path}: not a TensorRT-LLM engine config (no version/build_config)",
+            hint="engines from trtllm-build record both; rebuild with `trtspec compile`",
+        )
     pretrained = cfg.get("pretrained_config") or {}
     build = cfg.get("build_config") or {}
     mapping = pretrained.get("mapping") or {}
@@ -82,14 +85,18 @@ def read_engine(path: Path) -> EngineInfo:
     ranks = tuple(f"rank{i}.engine" for i in range(world))
     missing = [r for r in ranks if not (path / r).is_file()]
     if missing:
-        raise EngineBuildError(f"{path}: {', '.join(missing)} missing for world size {world}",
-                               hint="the build did not finish; rebuild with `trtspec compile`")
+        raise EngineBuildError(
+            f"{path}: {', '.join(missing)} missing for world size {world}",
+            hint="the build did not finish; rebuild with `trtspec compile`",
+        )
     return EngineInfo(
         path=str(path),
         trtllm_version=str(cfg["version"]),
         architecture=pretrained.get("architecture"),
         dtype=pretrained.get("dtype"),
-        world_size=world, tp_size=tp, pp_size=pp,
+        world_size=world,
+        tp_size=tp,
+        pp_size=pp,
         max_batch_size=build.get("max_batch_size"),
         max_input_len=build.get("max_input_len"),
         max_seq_len=build.get("max_seq_len"),
@@ -112,8 +119,9 @@ def verify_engine(path: Path, spec: BuildSpec, role: str) -> EngineInfo:
         if info.max_draft_len != spec.speculative.max_draft_len:
             problems.append(f"max_draft_len {info.max_draft_len}, spec wants {spec.speculative.max_draft_len}")
         if info.speculative_decoding_mode != "draft_tokens_external":
-            problems.append(f"speculative_decoding_mode {info.speculative_decoding_mode}, "
-                            "draft-target needs draft_tokens_external")
+            problems.append(
+                f"speculative_decoding_mode {info.speculative_decoding_mode}, draft-target needs draft_tokens_external"
+            )
     if spec.speculative.use_draft_logits and not info.gather_generation_logits:
         problems.append("built without gather_generation_logits, which use_draft_logits needs on both engines")
     for name in ("max_batch_size", "max_input_len", "max_seq_len"):
@@ -123,8 +131,9 @@ def verify_engine(path: Path, spec: BuildSpec, role: str) -> EngineInfo:
     if info.tp_size != model.tp_size:
         problems.append(f"tp_size {info.tp_size}, spec wants {model.tp_size}")
     if problems:
-        raise EngineBuildError(f"{path}: engine does not match the spec: {'; '.join(problems)}",
-                               hint="rebuild it with `trtspec compile`")
+        raise EngineBuildError(
+            f"{path}: engine does not match the spec: {'; '.join(problems)}", hint="rebuild it with `trtspec compile`"
+        )
     return info
 
 
@@ -145,8 +154,9 @@ def serving_trtllm_version(spec: BuildSpec, image: str | None = None) -> str:
     return normalize_version(shipped if shipped is not None else spec.engine.trtllm_version)
 
 
-def check_engine_versions(spec: BuildSpec, image: str | None = None,
-                          engine_dirs: dict[str, Path] | None = None) -> dict[str, str]:
+def check_engine_versions(
+    spec: BuildSpec, image: str | None = None, engine_dirs: dict[str, Path] | None = None
+) -> dict[str, str]:
     """Refuse engines built by another TensorRT-LLM release than the serving image's; return role -> version.
 
     Called by the pipeline before the repo stage, and meant for `trtspec repo` and `trtspec serve --docker IMAGE`.
@@ -161,7 +171,7 @@ def check_engine_versions(spec: BuildSpec, image: str | None = None,
             raise EngineBuildError(
                 f"engines/{role} was built by TensorRT-LLM {got}, but {serving_image(spec, image)} serves {want}",
                 hint=f"rebuild with engine.trtllm_version: '{want}' (`trtspec compile`), or serve with an image "
-                     f"that ships {got}",
+                f"that ships {got}",
             )
         found[role] = got
     return found
@@ -189,8 +199,9 @@ def check_repo_engines(repo: Path, image: str) -> dict[str, str]:
     settings = manifest.get("settings") or {}
     if settings.get("runtime") != "trtllm-engine":
         return {}
-    engines = [Path(host) for host, inside in manifest.get("container_mounts") or []
-               if str(inside).startswith("/engines/")]
+    engines = [
+        Path(host) for host, inside in manifest.get("container_mounts") or [] if str(inside).startswith("/engines/")
+    ]
     shipped = image_trtllm_version(image)
     if shipped is None:
         if image == settings.get("serving_image"):
@@ -198,14 +209,17 @@ def check_repo_engines(repo: Path, image: str) -> dict[str, str]:
         raise EngineBuildError(
             f"{image}: not an NGC tritonserver trtllm image trtspec knows, and not the image this repository was "
             f"written for ({settings.get('serving_image')}); cannot check the engines' TensorRT-LLM release",
-            hint="serve with a tag from `trtspec plan`, or set triton.image in the spec and rerun `trtspec repo`")
+            hint="serve with a tag from `trtspec plan`, or set triton.image in the spec and rerun `trtspec repo`",
+        )
     want = normalize_version(shipped)
     found = {}
     for path in engines:
         got = normalize_version(read_engine(path).trtllm_version)
         if got != want:
-            raise EngineBuildError(f"{path} was built by TensorRT-LLM {got}, but {image} ships {want}",
-                                   hint=f"serve with an image that ships {got}, or rebuild with "
-                                        f"engine.trtllm_version: '{want}' (`trtspec build`)")
+            raise EngineBuildError(
+                f"{path} was built by TensorRT-LLM {got}, but {image} ships {want}",
+                hint=f"serve with an image that ships {got}, or rebuild with "
+                f"engine.trtllm_version: '{want}' (`trtspec build`)",
+            )
         found[str(path)] = got
     return found

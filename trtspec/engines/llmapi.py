@@ -30,16 +30,25 @@ def speculative_config(spec: BuildSpec) -> dict[str, Any]:
     version = spec.engine.trtllm_version
     fields = get_release(version).llmapi
     if not fields.supported:
-        raise SpecError(f"runtime trtllm-llmapi needs TensorRT-LLM >= 1.0; engine.trtllm_version is {version}",
-                        hint="set engine.trtllm_version to 1.0.0 or later, or use runtime trtllm-engine")
+        raise SpecError(
+            f"runtime trtllm-llmapi needs TensorRT-LLM >= 1.0; engine.trtllm_version is {version}",
+            hint="set engine.trtllm_version to 1.0.0 or later, or use runtime trtllm-engine",
+        )
     drafter = spec.speculative.drafter
     if drafter is DrafterKind.HYBRID:
-        raise SpecError("runtime trtllm-llmapi has no hybrid drafter (TensorRT-LLM runs a draft model or n-grams)",
-                        hint="set speculative.drafter to model or ngram")
+        raise SpecError(
+            "runtime trtllm-llmapi has no hybrid drafter (TensorRT-LLM runs a draft model or n-grams)",
+            hint="set speculative.drafter to model or ngram",
+        )
     if drafter is DrafterKind.NGRAM:
-        return {"decoding_type": NGRAM_DECODING_TYPE, "max_draft_len": spec.speculative.max_draft_len,
-                "max_matching_ngram_size": MAX_MATCH, "is_keep_all": True, "is_use_oldest": True,
-                "is_public_pool": True}
+        return {
+            "decoding_type": NGRAM_DECODING_TYPE,
+            "max_draft_len": spec.speculative.max_draft_len,
+            "max_matching_ngram_size": MAX_MATCH,
+            "is_keep_all": True,
+            "is_use_oldest": True,
+            "is_public_pool": True,
+        }
     return {
         "decoding_type": fields.decoding_type,
         "max_draft_len": spec.speculative.max_draft_len,
@@ -59,8 +68,10 @@ def model_yaml(spec: BuildSpec) -> dict[str, Any]:
         # Draft-target on the PyTorch backend runs without the overlap scheduler (TensorRT-LLM's
         # speculative-decoding guide passes disable_overlap_scheduler=True with DraftTargetDecodingConfig).
         "disable_overlap_scheduler": True,
-        "kv_cache_config": {"enable_block_reuse": True,
-                            "free_gpu_memory_fraction": round(min(0.9, spec.gpu.memory_utilization), 4)},
+        "kv_cache_config": {
+            "enable_block_reuse": True,
+            "free_gpu_memory_fraction": round(min(0.9, spec.gpu.memory_utilization), 4),
+        },
         "speculative_config": speculative_config(spec),
         # upstream: "The current implementation does not support batching" -> max_batch_size 0 for Triton
         "triton_config": {"max_batch_size": 0, "decoupled": spec.triton.decoupled},
@@ -71,9 +82,13 @@ def model_yaml_text(spec: BuildSpec) -> str:
     """model.yaml as written into ``<repo>/tensorrt_llm/1/model.yaml``."""
     import yaml
 
-    header = (f"# Written by trtspec for TensorRT-LLM {spec.engine.trtllm_version} (LLM API, PyTorch backend).\n"
-              "# Paths are as mounted in the serving container (trtspec.engines.container).\n")
+    header = (
+        f"# Written by trtspec for TensorRT-LLM {spec.engine.trtllm_version} (LLM API, PyTorch backend).\n"
+        "# Paths are as mounted in the serving container (trtspec.engines.container).\n"
+    )
     if not get_release(spec.engine.trtllm_version).llmapi.verified:
-        header += ("# speculative_config names for this release are not verified against its llm_args.py: a later\n"
-                   "# llm_args.py accepts only decoding_type Draft_Target and speculative_model (see the README).\n")
+        header += (
+            "# speculative_config names for this release are not verified against its llm_args.py: a later\n"
+            "# llm_args.py accepts only decoding_type Draft_Target and speculative_model (see the README).\n"
+        )
     return header + yaml.safe_dump(model_yaml(spec), sort_keys=False)

@@ -42,8 +42,12 @@ class SamplingParams:
     def from_request(cls, temperature: float, top_k: int, top_p: float, seed: int | None) -> SamplingParams:
         """TensorRT-LLM's request semantics: top_k 1 is greedy too, and top_p outside (0, 1] means no filtering."""
         greedy = temperature <= 0.0 or top_k == 1
-        return cls(0.0 if greedy else float(temperature), 0 if greedy else int(top_k),
-                   float(top_p) if not greedy and 0.0 < top_p <= 1.0 else 1.0, seed)
+        return cls(
+            0.0 if greedy else float(temperature),
+            0 if greedy else int(top_k),
+            float(top_p) if not greedy and 0.0 < top_p <= 1.0 else 1.0,
+            seed,
+        )
 
     def with_seed(self, seed: int | None) -> SamplingParams:
         return SamplingParams(self.temperature, self.top_k, self.top_p, seed)
@@ -64,9 +68,10 @@ def check_draft_len(k: int, max_draft_len: int = MAX_DRAFT_LEN, what: str = "num
     """``k`` if 0 <= k <= max_draft_len, else a GenerationError naming the limit (0 means no draft)."""
     if not 0 <= int(k) <= max_draft_len:
         if max_draft_len < MAX_DRAFT_LEN and 0 < int(k) <= MAX_DRAFT_LEN:
-            raise GenerationError(f"{what} {int(k)} exceeds this deployment's max_draft_len ({max_draft_len})",
-                                  hint=f"ask for at most {max_draft_len}, or rebuild with a larger "
-                                       "speculative.max_draft_len")
+            raise GenerationError(
+                f"{what} {int(k)} exceeds this deployment's max_draft_len ({max_draft_len})",
+                hint=f"ask for at most {max_draft_len}, or rebuild with a larger speculative.max_draft_len",
+            )
         raise GenerationError(f"{what} must be in 0..{max_draft_len}, got {int(k)}", hint="0 disables the draft")
     return int(k)
 
@@ -131,6 +136,9 @@ class SpecStats:
         out["acceptance_rate"] = round(self.acceptance_rate, 4)
         out["tokens_per_step"] = round(self.tokens_per_step, 4)
         decode_ns = self.last_token_time_ns - self.first_token_time_ns
-        out["decode_tok_per_s"] = (round((self.num_output_tokens - 1) / (decode_ns / 1e9), 2)
-                                   if decode_ns > 0 and self.num_output_tokens > 1 else None)
+        out["decode_tok_per_s"] = (
+            round((self.num_output_tokens - 1) / (decode_ns / 1e9), 2)
+            if decode_ns > 0 and self.num_output_tokens > 1
+            else None
+        )
         return out

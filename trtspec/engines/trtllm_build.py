@@ -25,8 +25,9 @@ __all__ = ["RELEASES", "ngc_image", "trtllm_build_command", "validate_command", 
 LOGITS_DTYPE = "float32"
 
 
-def trtllm_build_command(spec: BuildSpec, role: str, checkpoint_dir: Path, output_dir: Path,
-                         program: str = "trtllm-build") -> list[str]:
+def trtllm_build_command(
+    spec: BuildSpec, role: str, checkpoint_dir: Path, output_dir: Path, program: str = "trtllm-build"
+) -> list[str]:
     """The `trtllm-build` argument list for the target or the draft of a draft-target pair."""
     if role not in ("target", "draft"):
         raise ValueError(role)
@@ -34,22 +35,36 @@ def trtllm_build_command(spec: BuildSpec, role: str, checkpoint_dir: Path, outpu
     eng = spec.engine
     cmd = [
         program,
-        "--checkpoint_dir", str(checkpoint_dir),
-        "--output_dir", str(output_dir),
-        "--gemm_plugin", "auto",  # the checkpoint's dtype
-        "--kv_cache_type", "paged",
-        "--use_paged_context_fmha", "enable",  # KV-cache reuse: required for draft-target
-        "--max_batch_size", str(eng.max_batch_size),
-        "--max_input_len", str(eng.max_input_len),
-        "--max_seq_len", str(eng.max_seq_len),
-        "--max_beam_width", "1",  # draft-target supports beam width 1 only
-        "--logits_dtype", LOGITS_DTYPE,
+        "--checkpoint_dir",
+        str(checkpoint_dir),
+        "--output_dir",
+        str(output_dir),
+        "--gemm_plugin",
+        "auto",  # the checkpoint's dtype
+        "--kv_cache_type",
+        "paged",
+        "--use_paged_context_fmha",
+        "enable",  # KV-cache reuse: required for draft-target
+        "--max_batch_size",
+        str(eng.max_batch_size),
+        "--max_input_len",
+        str(eng.max_input_len),
+        "--max_seq_len",
+        str(eng.max_seq_len),
+        "--max_beam_width",
+        "1",  # draft-target supports beam width 1 only
+        "--logits_dtype",
+        LOGITS_DTYPE,
     ]
     if role == "target":
         # Without --max_draft_len the served target rejects every draft ("larger than maximum number of draft
         # tokens (0)", tensorrtllm_backend #473).
-        cmd += ["--speculative_decoding_mode", "draft_tokens_external",
-                "--max_draft_len", str(spec.speculative.max_draft_len)]
+        cmd += [
+            "--speculative_decoding_mode",
+            "draft_tokens_external",
+            "--max_draft_len",
+            str(spec.speculative.max_draft_len),
+        ]
     if spec.speculative.use_draft_logits:
         # Both engines (run_dtm_pld.py asserts it for draft and target); without it on the draft the target waits for
         # logits that never come (TRT-LLM #2798).
@@ -67,19 +82,24 @@ def _check_value(release: TrtllmRelease, flag: Flag, value: str) -> None:
         try:
             int(value)
         except ValueError:
-            raise EngineBuildError(f"trtllm-build {release.line}: {flag.name} takes an integer, got '{value}'",
-                                   hint="this is a bug in trtspec's command builder") from None
+            raise EngineBuildError(
+                f"trtllm-build {release.line}: {flag.name} takes an integer, got '{value}'",
+                hint="this is a bug in trtspec's command builder",
+            ) from None
     if flag.choices is not None and value not in flag.choices:
-        raise EngineBuildError(f"trtllm-build {release.line}: {flag.name} has no choice '{value}'",
-                               hint=f"choices: {', '.join(flag.choices)}")
+        raise EngineBuildError(
+            f"trtllm-build {release.line}: {flag.name} has no choice '{value}'",
+            hint=f"choices: {', '.join(flag.choices)}",
+        )
 
 
 def validate_command(cmd: list[str], version: str) -> None:
     """Reject flags, missing values and choices that the given TensorRT-LLM version does not document."""
     release = get_release(version)
     if not release.engines_supported:
-        raise EngineBuildError(f"TensorRT-LLM {version} cannot build engines",
-                               hint="use runtime trtllm-llmapi, or a version up to 1.2")
+        raise EngineBuildError(
+            f"TensorRT-LLM {version} cannot build engines", hint="use runtime trtllm-llmapi, or a version up to 1.2"
+        )
     args = cmd[1:]
     i = 0
     seen: set[str] = set()
@@ -88,16 +108,20 @@ def validate_command(cmd: list[str], version: str) -> None:
         name, eq, inline = arg.partition("=")
         flag = release.flag(name) if arg.startswith("--") else None
         if flag is None:
-            raise EngineBuildError(f"trtllm-build {release.line} has no flag {name}" if arg.startswith("--")
-                                   else f"trtllm-build {release.line}: unexpected argument '{arg}'",
-                                   hint="update trtspec's version table or pick another engine.trtllm_version")
+            raise EngineBuildError(
+                f"trtllm-build {release.line} has no flag {name}"
+                if arg.startswith("--")
+                else f"trtllm-build {release.line}: unexpected argument '{arg}'",
+                hint="update trtspec's version table or pick another engine.trtllm_version",
+            )
         if flag.name in seen:
             raise EngineBuildError(f"trtllm-build command repeats {flag.name}", hint="a bug in trtspec's builder")
         seen.add(flag.name)
         if flag.kind == "switch":
             if eq:
-                raise EngineBuildError(f"trtllm-build {release.line}: {flag.name} takes no value",
-                                       hint="it is a switch")
+                raise EngineBuildError(
+                    f"trtllm-build {release.line}: {flag.name} takes no value", hint="it is a switch"
+                )
             i += 1
             continue
         if eq:
@@ -109,7 +133,9 @@ def validate_command(cmd: list[str], version: str) -> None:
                 values.append(args[i])
                 i += 1
         if not values or (flag.kind == "value" and len(values) != 1):
-            raise EngineBuildError(f"trtllm-build {release.line}: {flag.name} needs exactly one value, got {values}",
-                                   hint="a bug in trtspec's builder")
+            raise EngineBuildError(
+                f"trtllm-build {release.line}: {flag.name} needs exactly one value, got {values}",
+                hint="a bug in trtspec's builder",
+            )
         for value in values:
             _check_value(release, flag, value)

@@ -47,32 +47,53 @@ def _build_py_flags(auto_parallel: bool) -> tuple[Flag, ...]:
     """The argparse options of tensorrt_llm/commands/build.py plus plugin.add_plugin_argument."""
     v, s = "value", "switch"
     flags = [
-        Flag("--checkpoint_dir"), Flag("--model_config"), Flag("--build_config"),
-        Flag("--model_cls_file"), Flag("--model_cls_name"), Flag("--output_dir"),
-        Flag("--max_batch_size", v, int), Flag("--max_input_len", v, int),
+        Flag("--checkpoint_dir"),
+        Flag("--model_config"),
+        Flag("--build_config"),
+        Flag("--model_cls_file"),
+        Flag("--model_cls_name"),
+        Flag("--output_dir"),
+        Flag("--max_batch_size", v, int),
+        Flag("--max_input_len", v, int),
         Flag("--max_seq_len", v, int, aliases=("--max_decoder_seq_len",)),
-        Flag("--max_beam_width", v, int), Flag("--max_num_tokens", v, int), Flag("--opt_num_tokens", v, int),
+        Flag("--max_beam_width", v, int),
+        Flag("--max_num_tokens", v, int),
+        Flag("--opt_num_tokens", v, int),
         Flag("--max_encoder_input_len", v, int),
         Flag("--max_prompt_embedding_table_size", v, int, aliases=("--max_multimodal_len",)),
         # parsed by enum_type(KVCacheType): the names of tensorrt_llm.bindings.KVCacheType, lower-cased
         Flag("--kv_cache_type", v, str, ("continuous", "paged", "disabled")),
         Flag("--paged_kv_cache"),  # deprecated in favour of --kv_cache_type
-        Flag("--input_timing_cache"), Flag("--output_timing_cache"),
+        Flag("--input_timing_cache"),
+        Flag("--output_timing_cache"),
         Flag("--profiling_verbosity", v, str, ("layer_names_only", "detailed", "none")),
-        Flag("--strip_plan", s), Flag("--weight_sparsity", s), Flag("--weight_streaming", s), Flag("--fast_build", s),
+        Flag("--strip_plan", s),
+        Flag("--weight_sparsity", s),
+        Flag("--weight_streaming", s),
+        Flag("--fast_build", s),
         Flag("--workers", v, int),
         Flag("--log_level", v, str, ("internal_error", "error", "warning", "info", "verbose")),
-        Flag("--enable_debug_output", s), Flag("--visualize_network"), Flag("--dry_run", s),
+        Flag("--enable_debug_output", s),
+        Flag("--visualize_network"),
+        Flag("--dry_run", s),
         Flag("--monitor_memory", s),
         # Logits arguments
         Flag("--logits_dtype", v, str, ("float16", "float32")),
-        Flag("--gather_context_logits", s), Flag("--gather_generation_logits", s), Flag("--gather_all_token_logits", s),
+        Flag("--gather_context_logits", s),
+        Flag("--gather_generation_logits", s),
+        Flag("--gather_all_token_logits", s),
         # LoRA arguments
-        Flag("--lora_dir", "list"), Flag("--lora_ckpt_source", v, str, ("hf", "nemo")),
-        Flag("--lora_target_modules", "list"), Flag("--max_lora_rank", v, int),
+        Flag("--lora_dir", "list"),
+        Flag("--lora_ckpt_source", v, str, ("hf", "nemo")),
+        Flag("--lora_target_modules", "list"),
+        Flag("--max_lora_rank", v, int),
         # Speculative decoding arguments
-        Flag("--speculative_decoding_mode", v, str,
-             ("draft_tokens_external", "lookahead_decoding", "medusa", "explicit_draft_tokens", "eagle")),
+        Flag(
+            "--speculative_decoding_mode",
+            v,
+            str,
+            ("draft_tokens_external", "lookahead_decoding", "medusa", "explicit_draft_tokens", "eagle"),
+        ),
         Flag("--max_draft_len", v, int),
     ]
     if auto_parallel:
@@ -93,10 +114,25 @@ def _build_py_flags(auto_parallel: bool) -> tuple[Flag, ...]:
         Flag("--low_latency_gemm_swiglu_plugin", v, str, ("fp8", "disable")),
         Flag("--gemm_allreduce_plugin", v, str, ("float16", "bfloat16", "disable")),
     ]
-    flags += [Flag(f"--{name}", v, str, _ENABLE) for name in (
-        "context_fmha", "bert_context_fmha_fp32_acc", "remove_input_padding", "use_paged_context_fmha",
-        "use_fp8_context_fmha", "fuse_fp4_quant", "multiple_profiles", "paged_state", "streamingllm",
-        "norm_quant_fusion", "reduce_fusion", "user_buffer", "use_fused_mlp", "pp_reduce_scatter")]
+    flags += [
+        Flag(f"--{name}", v, str, _ENABLE)
+        for name in (
+            "context_fmha",
+            "bert_context_fmha_fp32_acc",
+            "remove_input_padding",
+            "use_paged_context_fmha",
+            "use_fp8_context_fmha",
+            "fuse_fp4_quant",
+            "multiple_profiles",
+            "paged_state",
+            "streamingllm",
+            "norm_quant_fusion",
+            "reduce_fusion",
+            "user_buffer",
+            "use_fused_mlp",
+            "pp_reduce_scatter",
+        )
+    ]
     flags.append(Flag("--tokens_per_block", v, int))
     return tuple(flags)
 
@@ -189,8 +225,14 @@ NGC_SUFFIX = "-trtllm-python-py3"
 
 # SpeculativeDecodingMode is an IntFlag: NONE=1, DRAFT_TOKENS_EXTERNAL=2, MEDUSA=4, LOOKAHEAD_DECODING=8,
 # EXPLICIT_DRAFT_TOKENS=16, EAGLE=32; an engine's config.json records the int.
-SPECULATIVE_MODE_VALUES = {"none": 1, "draft_tokens_external": 2, "medusa": 4, "lookahead_decoding": 8,
-                           "explicit_draft_tokens": 16, "eagle": 32}
+SPECULATIVE_MODE_VALUES = {
+    "none": 1,
+    "draft_tokens_external": 2,
+    "medusa": 4,
+    "lookahead_decoding": 8,
+    "explicit_draft_tokens": 16,
+    "eagle": 32,
+}
 
 
 _VERSION = re.compile(r"v?(\d+)\.(\d+)(?:\.(\d+))?(?:\.\d+)*((?:rc|a|b|\.?post|\.?dev)\d+)?")
@@ -216,8 +258,10 @@ def get_release(version: str) -> TrtllmRelease:
     """The table entry of a version's release line (patch releases share their line's interface)."""
     line = release_line(version)
     if line not in RELEASES:
-        raise EngineBuildError(f"TensorRT-LLM {version} is not in trtspec's version table",
-                               hint=f"known release lines: {', '.join(RELEASES)}")
+        raise EngineBuildError(
+            f"TensorRT-LLM {version} is not in trtspec's version table",
+            hint=f"known release lines: {', '.join(RELEASES)}",
+        )
     return RELEASES[line]
 
 
@@ -233,8 +277,10 @@ def ngc_image(version: str) -> str:
     tags = ngc_tags_for(version)
     if not tags:
         shipped = ", ".join(sorted({t.trtllm_version for t in NGC_TAGS}))
-        raise EngineBuildError(f"no NGC tritonserver image in trtspec's table ships TensorRT-LLM {version}",
-                               hint=f"set engine.trtllm_version to one of {shipped}, or triton.image explicitly")
+        raise EngineBuildError(
+            f"no NGC tritonserver image in trtspec's table ships TensorRT-LLM {version}",
+            hint=f"set engine.trtllm_version to one of {shipped}, or triton.image explicitly",
+        )
     return f"{NGC_REPOSITORY}:{tags[0].tag}{NGC_SUFFIX}"
 
 
@@ -247,5 +293,7 @@ def image_trtllm_version(image: str) -> str | None:
     for t in NGC_TAGS:
         if t.tag == yymm:
             return t.trtllm_version
-    raise EngineBuildError(f"{image}: trtspec does not know which TensorRT-LLM release tag {yymm} ships",
-                           hint=f"known tags: {', '.join(t.tag for t in NGC_TAGS)}")
+    raise EngineBuildError(
+        f"{image}: trtspec does not know which TensorRT-LLM release tag {yymm} ships",
+        hint=f"known tags: {', '.join(t.tag for t in NGC_TAGS)}",
+    )

@@ -45,9 +45,17 @@ class TuneResult:
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "drafter": self.drafter, "k": self.k, "route_threshold": self.route_threshold,
-                "current": self.current, "per_position": [round(x, 4) for x in self.per_position],
-                "costs": self.costs, "rows": self.rows, "notes": self.notes}
+        return {
+            "source": self.source,
+            "drafter": self.drafter,
+            "k": self.k,
+            "route_threshold": self.route_threshold,
+            "current": self.current,
+            "per_position": [round(x, 4) for x in self.per_position],
+            "costs": self.costs,
+            "rows": self.rows,
+            "notes": self.notes,
+        }
 
 
 def default_prompts(n: int) -> list[str]:
@@ -72,8 +80,9 @@ def profile_for(spec: BuildSpec, draft: Any, pool: Any, refs: Sequence[Any], k_m
     ngram, matches = drafter_profile(NgramDrafter(pool), refs, k_max)
     if kind is DrafterKind.NGRAM:
         return ngram
-    return hybrid_profile(ngram, matches, model_profile(draft, refs, k_max), min_match=HYBRID_MIN_MATCH,
-                          model_k=HYBRID_MODEL_K, c=c)
+    return hybrid_profile(
+        ngram, matches, model_profile(draft, refs, k_max), min_match=HYBRID_MIN_MATCH, model_k=HYBRID_MODEL_K, c=c
+    )
 
 
 def _row(sim: Simulated, costs: StepCosts) -> dict[str, Any]:
@@ -82,8 +91,16 @@ def _row(sim: Simulated, costs: StepCosts) -> dict[str, Any]:
     return row
 
 
-def tune_in_process(spec: BuildSpec, prompts: Sequence[str], *, ks: Sequence[int] = K_RANGE, max_tokens: int = 64,
-                    measure_top: int = 4, costs: StepCosts | None = None, progress: Any = None) -> TuneResult:
+def tune_in_process(
+    spec: BuildSpec,
+    prompts: Sequence[str],
+    *,
+    ks: Sequence[int] = K_RANGE,
+    max_tokens: int = 64,
+    measure_top: int = 4,
+    costs: StepCosts | None = None,
+    progress: Any = None,
+) -> TuneResult:
     """Tune on the spec's models loaded by the torch runtime (see module docstring)."""
     from trtspec.engines.distill.data import encode_prompt
     from trtspec.engines.torch_runtime.costs import measure_step_costs
@@ -101,8 +118,15 @@ def tune_in_process(spec: BuildSpec, prompts: Sequence[str], *, ks: Sequence[int
     session = TorchSession.from_spec(spec, load_draft=True)  # the draft's costs are measured for every drafter
     target, draft, pool = session.target, session.draft, session.decoder.ngram_pool
     ids = [encode_prompt(session.tokenizer, p) for p in prompts]
-    dec = SpeculativeDecoder(target, draft, max_draft_len=ks[-1], eos_ids=session.decoder.eos_ids,
-                             pad_id=session.decoder.pad_id, drafter=spec.speculative.drafter, ngram_pool=pool)
+    dec = SpeculativeDecoder(
+        target,
+        draft,
+        max_draft_len=ks[-1],
+        eos_ids=session.decoder.eos_ids,
+        pad_id=session.decoder.pad_id,
+        drafter=spec.speculative.drafter,
+        ngram_pool=pool,
+    )
     say("target-only reference answers")
     base = time_decoder(dec, ids, max_tokens, 0)
     refs = [Reference(list(p), list(o), max_tokens) for p, o in zip(ids, base["outputs"])]
@@ -112,8 +136,10 @@ def tune_in_process(spec: BuildSpec, prompts: Sequence[str], *, ks: Sequence[int
         context = int(statistics.mean(len(p) for p in ids)) + max_tokens // 2
         costs = measure_step_costs(target, draft, context, ks[-1], int(statistics.mean(len(p) for p in ids)))
         if spec.runtime.value != "torch":
-            notes.append(f"costs were measured on this machine's torch runtime, not on {spec.runtime.value}'s "
-                         "GPUs: pass --costs FILE measured there, or --url a served endpoint")
+            notes.append(
+                f"costs were measured on this machine's torch runtime, not on {spec.runtime.value}'s "
+                "GPUs: pass --costs FILE measured there, or --url a served endpoint"
+            )
     say(f"per-position acceptance ({spec.speculative.drafter.value})")
     profile = profile_for(spec, draft, pool, refs, ks[-1], costs.c)
     sims = sweep(profile, costs, ks)
@@ -126,8 +152,10 @@ def tune_in_process(spec: BuildSpec, prompts: Sequence[str], *, ks: Sequence[int
             say(f"measuring K={s.k}")
             run = time_decoder(dec, ids, max_tokens, s.k)
             if run["outputs"] != base["outputs"]:
-                raise GenerationError(f"K={s.k}: speculative output differs from target-only",
-                                      hint="this is a bug in the decoder; report it")
+                raise GenerationError(
+                    f"K={s.k}: speculative output differs from target-only",
+                    hint="this is a bug in the decoder; report it",
+                )
             measured[s.k] = base["seconds"] / run["seconds"] if run["seconds"] else 0.0
             in_loop[s.k] = loop_costs(run, base)
     for row in rows:
@@ -138,12 +166,28 @@ def tune_in_process(spec: BuildSpec, prompts: Sequence[str], *, ks: Sequence[int
     k = best_k(sims, measured)
     chosen = next(s for s in sims if s.k == k)
     threshold = route_threshold(chosen, costs, spec.engine.max_seq_len)
-    return TuneResult("in-process", spec.speculative.drafter.value, rows, profile.per_position(), costs.to_dict(),
-                      k, threshold, _current(spec), notes)
+    return TuneResult(
+        "in-process",
+        spec.speculative.drafter.value,
+        rows,
+        profile.per_position(),
+        costs.to_dict(),
+        k,
+        threshold,
+        _current(spec),
+        notes,
+    )
 
 
-def tune_url(spec: BuildSpec, url: str, prompts: Sequence[str], *, ks: Sequence[int] = K_RANGE,
-             max_tokens: int = 64, chat: bool = True) -> TuneResult:
+def tune_url(
+    spec: BuildSpec,
+    url: str,
+    prompts: Sequence[str],
+    *,
+    ks: Sequence[int] = K_RANGE,
+    max_tokens: int = 64,
+    chat: bool = True,
+) -> TuneResult:
     """Time every K on a served endpoint against ``num_draft_tokens`` 0; acceptance from the response stats."""
     import time
 
@@ -153,8 +197,10 @@ def tune_url(spec: BuildSpec, url: str, prompts: Sequence[str], *, ks: Sequence[
     with TritonLLMClient(url) as client:
         client.check_ready()
         if client.contract == "llmapi":
-            raise GenerationError("the trtllm-llmapi model fixes K at load time (model.yaml); it cannot be tuned "
-                                  "per request", hint="tune in process (omit --url), or restart with another K")
+            raise GenerationError(
+                "the trtllm-llmapi model fixes K at load time (model.yaml); it cannot be tuned per request",
+                hint="tune in process (omit --url), or restart with another K",
+            )
 
         def run(k: int) -> tuple[float, int, int]:
             t0 = time.perf_counter()
@@ -171,13 +217,20 @@ def tune_url(spec: BuildSpec, url: str, prompts: Sequence[str], *, ks: Sequence[
             seconds, drafted, accepted = run(k)
             rate = accepted / drafted if drafted else 0.0
             measured[k] = base / seconds if seconds else 0.0
-            rows.append({"k": k, "acceptance_rate": round(rate, 4),
-                         "a": round(per_token_acceptance(rate * k, k), 4), "predicted_speedup": None,
-                         "measured_speedup": round(measured[k], 4)})
+            rows.append(
+                {
+                    "k": k,
+                    "acceptance_rate": round(rate, 4),
+                    "a": round(per_token_acceptance(rate * k, k), 4),
+                    "predicted_speedup": None,
+                    "measured_speedup": round(measured[k], 4),
+                }
+            )
     k = max(measured, key=lambda x: (measured[x], -x))
     notes = ["through an endpoint only the measured speedup is known (no c, v): the route threshold is kept"]
-    return TuneResult(url, spec.speculative.drafter.value, rows, [], None, k, spec.speculative.route_threshold,
-                      _current(spec), notes)
+    return TuneResult(
+        url, spec.speculative.drafter.value, rows, [], None, k, spec.speculative.route_threshold, _current(spec), notes
+    )
 
 
 def _current(spec: BuildSpec) -> dict[str, int]:

@@ -38,8 +38,17 @@ from trtspec.serving.contract import (
 from trtspec.serving.endpoints import PROTOCOLS, parse_url, probe, stream_error
 
 # Re-exported: the translation lives in trtspec.serving.contract, shared with the OpenAI frontend and the bench.
-__all__ = ["STAT_NAMES", "LLMAPI_FIELDS", "LLMAPI_STATS", "LLMAPI_MODEL", "PROTOCOLS", "GenerateResult",
-           "TritonLLMClient", "llmapi_inputs", "request_inputs"]
+__all__ = [
+    "STAT_NAMES",
+    "LLMAPI_FIELDS",
+    "LLMAPI_STATS",
+    "LLMAPI_MODEL",
+    "PROTOCOLS",
+    "GenerateResult",
+    "TritonLLMClient",
+    "llmapi_inputs",
+    "request_inputs",
+]
 
 
 @dataclass
@@ -58,16 +67,22 @@ class GenerateResult:
         return next((t for t, c in zip(self.chunk_times, self.chunks) if c), None)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"text": self.text, "stats": self.stats, "chunks": len(self.chunks),
-                "ttft_s": self.ttft_s, "latency_s": round(self.latency_s, 4)}
+        return {
+            "text": self.text,
+            "stats": self.stats,
+            "chunks": len(self.chunks),
+            "ttft_s": self.ttft_s,
+            "latency_s": round(self.latency_s, 4),
+        }
 
 
 class TritonLLMClient:
     """Send prompts to ``model`` (default ``ensemble``) at ``url`` (host:port), one request at a time per client
     (use one client per thread for concurrent requests)."""
 
-    def __init__(self, url: str, protocol: str | None = None, model: str = "ensemble",
-                 timeout_s: float = 600.0) -> None:
+    def __init__(
+        self, url: str, protocol: str | None = None, model: str = "ensemble", timeout_s: float = 600.0
+    ) -> None:
         self.endpoint = parse_url(url, protocol)
         self.url = self.endpoint.address
         self.protocol = self.endpoint.protocol
@@ -153,9 +168,11 @@ class TritonLLMClient:
         probe(self.endpoint)
         if not self._server_live():
             other = "HTTP" if self.protocol == "grpc" else "gRPC"
-            raise ServerError(f"{self.url} accepts connections but does not answer {self.protocol.upper()} as a "
-                              "Triton server", hint=f"is this its {other} port? by default gRPC is 8001 and HTTP "
-                              "8000; give the right port, or http:// / grpc:// in --url")
+            raise ServerError(
+                f"{self.url} accepts connections but does not answer {self.protocol.upper()} as a Triton server",
+                hint=f"is this its {other} port? by default gRPC is 8001 and HTTP "
+                "8000; give the right port, or http:// / grpc:// in --url",
+            )
         self._resolve_contract()
         ok = False
         try:
@@ -168,10 +185,11 @@ class TritonLLMClient:
             ok = False
         if not ok:
             ready = self._ready_models()
-            raise ServerError(f"the server at {self.endpoint.url} has no ready model {self.model!r}"
-                              + (f" (ready: {', '.join(ready)})" if ready else " (no model is ready)"),
-                              hint="serve a repository written by `trtspec repo`; the server log says why a model "
-                                   "did not load")
+            raise ServerError(
+                f"the server at {self.endpoint.url} has no ready model {self.model!r}"
+                + (f" (ready: {', '.join(ready)})" if ready else " (no model is ready)"),
+                hint="serve a repository written by `trtspec repo`; the server log says why a model did not load",
+            )
 
     def _model_inputs(self, model: str) -> set[str] | None:
         """The input names of ``model`` on the server, or None when it has no such model."""
@@ -208,8 +226,15 @@ class TritonLLMClient:
         self.close()
 
     # -- generation ---------------------------------------------------------------------------------------------
-    def generate(self, prompt: str | bytes, max_tokens: int, *, stream: bool = False,
-                 on_text: Callable[[str], None] | None = None, **options: Any) -> GenerateResult:
+    def generate(
+        self,
+        prompt: str | bytes,
+        max_tokens: int,
+        *,
+        stream: bool = False,
+        on_text: Callable[[str], None] | None = None,
+        **options: Any,
+    ) -> GenerateResult:
         """One prompt; with ``stream`` the text arrives in several responses (``on_text`` sees each chunk)."""
         values = translate(request_inputs(prompt, max_tokens, stream, options), self._resolve_contract())
         t0 = time.perf_counter()
@@ -231,16 +256,18 @@ class TritonLLMClient:
         contract = self.contract or "ensemble"
         inputs = grpc_inputs(values, contract)
         request_id = uuid.uuid4().hex
-        client.async_stream_infer(self.model, inputs, outputs=grpc_outputs(contract), request_id=request_id,
-                                  enable_empty_final_response=True)
+        client.async_stream_infer(
+            self.model, inputs, outputs=grpc_outputs(contract), request_id=request_id, enable_empty_final_response=True
+        )
         deadline = time.monotonic() + self.timeout_s
         while True:
             try:
                 result, error = self._responses.get(timeout=max(0.1, deadline - time.monotonic()))
             except queue.Empty:
-                raise ServerError(f"no response from {self.endpoint.url} within {self.timeout_s:.0f} s",
-                                  hint="the server may be overloaded or a model hung: read its log, or raise the "
-                                       "timeout") from None
+                raise ServerError(
+                    f"no response from {self.endpoint.url} within {self.timeout_s:.0f} s",
+                    hint="the server may be overloaded or a model hung: read its log, or raise the timeout",
+                ) from None
             if error is not None:
                 raise stream_error(error, self.endpoint.url)
             response = result.get_response()
@@ -260,18 +287,22 @@ class TritonLLMClient:
         if isinstance(body["text_input"], bytes):
             body["text_input"] = body["text_input"].decode("utf-8")  # JSON carries text only
         endpoint = "generate_stream" if stream else "generate"
-        req = urllib.request.Request(f"{self._http_base}/v2/models/{self.model}/{endpoint}",
-                                     data=json.dumps(body).encode("utf-8"),
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"{self._http_base}/v2/models/{self.model}/{endpoint}",
+            data=json.dumps(body).encode("utf-8"),
+            headers={"Content-Type": "application/json"},
+        )
         try:
             resp = urllib.request.urlopen(req, timeout=self.timeout_s)
         except urllib.error.HTTPError as exc:
-            raise GenerationError(f"server: {_http_error(exc)}",
-                                  hint="the server refused this request; its log has details") from None
+            raise GenerationError(
+                f"server: {_http_error(exc)}", hint="the server refused this request; its log has details"
+            ) from None
         except urllib.error.URLError as exc:
             probe(self.endpoint)  # connection refused / unresolvable: the precise message
-            raise ServerError(f"cannot reach {self.endpoint.url} ({exc.reason})",
-                              hint="start the server with `trtspec serve`") from None
+            raise ServerError(
+                f"cannot reach {self.endpoint.url} ({exc.reason})", hint="start the server with `trtspec serve`"
+            ) from None
         with resp:
             try:
                 if not stream:
@@ -282,9 +313,10 @@ class TritonLLMClient:
                     if line.startswith("data:"):
                         yield json_payload(json.loads(line[5:].strip()))
             except (http.client.IncompleteRead, ConnectionError, TimeoutError) as exc:
-                raise ServerError(f"the server at {self.endpoint.url} dropped the connection mid-request "
-                                  f"({type(exc).__name__})", hint="the server stopped or a model crashed: its log "
-                                  "(trtspec serve --log-file) says why") from None
+                raise ServerError(
+                    f"the server at {self.endpoint.url} dropped the connection mid-request ({type(exc).__name__})",
+                    hint="the server stopped or a model crashed: its log (trtspec serve --log-file) says why",
+                ) from None
 
 
 def _http_error(exc: urllib.error.HTTPError) -> str:

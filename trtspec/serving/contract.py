@@ -15,15 +15,27 @@ from trtspec.errors import GenerationError
 ENSEMBLE_MODEL = "ensemble"
 LLMAPI_MODEL = "tensorrt_llm"
 CONTRACTS = ("ensemble", "llmapi")
-STAT_NAMES = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "num_input_tokens",
-              "num_output_tokens")
+STAT_NAMES = (
+    "acceptance_rate",
+    "total_accepted_draft_tokens",
+    "total_draft_tokens",
+    "num_input_tokens",
+    "num_output_tokens",
+)
 # ensemble field -> llmapi model input (trtspec.triton_repo.tensors.LLMAPI_INPUTS)
-LLMAPI_FIELDS = {"text_input": "text_input", "max_tokens": "sampling_param_max_tokens", "stream": "streaming",
-                 "temperature": "sampling_param_temperature", "top_k": "sampling_param_top_k",
-                 "top_p": "sampling_param_top_p", "seed": "sampling_param_seed",
-                 "exclude_input_in_output": "sampling_param_exclude_input_from_output",
-                 "stop_words": "sampling_param_stop", "return_perf_metrics": "sampling_param_return_perf_metrics",
-                 "apply_chat_template": "apply_chat_template"}
+LLMAPI_FIELDS = {
+    "text_input": "text_input",
+    "max_tokens": "sampling_param_max_tokens",
+    "stream": "streaming",
+    "temperature": "sampling_param_temperature",
+    "top_k": "sampling_param_top_k",
+    "top_p": "sampling_param_top_p",
+    "seed": "sampling_param_seed",
+    "exclude_input_in_output": "sampling_param_exclude_input_from_output",
+    "stop_words": "sampling_param_stop",
+    "return_perf_metrics": "sampling_param_return_perf_metrics",
+    "apply_chat_template": "apply_chat_template",
+}
 LLMAPI_STATS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "num_output_tokens")
 _NUMPY_TYPES = {"INT32": "int32", "UINT64": "uint64", "FP32": "float32", "BOOL": "bool_"}
 
@@ -49,8 +61,12 @@ def contract_of(inputs: set[str] | None) -> str | None:
 
 def request_inputs(prompt: str | bytes, max_tokens: int, stream: bool, options: dict[str, Any]) -> dict[str, Any]:
     """The ensemble inputs for one request (None-valued options are left out)."""
-    values: dict[str, Any] = {"text_input": prompt, "max_tokens": int(max_tokens), "stream": bool(stream),
-                              "exclude_input_in_output": True}
+    values: dict[str, Any] = {
+        "text_input": prompt,
+        "max_tokens": int(max_tokens),
+        "stream": bool(stream),
+        "exclude_input_in_output": True,
+    }
     values.update({k: v for k, v in options.items() if v is not None})
     known = input_types()
     unknown = sorted(set(values) - set(known))
@@ -66,11 +82,15 @@ def llmapi_inputs(values: dict[str, Any]) -> dict[str, Any]:
     """Ensemble request fields as the llmapi model's inputs; a field it has no input for is an error."""
     unsupported = sorted(set(values) - set(LLMAPI_FIELDS))
     if unsupported == ["num_draft_tokens"] and values["num_draft_tokens"] == 0:
-        raise GenerationError("the trtllm-llmapi model cannot skip the draft per request (num_draft_tokens 0)",
-                              hint="the LLM API applies the deployment's speculative_config to every request")
+        raise GenerationError(
+            "the trtllm-llmapi model cannot skip the draft per request (num_draft_tokens 0)",
+            hint="the LLM API applies the deployment's speculative_config to every request",
+        )
     if unsupported:
-        raise GenerationError(f"request field {unsupported[0]!r} is not supported by the trtllm-llmapi model",
-                              hint=f"supported: {', '.join(sorted(LLMAPI_FIELDS))}")
+        raise GenerationError(
+            f"request field {unsupported[0]!r} is not supported by the trtllm-llmapi model",
+            hint=f"supported: {', '.join(sorted(LLMAPI_FIELDS))}",
+        )
     return {LLMAPI_FIELDS[k]: v for k, v in values.items()}
 
 

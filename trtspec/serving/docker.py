@@ -9,9 +9,18 @@ from pathlib import Path
 from trtspec.serving.server import trtspec_import_root
 
 
-def docker_command(repo: Path, image: str, *, http_port: int = 8000, grpc_port: int = 8001, metrics_port: int = 8002,
-                   mounts: Sequence[tuple[Path, str]] = (), env: Mapping[str, str] | None = None,
-                   gpus: bool = True, with_trtspec: bool = True) -> list[str]:
+def docker_command(
+    repo: Path,
+    image: str,
+    *,
+    http_port: int = 8000,
+    grpc_port: int = 8001,
+    metrics_port: int = 8002,
+    mounts: Sequence[tuple[Path, str]] = (),
+    env: Mapping[str, str] | None = None,
+    gpus: bool = True,
+    with_trtspec: bool = True,
+) -> list[str]:
     """``docker run`` for serving ``repo`` in a tritonserver image: the repository at /models, every directory its
     configs reference mounted read-only (``mounts``: host path -> path in the container, as the configs name it), and
     this trtspec package mounted and announced in TRTSPEC_PYTHONPATH for the Python models. The server command is the
@@ -20,8 +29,16 @@ def docker_command(repo: Path, image: str, *, http_port: int = 8000, grpc_port: 
 
     repo = Path(repo).resolve()
     cmd = ["docker", "run", "--rm", "--init"] + (list(DOCKER_GPU_FLAGS) if gpus else ["--shm-size=2g"])
-    cmd += ["-p", f"{http_port}:8000", "-p", f"{grpc_port}:8001", "-p", f"{metrics_port}:8002",
-            "-v", f"{repo}:{REPO_MOUNT}:ro"]
+    cmd += [
+        "-p",
+        f"{http_port}:8000",
+        "-p",
+        f"{grpc_port}:8001",
+        "-p",
+        f"{metrics_port}:8002",
+        "-v",
+        f"{repo}:{REPO_MOUNT}:ro",
+    ]
     for host, inside in sorted({(str(Path(h).resolve()), str(c)) for h, c in mounts}):
         cmd += ["-v", f"{host}:{inside}:ro"]
     environment = dict(env or {})

@@ -43,16 +43,21 @@ def parse_url(url: str, protocol: str | None = None) -> Endpoint:
         raise GenerationError(f"unknown protocol {protocol!r}", hint="grpc or http")
     scheme = text.split("://", 1)[0].lower() if "://" in text else None
     if scheme is not None and scheme not in _SCHEMES:
-        raise GenerationError(f"--url {url}: unsupported scheme {scheme}://",
-                              hint="use grpc://, http:// or https://, or HOST:PORT for gRPC")
+        raise GenerationError(
+            f"--url {url}: unsupported scheme {scheme}://",
+            hint="use grpc://, http:// or https://, or HOST:PORT for gRPC",
+        )
     proto, tls = _SCHEMES[scheme] if scheme else (protocol or "grpc", False)
     if scheme and protocol is not None and protocol != proto:
-        raise GenerationError(f"--url {url} is {proto.upper()} but --protocol is {protocol}",
-                              hint="drop --protocol (the scheme decides), or change the scheme")
+        raise GenerationError(
+            f"--url {url} is {proto.upper()} but --protocol is {protocol}",
+            hint="drop --protocol (the scheme decides), or change the scheme",
+        )
     parts = urlsplit(text if scheme else f"//{text}")
     if parts.path not in ("", "/") or parts.query or parts.fragment:
-        raise GenerationError(f"--url {url}: expected [SCHEME://]HOST[:PORT], with no path",
-                              hint="the client adds Triton's paths itself")
+        raise GenerationError(
+            f"--url {url}: expected [SCHEME://]HOST[:PORT], with no path", hint="the client adds Triton's paths itself"
+        )
     try:
         port = parts.port
     except ValueError:
@@ -70,17 +75,21 @@ def probe(endpoint: Endpoint, timeout_s: float = 5.0) -> None:
         with socket.create_connection((endpoint.host, endpoint.port), timeout=timeout_s):
             return
     except ConnectionRefusedError:
-        raise ServerError(f"nothing is listening at {endpoint.address} (connection refused)",
-                          hint="start the server with `trtspec serve`, or check host and port (by default gRPC "
-                               "8001, HTTP 8000)") from None
+        raise ServerError(
+            f"nothing is listening at {endpoint.address} (connection refused)",
+            hint="start the server with `trtspec serve`, or check host and port (by default gRPC 8001, HTTP 8000)",
+        ) from None
     except socket.gaierror:
         raise ServerError(f"cannot resolve host {endpoint.host!r}", hint="check the host name in --url") from None
     except (TimeoutError, socket.timeout):
-        raise ServerError(f"no answer from {endpoint.address} within {timeout_s:.0f} s (connection timed out)",
-                          hint="check host, port and firewall") from None
+        raise ServerError(
+            f"no answer from {endpoint.address} within {timeout_s:.0f} s (connection timed out)",
+            hint="check host, port and firewall",
+        ) from None
     except OSError as exc:
-        raise ServerError(f"cannot connect to {endpoint.address} ({exc.strerror or exc})",
-                          hint="check host and port") from None
+        raise ServerError(
+            f"cannot connect to {endpoint.address} ({exc.strerror or exc})", hint="check host and port"
+        ) from None
 
 
 _DROPPED = ("socket closed", "connection reset", "broken pipe", "stream removed", "rst_stream", "eof")
@@ -92,6 +101,8 @@ def stream_error(error: Any, where: str) -> Exception:
     message = error.message() if callable(getattr(error, "message", None)) else str(error)
     status = str(error.status()) if callable(getattr(error, "status", None)) else ""
     if any(s in status for s in ("UNAVAILABLE", "CANCELLED")) or any(s in message.lower() for s in _DROPPED):
-        return ServerError(f"the server at {where} dropped the connection mid-request ({message})",
-                           hint="the server stopped or a model crashed: its log (trtspec serve --log-file) says why")
+        return ServerError(
+            f"the server at {where} dropped the connection mid-request ({message})",
+            hint="the server stopped or a model crashed: its log (trtspec serve --log-file) says why",
+        )
     return GenerationError(f"server: {message}", hint="the server refused this request; its log has details")

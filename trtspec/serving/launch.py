@@ -53,8 +53,13 @@ def launch_settings(spec: Any) -> dict[str, Any]:
 
     layout = serving_layout(spec)
     gpus = max(spec.gpu.count, *(max(ids) + 1 for ids in layout.gpu_device_ids.values()))
-    return {"kind": "trtllm-multi-model", "world_size": layout.world_size, "spawn_processes": not layout.fast_logits,
-            "gpus": gpus, "engine_models": [MODEL_NAMES["target"], MODEL_NAMES["draft"]]}
+    return {
+        "kind": "trtllm-multi-model",
+        "world_size": layout.world_size,
+        "spawn_processes": not layout.fast_logits,
+        "gpus": gpus,
+        "engine_models": [MODEL_NAMES["target"], MODEL_NAMES["draft"]],
+    }
 
 
 def _ports(ports: Mapping[str, int] | None) -> list[str]:
@@ -62,19 +67,29 @@ def _ports(ports: Mapping[str, int] | None) -> list[str]:
     return [f"--grpc-port={p['grpc']}", f"--http-port={p['http']}", f"--metrics-port={p['metrics']}"]
 
 
-def launch_command(settings: Mapping[str, Any], repo: str, *, ports: Mapping[str, int] | None = None,
-                   tritonserver: str = TRITONSERVER, extra: Sequence[str] = ()) -> Launch:
+def launch_command(
+    settings: Mapping[str, Any],
+    repo: str,
+    *,
+    ports: Mapping[str, int] | None = None,
+    tritonserver: str = TRITONSERVER,
+    extra: Sequence[str] = (),
+) -> Launch:
     """The server command for a repository whose manifest says ``settings`` (``launch_settings``); ``extra`` goes to
     rank 0 (the rank that serves clients). Without engine settings: one plain tritonserver."""
     if not settings:
         return Launch([tritonserver, f"--model-repository={repo}", *_ports(ports), *extra], {})
     if settings.get("kind") != "trtllm-multi-model":
-        raise ServerError(f"this trtspec cannot launch a '{settings.get('kind')}' repository",
-                          hint="rewrite the repository with this trtspec (`trtspec repo --force`)")
+        raise ServerError(
+            f"this trtspec cannot launch a '{settings.get('kind')}' repository",
+            hint="rewrite the repository with this trtspec (`trtspec repo --force`)",
+        )
     world, spawn = int(settings["world_size"]), bool(settings["spawn_processes"])
     if spawn and world != 1:  # upstream asserts it: the orchestrator spawns the multi-GPU workers itself
-        raise ServerError(f"multi-model launch with spawned workers needs world size 1, the manifest says {world}",
-                          hint="rewrite the repository with `trtspec repo --force`")
+        raise ServerError(
+            f"multi-model launch with spawned workers needs world size 1, the manifest says {world}",
+            hint="rewrite the repository with `trtspec repo --force`",
+        )
     argv = ["mpirun", "--allow-run-as-root"]
     for rank in range(world):
         argv += ["-n", "1", tritonserver, f"--model-repository={repo}", *_ports(ports)]
@@ -83,8 +98,11 @@ def launch_command(settings: Mapping[str, Any], repo: str, *, ports: Mapping[str
         else:
             argv += ["--model-control-mode=explicit", *(f"--load-model={m}" for m in settings["engine_models"])]
         if spawn:
-            argv += ["--pinned-memory-pool-byte-size=0", "--enable-peer-access=false",
-                     *(f"--cuda-memory-pool-byte-size={gpu}:0" for gpu in range(int(settings["gpus"])))]
+            argv += [
+                "--pinned-memory-pool-byte-size=0",
+                "--enable-peer-access=false",
+                *(f"--cuda-memory-pool-byte-size={gpu}:0" for gpu in range(int(settings["gpus"]))),
+            ]
         argv += ["--disable-auto-complete-config", f"--backend-config=python,shm-region-prefix-name=prefix{rank}_", ":"]
     env = {"TRTLLM_ORCHESTRATOR": "1", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "1" if spawn else "0"}
     return Launch(argv, env)
@@ -98,8 +116,10 @@ def repo_launch(repo: Path, in_container: str, **kwargs: Any) -> Launch:
     manifest = read_manifest(Path(repo)) or {}
     settings = manifest.get("launch")
     if settings is None and (manifest.get("settings") or {}).get("runtime") == "trtllm-engine":
-        raise ServerError(f"{repo}: the manifest does not say how to launch its two engines",
-                          hint="rewrite the repository with this trtspec (`trtspec repo --force`)")
+        raise ServerError(
+            f"{repo}: the manifest does not say how to launch its two engines",
+            hint="rewrite the repository with this trtspec (`trtspec repo --force`)",
+        )
     return launch_command(settings or {}, in_container, **kwargs)
 
 

@@ -66,14 +66,18 @@ class LaunchedServer:
         deadline = time.monotonic() + self.ready_timeout_s
         while time.monotonic() < deadline and not (abort and abort()):
             if self.exit_code() is not None:
-                raise ServerError(f"the launch exited with code {self.exit_code()} before it was ready",
-                                  hint="the container log above says why")
+                raise ServerError(
+                    f"the launch exited with code {self.exit_code()} before it was ready",
+                    hint="the container log above says why",
+                )
             if self.is_ready():
                 return
             time.sleep(1.0)
         if not (abort and abort()):
-            raise ServerError(f"the server was not ready within {self.ready_timeout_s:.0f} s",
-                              hint="raise TRTSPEC_READY_TIMEOUT, or read the log")
+            raise ServerError(
+                f"the server was not ready within {self.ready_timeout_s:.0f} s",
+                hint="raise TRTSPEC_READY_TIMEOUT, or read the log",
+            )
 
     def reload_model(self, model: str, timeout_s: float = 600.0) -> None:
         reload_model(self.http_url, model, self.repository_key, timeout_s)
@@ -107,8 +111,9 @@ class LaunchedServer:
         return self
 
 
-def run_supervised(repo: Path, launch: Any, *, drain_timeout_s: float, repository_key: str = "",
-                   watch: bool = True) -> int:
+def run_supervised(
+    repo: Path, launch: Any, *, drain_timeout_s: float, repository_key: str = "", watch: bool = True
+) -> int:
     """Run the launch until SIGTERM/SIGINT (then drain and stop it) or until it exits; its exit code (0 after a
     drain, 1 when it could not serve and did not exit by itself)."""
     server = LaunchedServer(repo, launch, repository_key)

@@ -50,10 +50,13 @@ class DrainResult:
 
     def line(self) -> str:
         if self.finished:
-            return (f"drained in {self.waited_s:.1f} s: {self.inflight_at_start} in-flight request(s) finished, "
-                    "new ones refused")
-        return (f"drain deadline reached after {self.waited_s:.1f} s: {self.cut} request(s) still running got a "
-                "final error")
+            return (
+                f"drained in {self.waited_s:.1f} s: {self.inflight_at_start} in-flight request(s) finished, "
+                "new ones refused"
+            )
+        return (
+            f"drain deadline reached after {self.waited_s:.1f} s: {self.cut} request(s) still running got a final error"
+        )
 
 
 class ControlDir:
@@ -73,8 +76,10 @@ class ControlDir:
     def start_drain(self, timeout_s: float) -> float:
         """Tell the models to drain; returns the deadline (monotonic clock)."""
         self.drain_id = uuid.uuid4().hex[:12]
-        write_json(self.path / DRAIN_FILE, {"id": self.drain_id, "deadline_unix": time.time() + timeout_s,
-                                            "timeout_s": timeout_s})
+        write_json(
+            self.path / DRAIN_FILE,
+            {"id": self.drain_id, "deadline_unix": time.time() + timeout_s, "timeout_s": timeout_s},
+        )
         return time.monotonic() + timeout_s
 
     def reports(self) -> list[dict[str, Any]]:
@@ -107,8 +112,9 @@ class ControlDir:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
-def drain(control: ControlDir, timeout_s: float, *, exited: Callable[[], bool] = lambda: False,
-          poll_s: float = POLL_S) -> DrainResult:
+def drain(
+    control: ControlDir, timeout_s: float, *, exited: Callable[[], bool] = lambda: False, poll_s: float = POLL_S
+) -> DrainResult:
     """Drain the models through ``control``: returns when nothing is in flight, or after the deadline's cut (the
     models cut by their own clock: then a grace for the final errors to leave)."""
     start = time.monotonic()
@@ -132,9 +138,12 @@ REPOSITORY_KEY_HEADER = "trtspec-repository-key"
 
 def model_control_args(key: str) -> list[str]:
     """tritonserver flags for explicit model control whose repository API needs ``key`` (nobody else unloads)."""
-    return ["--model-control-mode=explicit", "--load-model=*",
-            f"--http-restricted-api=model-repository:{REPOSITORY_KEY_HEADER}={key}",
-            f"--grpc-restricted-protocol=model-repository:{REPOSITORY_KEY_HEADER}={key}"]
+    return [
+        "--model-control-mode=explicit",
+        "--load-model=*",
+        f"--http-restricted-api=model-repository:{REPOSITORY_KEY_HEADER}={key}",
+        f"--grpc-restricted-protocol=model-repository:{REPOSITORY_KEY_HEADER}={key}",
+    ]
 
 
 def _post(url: str, key: str, timeout_s: float) -> None:
@@ -163,13 +172,23 @@ def reload_model(http_url: str, model: str, key: str, timeout_s: float = 300.0) 
 
 
 def dead_stub_line(stub: Any) -> str:
-    return (f"model stub {stub.instance} (model {stub.model}, pid {stub.pid}) {stub.how}: the server is not ready "
-            "until it is replaced")
+    return (
+        f"model stub {stub.instance} (model {stub.model}, pid {stub.pid}) {stub.how}: the server is not ready "
+        "until it is replaced"
+    )
 
 
-def supervise(server: Any, stop: Any, say: Callable[[str], None], *, watch: bool = True, poll_s: float = 1.0,
-              reload_timeout_s: float = 300.0, check: Callable[[], None] | None = None,
-              started: Callable[[], None] | None = None) -> None:
+def supervise(
+    server: Any,
+    stop: Any,
+    say: Callable[[str], None],
+    *,
+    watch: bool = True,
+    poll_s: float = 1.0,
+    reload_timeout_s: float = 300.0,
+    check: Callable[[], None] | None = None,
+    started: Callable[[], None] | None = None,
+) -> None:
     """Until ``stop`` (a threading.Event) is set: raise ServerError when tritonserver exits; with ``watch``, notice
     a dead stub (one line), and replace it: reload its model, or restart the server when that fails. ``check`` runs
     every poll (e.g. the OpenAI frontend's: it raises when the frontend died); ``started`` once the watch has its
@@ -187,8 +206,10 @@ def supervise(server: Any, stop: Any, say: Callable[[str], None], *, watch: bool
             return
         code = server.exit_code()
         if code is not None:
-            raise ServerError(f"tritonserver exited with code {code}; log {server.log_file}:\n{server.log_tail()}",
-                              hint="the log says why")
+            raise ServerError(
+                f"tritonserver exited with code {code}; log {server.log_file}:\n{server.log_tail()}",
+                hint="the log says why",
+            )
         if check is not None:
             check()
 
@@ -205,11 +226,15 @@ def _watch_once(server: Any, stubs: Any, say: Callable[[str], None], reload_time
         say(dead_stub_line(stub))
         report = server.control.report_of(stub.model, stub.pid) if server.control is not None else None
         if report and report.get("clients"):
-            say(f"{report['clients']} request(s) in flight on it will get no response (Triton 2.51 cannot "
-                "fail them: clients need a timeout)")
+            say(
+                f"{report['clients']} request(s) in flight on it will get no response (Triton 2.51 cannot "
+                "fail them: clients need a timeout)"
+            )
     for model, n in missing.items():
-        say(f"model {model}: {n} of its {stubs.expected[model]} stub(s) not running: the server is not ready "
-            "until it is replaced")
+        say(
+            f"model {model}: {n} of its {stubs.expected[model]} stub(s) not running: the server is not ready "
+            "until it is replaced"
+        )
     _replace(server, sorted({s.model for s in dead} | set(missing)), say, reload_timeout_s)
     stubs.reset(server.pid)
 

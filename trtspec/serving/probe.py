@@ -34,10 +34,19 @@ def probe(url: str, *, protocol: str | None = None, model: str = "ensemble", tim
             client.check_ready()  # a port that is down or not Triton: said as such
             result = client.generate(PROBE_PROMPT, 1)
     except TrtspecError as exc:
-        raise ServerError(f"probe of {where} ({model}) failed after {time.monotonic() - t0:.1f} s: "
-                          f"{exc.message}", hint="is the server up? its log says why generation fails") from None
+        raise ServerError(
+            f"probe of {where} ({model}) failed after {time.monotonic() - t0:.1f} s: {exc.message}",
+            hint="is the server up? its log says why generation fails",
+        ) from None
     except Exception as exc:  # noqa: BLE001 - whatever breaks the request breaks the probe
-        raise ServerError(f"probe of {where} ({model}) failed: {type(exc).__name__}: {exc}",
-                          hint="is the server running? check host, port and --protocol") from None
-    return ProbeResult(endpoint.address, endpoint.protocol, model, time.monotonic() - t0,
-                       int(result.stats.get("num_output_tokens", len(result.chunks))))
+        raise ServerError(
+            f"probe of {where} ({model}) failed: {type(exc).__name__}: {exc}",
+            hint="is the server running? check host, port and --protocol",
+        ) from None
+    return ProbeResult(
+        endpoint.address,
+        endpoint.protocol,
+        model,
+        time.monotonic() - t0,
+        int(result.stats.get("num_output_tokens", len(result.chunks))),
+    )

@@ -63,12 +63,15 @@ class Ports:
                 while port in chosen:
                     port = free_port()
             elif not port_is_free(port):
-                raise ServerError(f"{name} port {port} is already in use",
-                                  hint=f"pass another --{name}-port, or 0 to pick a free one")
+                raise ServerError(
+                    f"{name} port {port} is already in use", hint=f"pass another --{name}-port, or 0 to pick a free one"
+                )
             chosen.append(port)
         if len(set(chosen)) != 3:
-            raise ServerError(f"ports must differ (http {chosen[0]}, grpc {chosen[1]}, metrics {chosen[2]})",
-                              hint="give three different ports")
+            raise ServerError(
+                f"ports must differ (http {chosen[0]}, grpc {chosen[1]}, metrics {chosen[2]})",
+                hint="give three different ports",
+            )
         return cls(*chosen)
 
 
@@ -88,8 +91,10 @@ def find_server_binary() -> Path:
 
     found = find_tritonserver()
     if found is None:
-        raise ServerError("no tritonserver binary: none on PATH and nvidia-pytriton is not installed",
-                          hint="pip install 'trtspec[serve]' (bundles Triton 2.51), or use --docker IMAGE")
+        raise ServerError(
+            "no tritonserver binary: none on PATH and nvidia-pytriton is not installed",
+            hint="pip install 'trtspec[serve]' (bundles Triton 2.51), or use --docker IMAGE",
+        )
     return Path(found)
 
 
@@ -99,12 +104,15 @@ def _check_numpy() -> None:
     try:
         major = int(version("numpy").split(".")[0])
     except PackageNotFoundError:
-        raise ServerError("numpy is not installed in this environment, which the Python backend runs",
-                          hint="pip install 'numpy<2'") from None
+        raise ServerError(
+            "numpy is not installed in this environment, which the Python backend runs", hint="pip install 'numpy<2'"
+        ) from None
     if major >= 2:
         # numpy 2 crashes the bundled Python backend stub on the first BYTES tensor.
-        raise ServerError(f"numpy {version('numpy')} is installed; Triton's bundled Python backend needs numpy < 2",
-                          hint="pip install 'numpy<2'")
+        raise ServerError(
+            f"numpy {version('numpy')} is installed; Triton's bundled Python backend needs numpy < 2",
+            hint="pip install 'numpy<2'",
+        )
 
 
 def python_backend_dir(cache: Path | None = None) -> Path:
@@ -116,14 +124,18 @@ def python_backend_dir(cache: Path | None = None) -> Path:
 
     root = _pytriton_root()
     if root is None:
-        raise ServerError("nvidia-pytriton is not installed: no Python backend for the local server",
-                          hint="pip install 'trtspec[serve]'")
+        raise ServerError(
+            "nvidia-pytriton is not installed: no Python backend for the local server",
+            hint="pip install 'trtspec[serve]'",
+        )
     pyver = f"{sys.version_info[0]}.{sys.version_info[1]}"
     stub = root / "tritonserver" / "python_backend_stubs" / pyver / "triton_python_backend_stub"
     backend = root / "tritonserver" / "backends" / "python"
     if not stub.is_file():
-        raise ServerError(f"nvidia-pytriton has no Python backend stub for Python {pyver}",
-                          hint="use Python 3.8-3.13, or a tritonserver on PATH with its own Python backend")
+        raise ServerError(
+            f"nvidia-pytriton has no Python backend stub for Python {pyver}",
+            hint="use Python 3.8-3.13, or a tritonserver on PATH with its own Python backend",
+        )
     if cache is None:
         from trtspec.example import cache_dir
 
@@ -250,12 +262,20 @@ class TritonServer:
     def command(self, backend_dir: Path | None = None) -> list[str]:
         """The tritonserver command line."""
         binary = self.binary or find_server_binary()
-        cmd = [str(binary), f"--model-repository={self.repo}",
-               f"--http-address={self.host}", f"--http-port={self.ports.http}",
-               f"--grpc-address={self.host}", f"--grpc-port={self.ports.grpc}",
-               f"--metrics-address={self.host}", f"--metrics-port={self.ports.metrics}",
-               "--allow-gpu-metrics=false", "--strict-readiness=true", "--exit-timeout-secs=10",
-               "--log-verbose=0"]
+        cmd = [
+            str(binary),
+            f"--model-repository={self.repo}",
+            f"--http-address={self.host}",
+            f"--http-port={self.ports.http}",
+            f"--grpc-address={self.host}",
+            f"--grpc-port={self.ports.grpc}",
+            f"--metrics-address={self.host}",
+            f"--metrics-port={self.ports.metrics}",
+            "--allow-gpu-metrics=false",
+            "--strict-readiness=true",
+            "--exit-timeout-secs=10",
+            "--log-verbose=0",
+        ]
         if backend_dir is not None:
             cmd.append(f"--backend-directory={backend_dir}")
         # The Python backend names its shared-memory regions from this prefix; two servers on one machine with the
@@ -296,9 +316,16 @@ class TritonServer:
         self.control = ControlDir()
         env.update(self.control.env())  # drain and cancellation (trtspec.triton_repo.control)
         env.update(self.env)
-        self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                      env=env, preexec_fn=_set_pdeathsig, cwd=self.repo,
-                                      start_new_session=True)  # own process group: we stop it and its stubs
+        self._proc = subprocess.Popen(
+            cmd,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            preexec_fn=_set_pdeathsig,
+            cwd=self.repo,
+            start_new_session=True,
+        )  # own process group: we stop it and its stubs
         try:
             self.wait_ready()
         except BaseException:
@@ -327,8 +354,11 @@ class TritonServer:
             lines = Path(self.log_file).read_text(encoding="utf-8", errors="replace").splitlines()
         except OSError:
             return ""
-        failed = [line.split("] ", 1)[-1].replace("\\n", " ").strip() for line in lines
-                  if line.startswith("E") and ("failed to load" in line or "Failed to create" in line)]
+        failed = [
+            line.split("] ", 1)[-1].replace("\\n", " ").strip()
+            for line in lines
+            if line.startswith("E") and ("failed to load" in line or "Failed to create" in line)
+        ]
         return "\n".join(failed[:6]) if failed else self.log_tail()
 
     def wait_ready(self) -> None:
@@ -337,15 +367,19 @@ class TritonServer:
         deadline = time.monotonic() + self.ready_timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                raise ServerError(f"tritonserver exited with code {self._proc.returncode} before it was ready; "
-                                  f"log {self.log_file}:\n{self.load_errors()}",
-                                  hint="the log names the model that failed to load and why")
+                raise ServerError(
+                    f"tritonserver exited with code {self._proc.returncode} before it was ready; "
+                    f"log {self.log_file}:\n{self.load_errors()}",
+                    hint="the log names the model that failed to load and why",
+                )
             if self.is_ready():
                 return
             time.sleep(0.25)
-        raise ServerError(f"tritonserver was not ready within {self.ready_timeout_s:.0f} s; log {self.log_file}:\n"
-                          f"{self.load_errors()}",
-                          hint="a model may still be loading: raise the timeout, or read the log")
+        raise ServerError(
+            f"tritonserver was not ready within {self.ready_timeout_s:.0f} s; log {self.log_file}:\n"
+            f"{self.load_errors()}",
+            hint="a model may still be loading: raise the timeout, or read the log",
+        )
 
     def drain(self, timeout_s: float, abort: Any = None) -> Any:
         """Stop admitting, let in-flight requests finish for up to ``timeout_s``, then cut the rest with a final error
@@ -354,8 +388,7 @@ class TritonServer:
 
         if self.control is None or self._proc is None:
             raise ServerError("this server is not running", hint="start() it first")
-        return drain(self.control, timeout_s,
-                     exited=lambda: self.exit_code() is not None or bool(abort and abort()))
+        return drain(self.control, timeout_s, exited=lambda: self.exit_code() is not None or bool(abort and abort()))
 
     def reload_model(self, model: str, timeout_s: float = 300.0) -> None:
         """Unload and load ``model`` through the repository API (``model_control`` servers): new stubs for it."""

@@ -48,8 +48,14 @@ class SoakResult:
 
     @property
     def ok(self) -> bool:
-        return not (self.errors_on_good or self.wrong_texts or self.hangs or self.malformed_accepted
-                    or self.dead_stubs or self.segfaults)
+        return not (
+            self.errors_on_good
+            or self.wrong_texts
+            or self.hangs
+            or self.malformed_accepted
+            or self.dead_stubs
+            or self.segfaults
+        )
 
     @property
     def tokens_per_s(self) -> float:
@@ -60,13 +66,23 @@ class SoakResult:
         return self.accepted_draft_tokens / self.draft_tokens if self.draft_tokens else 0.0
 
     def summary(self) -> dict[str, Any]:
-        return {"requests": self.requests, "completed": self.completed, "good": self.good,
-                "malformed": self.malformed, "dead_stubs": len(self.dead_stubs), "segfaults": len(self.segfaults),
-                "errors_on_good": len(self.errors_on_good), "wrong_texts": len(self.wrong_texts),
-                "hangs": self.hangs, "malformed_accepted": len(self.malformed_accepted),
-                "backend_failures": self.backend_failures, "output_tokens": self.output_tokens,
-                "acceptance_rate": round(self.acceptance_rate, 4), "wall_s": round(self.wall_s, 2),
-                "tokens_per_s": round(self.tokens_per_s, 2)}
+        return {
+            "requests": self.requests,
+            "completed": self.completed,
+            "good": self.good,
+            "malformed": self.malformed,
+            "dead_stubs": len(self.dead_stubs),
+            "segfaults": len(self.segfaults),
+            "errors_on_good": len(self.errors_on_good),
+            "wrong_texts": len(self.wrong_texts),
+            "hangs": self.hangs,
+            "malformed_accepted": len(self.malformed_accepted),
+            "backend_failures": self.backend_failures,
+            "output_tokens": self.output_tokens,
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "wall_s": round(self.wall_s, 2),
+            "tokens_per_s": round(self.tokens_per_s, 2),
+        }
 
 
 # -- the server's processes ------------------------------------------------------------------------------------------
@@ -131,14 +147,23 @@ class SoakRequest:
     options: tuple[tuple[str, Any], ...] = ()  # more ensemble inputs, e.g. (("temperature", 0.8),)
 
 
-def plan_requests(prompts: Sequence[str], n: int, malformed_fraction: float, max_tokens: int, *,
-                  long_prompt: str, seed: int = 0) -> list[SoakRequest]:
+def plan_requests(
+    prompts: Sequence[str], n: int, malformed_fraction: float, max_tokens: int, *, long_prompt: str, seed: int = 0
+) -> list[SoakRequest]:
     """``n`` requests: about ``malformed_fraction`` of them malformed (kinds in turn), the rest good, half streamed."""
     rng = random.Random(seed)
     n_bad = round(n * malformed_fraction)
-    out = [SoakRequest(MALFORMED_KINDS[i % len(MALFORMED_KINDS)], long_prompt if
-                       MALFORMED_KINDS[i % len(MALFORMED_KINDS)] == "prompt_too_long" else prompts[i % len(prompts)],
-                       max_tokens, bool(i % 2)) for i in range(n_bad)]
+    out = [
+        SoakRequest(
+            MALFORMED_KINDS[i % len(MALFORMED_KINDS)],
+            long_prompt
+            if MALFORMED_KINDS[i % len(MALFORMED_KINDS)] == "prompt_too_long"
+            else prompts[i % len(prompts)],
+            max_tokens,
+            bool(i % 2),
+        )
+        for i in range(n_bad)
+    ]
     out += [SoakRequest("good", prompts[i % len(prompts)], max_tokens, bool(i % 2)) for i in range(n - n_bad)]
     rng.shuffle(out)
     return out
@@ -180,16 +205,22 @@ class StreamClient:
         inputs.append(tensor("max_tokens", np.array([[n]], dtype=np.int32), "INT32"))
         inputs.append(tensor("stream", np.array([[req.stream]], dtype=np.bool_), "BOOL"))
         inputs.append(tensor("exclude_input_in_output", np.array([[True]], dtype=np.bool_), "BOOL"))
-        types = {"temperature": ("FP32", np.float32), "top_k": ("INT32", np.int32), "seed": ("UINT64", np.uint64),
-                 "use_draft_logits": ("BOOL", np.bool_), "num_draft_tokens": ("INT32", np.int32),
-                 "apply_chat_template": ("BOOL", np.bool_)}
+        types = {
+            "temperature": ("FP32", np.float32),
+            "top_k": ("INT32", np.int32),
+            "seed": ("UINT64", np.uint64),
+            "use_draft_logits": ("BOOL", np.bool_),
+            "num_draft_tokens": ("INT32", np.int32),
+            "apply_chat_template": ("BOOL", np.bool_),
+        }
         for name, value in req.options:
             dtype, np_type = types[name]
             inputs.append(tensor(name, np.array([[value]], dtype=np_type), dtype))
         outputs = [grpcclient.InferRequestedOutput(x) for x in ("text_output", *STATS)]
         request_id = uuid.uuid4().hex
-        self.client.async_stream_infer(self.model, inputs, outputs=outputs, request_id=request_id,
-                                       enable_empty_final_response=True)
+        self.client.async_stream_infer(
+            self.model, inputs, outputs=outputs, request_id=request_id, enable_empty_final_response=True
+        )
         deadline = time.monotonic() + timeout_s
         text: list[str] = []
         stats: dict[str, int] = {}
@@ -215,8 +246,13 @@ class StreamClient:
                 return "".join(text), None, stats
 
 
-def reference_texts(url: str, prompts: Sequence[str], max_tokens: int, timeout_s: float = 120.0,
-                    options: tuple[tuple[str, Any], ...] = ()) -> dict[str, str]:
+def reference_texts(
+    url: str,
+    prompts: Sequence[str],
+    max_tokens: int,
+    timeout_s: float = 120.0,
+    options: tuple[tuple[str, Any], ...] = (),
+) -> dict[str, str]:
     """Each prompt's greedy text from the server at concurrency 1 (non-streamed)."""
     client = StreamClient(url)
     try:
@@ -231,9 +267,18 @@ def reference_texts(url: str, prompts: Sequence[str], max_tokens: int, timeout_s
         client.close()
 
 
-def run_soak(url: str, server_pid: int, metrics_url: str, requests: Sequence[SoakRequest], concurrency: int,
-             references: dict[str, str], *, timeout_s: float = 120.0, time_limit_s: float = 1800.0,
-             progress: Callable[[int, int], None] | None = None) -> SoakResult:
+def run_soak(
+    url: str,
+    server_pid: int,
+    metrics_url: str,
+    requests: Sequence[SoakRequest],
+    concurrency: int,
+    references: dict[str, str],
+    *,
+    timeout_s: float = 120.0,
+    time_limit_s: float = 1800.0,
+    progress: Callable[[int, int], None] | None = None,
+) -> SoakResult:
     """Send ``requests`` from ``concurrency`` threads and check every answer (see module docstring)."""
     result = SoakResult(requests=len(requests))
     stubs_before = stub_processes(server_pid)
@@ -302,4 +347,3 @@ def run_soak(url: str, server_pid: int, metrics_url: str, requests: Sequence[Soa
 def long_prompt(max_seq_len: int) -> str:
     """A prompt whose tokens exceed ``max_seq_len`` with any tokenizer (one token per word, or more)."""
     return " ".join(["overflow"] * (max_seq_len + 8))
-

@@ -95,8 +95,9 @@ def stub_processes(server_pid: int) -> dict[int, Stub]:
         # instance name, runtime modeldir (python_backend r24.10 src/stub_launcher.cc)
         model_path = Path(argv[1].decode(errors="replace"))
         model = model_path.parent.parent.name
-        instance = next((a.decode() for a in argv[7:9] if a and not a.isdigit() and a.decode().startswith(model)),
-                        model)
+        instance = next(
+            (a.decode() for a in argv[7:9] if a and not a.isdigit() and a.decode().startswith(model)), model
+        )
         found[pid] = Stub(pid, model, instance, zombie=zombie)
     return found
 

@@ -51,10 +51,14 @@ INTERNAL_PARAMETERS = {INTERNAL_PARAMETER: True}
 POLL_S = 0.1
 FINAL_FLAG = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
-REFUSED = ("the server is shutting down and admits no new requests (hint: retry; another replica, or this one "
-           "after its restart, serves it)")
-CUT = ("the server shut down before this request finished: the drain deadline ({timeout:g} s) passed (hint: retry "
-       "the request; raise --drain-timeout for longer generations)")
+REFUSED = (
+    "the server is shutting down and admits no new requests (hint: retry; another replica, or this one "
+    "after its restart, serves it)"
+)
+CUT = (
+    "the server shut down before this request finished: the drain deadline ({timeout:g} s) passed (hint: retry "
+    "the request; raise --drain-timeout for longer generations)"
+)
 CANCELLED = "the request was cancelled by the client"
 
 log = logging.getLogger("trtspec.control")
@@ -152,8 +156,9 @@ class Tracked:
 class ModelControl:
     """Drain and cancellation for one model process (see module docstring). One per model instance."""
 
-    def __init__(self, pb_utils: Any, name: str, *, directory: str | Path | None = None,
-                 poll_s: float = POLL_S) -> None:
+    def __init__(
+        self, pb_utils: Any, name: str, *, directory: str | Path | None = None, poll_s: float = POLL_S
+    ) -> None:
         self.pb_utils = pb_utils
         self.name = name
         found = os.environ.get(CONTROL_DIR_ENV) if directory is None else directory
@@ -232,8 +237,17 @@ class ModelControl:
         if self._reported == state or self.directory is None:
             return
         try:
-            write_json(self._inflight_path(), {"model": self.name, "pid": os.getpid(), "drain": drain_id,
-                                               "count": count, "clients": clients, "cut": self.cut})
+            write_json(
+                self._inflight_path(),
+                {
+                    "model": self.name,
+                    "pid": os.getpid(),
+                    "drain": drain_id,
+                    "count": count,
+                    "clients": clients,
+                    "cut": self.cut,
+                },
+            )
             self._reported = state
         except OSError:
             log.exception("%s: cannot report to %s", self.name, self.directory)

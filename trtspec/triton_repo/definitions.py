@@ -60,10 +60,18 @@ def tokenizer_dir(spec: BuildSpec) -> Path:
 # -- runtime-independent models ------------------------------------------------------------------------------------
 def preprocessing(spec: BuildSpec) -> ModelDefinition:
     mbs = spec.engine.max_batch_size
-    c = new_config(PRE, backend="python", max_batch_size=mbs, instances=1, parameters={
-        "tokenizer_dir": tokenizer_dir(spec), "add_special_tokens": True,
-        "max_input_len": spec.engine.max_input_len, "max_seq_len": spec.engine.max_seq_len,
-    })
+    c = new_config(
+        PRE,
+        backend="python",
+        max_batch_size=mbs,
+        instances=1,
+        parameters={
+            "tokenizer_dir": tokenizer_dir(spec),
+            "add_special_tokens": True,
+            "max_input_len": spec.engine.max_input_len,
+            "max_seq_len": spec.engine.max_seq_len,
+        },
+    )
     set_dynamic_batching(c, spec.triton.max_queue_delay_us)
     add_inputs(c, t.PRE_INPUTS)
     add_outputs(c, t.PRE_OUTPUTS)
@@ -71,9 +79,16 @@ def preprocessing(spec: BuildSpec) -> ModelDefinition:
 
 
 def postprocessing(spec: BuildSpec) -> ModelDefinition:
-    c = new_config(POST, backend="python", max_batch_size=spec.engine.max_batch_size, instances=1, parameters={
-        "tokenizer_dir": tokenizer_dir(spec), "skip_special_tokens": True,
-    })
+    c = new_config(
+        POST,
+        backend="python",
+        max_batch_size=spec.engine.max_batch_size,
+        instances=1,
+        parameters={
+            "tokenizer_dir": tokenizer_dir(spec),
+            "skip_special_tokens": True,
+        },
+    )
     set_dynamic_batching(c, spec.triton.max_queue_delay_us)
     add_inputs(c, t.POST_INPUTS)
     add_outputs(c, t.POST_OUTPUTS)
@@ -86,8 +101,10 @@ def engine_capabilities(spec: BuildSpec) -> dict[str, Any]:
     generation logits (engines: built with ``--gather_generation_logits``, which draft logits need on both)."""
     if spec.runtime is Runtime.TORCH:  # the torch engines take any K up to trtspec's limit, and return logits
         return {"engine_max_draft_len": MAX_DRAFT_LEN, "engine_generation_logits": True}
-    return {"engine_max_draft_len": spec.speculative.max_draft_len,
-            "engine_generation_logits": spec.speculative.use_draft_logits}
+    return {
+        "engine_max_draft_len": spec.speculative.max_draft_len,
+        "engine_generation_logits": spec.speculative.use_draft_logits,
+    }
 
 
 NGRAM_POOL_FILE = "ngram_pool.npz"  # in the orchestrator's version directory: served wherever the repository is
@@ -100,15 +117,26 @@ def orchestrator(spec: BuildSpec) -> ModelDefinition:
     if sp.drafter is not DrafterKind.MODEL and spec.ngram_pool_path.is_file():
         files[f"1/{NGRAM_POOL_FILE}"] = spec.ngram_pool_path
         pool = NGRAM_POOL_FILE
-    c = new_config(BLS, backend="python", max_batch_size=spec.engine.max_batch_size,
-                   decoupled=spec.triton.decoupled, instances=spec.triton.orchestrator_instances, parameters={
-                       "tensorrt_llm_model_name": TARGET, "tensorrt_llm_draft_model_name": DRAFT,
-                       "max_draft_len": sp.max_draft_len, "use_draft_logits": sp.use_draft_logits,
-                       **engine_capabilities(spec),
-                       "route_threshold": sp.route_threshold, "max_seq_len": spec.engine.max_seq_len,
-                       "exclude_input_in_output": False, "stream_context_tokens": STREAM_CONTEXT_TOKENS,
-                       "drafter": sp.drafter.value, "ngram_pool": pool,
-                   })
+    c = new_config(
+        BLS,
+        backend="python",
+        max_batch_size=spec.engine.max_batch_size,
+        decoupled=spec.triton.decoupled,
+        instances=spec.triton.orchestrator_instances,
+        parameters={
+            "tensorrt_llm_model_name": TARGET,
+            "tensorrt_llm_draft_model_name": DRAFT,
+            "max_draft_len": sp.max_draft_len,
+            "use_draft_logits": sp.use_draft_logits,
+            **engine_capabilities(spec),
+            "route_threshold": sp.route_threshold,
+            "max_seq_len": spec.engine.max_seq_len,
+            "exclude_input_in_output": False,
+            "stream_context_tokens": STREAM_CONTEXT_TOKENS,
+            "drafter": sp.drafter.value,
+            "ngram_pool": pool,
+        },
+    )
     add_inputs(c, t.BLS_INPUTS)
     add_outputs(c, t.BLS_OUTPUTS)
     return ModelDefinition(BLS, c, files)
@@ -127,25 +155,68 @@ def ensemble(spec: BuildSpec) -> ModelDefinition:
     add_inputs(c, t.ENSEMBLE_INPUTS)
     add_outputs(c, t.ENSEMBLE_OUTPUTS)
     c.ensemble_scheduling.SetInParent()
-    _step(c, PRE, {"QUERY": "text_input", "REQUEST_OUTPUT_LEN": "max_tokens", "BAD_WORDS_DICT": "bad_words",
-                   "STOP_WORDS_DICT": "stop_words", "END_ID": "end_id", "PAD_ID": "pad_id",
-                   "APPLY_CHAT_TEMPLATE": "apply_chat_template"},
-          {"INPUT_ID": "_INPUT_ID", "REQUEST_INPUT_LEN": "_REQUEST_INPUT_LEN", "BAD_WORDS_IDS": "_BAD_WORDS_IDS",
-           "STOP_WORDS_IDS": "_STOP_WORDS_IDS", "REQUEST_OUTPUT_LEN": "_REQUEST_OUTPUT_LEN",
-           "OUT_END_ID": "_PREPROCESSOR_END_ID", "OUT_PAD_ID": "_PREPROCESSOR_PAD_ID"})
-    _step(c, TARGET if spec.in_process else BLS, {"input_ids": "_INPUT_ID", "input_lengths": "_REQUEST_INPUT_LEN",
-                   "request_output_len": "_REQUEST_OUTPUT_LEN", "end_id": "_PREPROCESSOR_END_ID",
-                   "pad_id": "_PREPROCESSOR_PAD_ID", "stop_words_list": "_STOP_WORDS_IDS",
-                   "bad_words_list": "_BAD_WORDS_IDS", "temperature": "temperature", "runtime_top_k": "top_k",
-                   "runtime_top_p": "top_p", "seed": "seed", "exclude_input_in_output": "exclude_input_in_output",
-                   "return_perf_metrics": "return_perf_metrics", "streaming": "stream",
-                   "num_draft_tokens": "num_draft_tokens", "use_draft_logits": "use_draft_logits"},
-          {"output_ids": "_TOKENS_BATCH", "sequence_length": "_SEQUENCE_LENGTH",
-           "decoded_length": "_DECODED_LENGTH", "is_final": "_IS_FINAL",
-           **{o.name: o.name for o in t.STAT_OUTPUTS}})
-    _step(c, POST, {"TOKENS_BATCH": "_TOKENS_BATCH", "SEQUENCE_LENGTH": "_SEQUENCE_LENGTH",
-                    "DECODED_LENGTH": "_DECODED_LENGTH", "IS_FINAL": "_IS_FINAL"},
-          {"OUTPUT": "text_output"})
+    _step(
+        c,
+        PRE,
+        {
+            "QUERY": "text_input",
+            "REQUEST_OUTPUT_LEN": "max_tokens",
+            "BAD_WORDS_DICT": "bad_words",
+            "STOP_WORDS_DICT": "stop_words",
+            "END_ID": "end_id",
+            "PAD_ID": "pad_id",
+            "APPLY_CHAT_TEMPLATE": "apply_chat_template",
+        },
+        {
+            "INPUT_ID": "_INPUT_ID",
+            "REQUEST_INPUT_LEN": "_REQUEST_INPUT_LEN",
+            "BAD_WORDS_IDS": "_BAD_WORDS_IDS",
+            "STOP_WORDS_IDS": "_STOP_WORDS_IDS",
+            "REQUEST_OUTPUT_LEN": "_REQUEST_OUTPUT_LEN",
+            "OUT_END_ID": "_PREPROCESSOR_END_ID",
+            "OUT_PAD_ID": "_PREPROCESSOR_PAD_ID",
+        },
+    )
+    _step(
+        c,
+        TARGET if spec.in_process else BLS,
+        {
+            "input_ids": "_INPUT_ID",
+            "input_lengths": "_REQUEST_INPUT_LEN",
+            "request_output_len": "_REQUEST_OUTPUT_LEN",
+            "end_id": "_PREPROCESSOR_END_ID",
+            "pad_id": "_PREPROCESSOR_PAD_ID",
+            "stop_words_list": "_STOP_WORDS_IDS",
+            "bad_words_list": "_BAD_WORDS_IDS",
+            "temperature": "temperature",
+            "runtime_top_k": "top_k",
+            "runtime_top_p": "top_p",
+            "seed": "seed",
+            "exclude_input_in_output": "exclude_input_in_output",
+            "return_perf_metrics": "return_perf_metrics",
+            "streaming": "stream",
+            "num_draft_tokens": "num_draft_tokens",
+            "use_draft_logits": "use_draft_logits",
+        },
+        {
+            "output_ids": "_TOKENS_BATCH",
+            "sequence_length": "_SEQUENCE_LENGTH",
+            "decoded_length": "_DECODED_LENGTH",
+            "is_final": "_IS_FINAL",
+            **{o.name: o.name for o in t.STAT_OUTPUTS},
+        },
+    )
+    _step(
+        c,
+        POST,
+        {
+            "TOKENS_BATCH": "_TOKENS_BATCH",
+            "SEQUENCE_LENGTH": "_SEQUENCE_LENGTH",
+            "DECODED_LENGTH": "_DECODED_LENGTH",
+            "IS_FINAL": "_IS_FINAL",
+        },
+        {"OUTPUT": "text_output"},
+    )
     return ModelDefinition(ENSEMBLE, c)  # the writer creates the empty version directory 1/
 
 
@@ -157,12 +228,23 @@ def _torch_engine(spec: BuildSpec, role: str) -> ModelDefinition:
     instances = spec.triton.target_instances if role == "target" else spec.triton.draft_instances
     mbs = spec.engine.max_batch_size
     # Decoupled always: the engine batches in flight on its own thread and answers through response senders.
-    c = new_config(name, backend="python", max_batch_size=mbs, decoupled=True, instances=instances, parameters={
-        "model_dir": model_dir, "dtype": model.dtype.value, "max_batch_size": mbs,
-        "max_seq_len": spec.engine.max_seq_len,
-        "kv_cache_slots": 2 * mbs, "max_queue_delay_microseconds": spec.triton.max_queue_delay_us,
-        "exclude_input_in_output": False, "role": role,
-    })
+    c = new_config(
+        name,
+        backend="python",
+        max_batch_size=mbs,
+        decoupled=True,
+        instances=instances,
+        parameters={
+            "model_dir": model_dir,
+            "dtype": model.dtype.value,
+            "max_batch_size": mbs,
+            "max_seq_len": spec.engine.max_seq_len,
+            "kv_cache_slots": 2 * mbs,
+            "max_queue_delay_microseconds": spec.triton.max_queue_delay_us,
+            "exclude_input_in_output": False,
+            "role": role,
+        },
+    )
     set_dynamic_batching(c, spec.triton.max_queue_delay_us)
     add_inputs(c, t.ENGINE_INPUTS)
     add_outputs(c, t.ENGINE_OUTPUTS)
@@ -186,17 +268,30 @@ def torch_in_process_model(spec: BuildSpec) -> ModelDefinition:
         pool = str(spec.ngram_pool_path)
         if spec.ngram_pool_path.parent not in external:
             external.append(spec.ngram_pool_path.parent)
-    c = new_config(TARGET, backend="python", max_batch_size=mbs, decoupled=spec.triton.decoupled,
-                   instances=spec.triton.target_instances, parameters={
-                       "model_dir": dirs["target"], "dtype": spec.target.dtype.value,
-                       "draft_model_dir": dirs["draft"], "draft_dtype": spec.draft.dtype.value,
-                       "max_batch_size": mbs, "max_seq_len": spec.engine.max_seq_len, "kv_cache_slots": 2 * mbs,
-                       "max_queue_delay_microseconds": spec.triton.max_queue_delay_us,
-                       "max_draft_len": sp.max_draft_len, "engine_max_draft_len": MAX_DRAFT_LEN,
-                       "route_threshold": sp.route_threshold, "exclude_input_in_output": False,
-                       "stream_context_tokens": STREAM_CONTEXT_TOKENS,
-                       "drafter": sp.drafter.value, "ngram_pool": pool,
-                   })
+    c = new_config(
+        TARGET,
+        backend="python",
+        max_batch_size=mbs,
+        decoupled=spec.triton.decoupled,
+        instances=spec.triton.target_instances,
+        parameters={
+            "model_dir": dirs["target"],
+            "dtype": spec.target.dtype.value,
+            "draft_model_dir": dirs["draft"],
+            "draft_dtype": spec.draft.dtype.value,
+            "max_batch_size": mbs,
+            "max_seq_len": spec.engine.max_seq_len,
+            "kv_cache_slots": 2 * mbs,
+            "max_queue_delay_microseconds": spec.triton.max_queue_delay_us,
+            "max_draft_len": sp.max_draft_len,
+            "engine_max_draft_len": MAX_DRAFT_LEN,
+            "route_threshold": sp.route_threshold,
+            "exclude_input_in_output": False,
+            "stream_context_tokens": STREAM_CONTEXT_TOKENS,
+            "drafter": sp.drafter.value,
+            "ngram_pool": pool,
+        },
+    )
     set_dynamic_batching(c, spec.triton.max_queue_delay_us)
     add_inputs(c, t.BLS_INPUTS)
     add_outputs(c, t.BLS_OUTPUTS)
@@ -214,8 +309,15 @@ def trtllm_engine_models(spec: BuildSpec) -> list[ModelDefinition]:
     out = []
     for role, name in (("target", TARGET), ("draft", DRAFT)):
         path = engine_dir(spec, role)
-        out.append(ModelDefinition(name, configs[name], external_paths=[path],
-                                   container_paths={path: engine_path_in_container(role)}, server_env=SERVER_ENV))
+        out.append(
+            ModelDefinition(
+                name,
+                configs[name],
+                external_paths=[path],
+                container_paths={path: engine_path_in_container(role)},
+                server_env=SERVER_ENV,
+            )
+        )
     return out
 
 
@@ -228,14 +330,27 @@ def llmapi_models(spec: BuildSpec) -> list[ModelDefinition]:
     from trtspec.engines.llmapi import model_yaml, model_yaml_text
 
     triton = model_yaml(spec)["triton_config"]
-    c = new_config(TARGET, backend="python", max_batch_size=triton["max_batch_size"],
-                   decoupled=triton["decoupled"], instances=1, parameters={"llm_config": "model.yaml"})
+    c = new_config(
+        TARGET,
+        backend="python",
+        max_batch_size=triton["max_batch_size"],
+        decoupled=triton["decoupled"],
+        instances=1,
+        parameters={"llm_config": "model.yaml"},
+    )
     add_inputs(c, t.LLMAPI_INPUTS)
     add_outputs(c, t.LLMAPI_OUTPUTS)
     dirs = {role: serving_model_dir(spec, role) for role in ("target", "draft")}
-    return [ModelDefinition(TARGET, c, _python_files("tensorrt_llm_llmapi"), external_paths=list(dirs.values()),
-                            texts={"1/model.yaml": model_yaml_text(spec)},
-                            container_paths={d: checkpoint_path_in_container(r) for r, d in dirs.items()})]
+    return [
+        ModelDefinition(
+            TARGET,
+            c,
+            _python_files("tensorrt_llm_llmapi"),
+            external_paths=list(dirs.values()),
+            texts={"1/model.yaml": model_yaml_text(spec)},
+            container_paths={d: checkpoint_path_in_container(r) for r, d in dirs.items()},
+        )
+    ]
 
 
 ENGINE_MODELS: dict[Runtime, Callable[[BuildSpec], list[ModelDefinition]]] = {

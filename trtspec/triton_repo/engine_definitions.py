@@ -152,8 +152,15 @@ def _ids(values: tuple[int, ...]) -> str:
     return ",".join(str(v) for v in values)
 
 
-def engine_model_config(spec: BuildSpec, role: str, *, kv_tokens: int, layout: ServingLayout,
-                        kv_fraction: float | None = None, decoupled: bool = False) -> model_config_pb2.ModelConfig:
+def engine_model_config(
+    spec: BuildSpec,
+    role: str,
+    *,
+    kv_tokens: int,
+    layout: ServingLayout,
+    kv_fraction: float | None = None,
+    decoupled: bool = False,
+) -> model_config_pb2.ModelConfig:
     """One engine-backed model (`tensorrt_llm` for the target, `tensorrt_llm_draft` for the draft)."""
     from tritonclient.grpc import model_config_pb2 as pb
 
@@ -168,8 +175,9 @@ def engine_model_config(spec: BuildSpec, role: str, *, kv_tokens: int, layout: S
     # scales on the queue instead.
     cfg.dynamic_batching.default_queue_policy.max_queue_size = max(64, 8 * mbs)
     for name, dtype, dims, optional, ragged in _INPUTS:
-        inp = cfg.input.add(name=name, data_type=pb.DataType.Value(fill.get(dtype, dtype)), optional=optional,
-                            allow_ragged_batch=ragged)
+        inp = cfg.input.add(
+            name=name, data_type=pb.DataType.Value(fill.get(dtype, dtype)), optional=optional, allow_ragged_batch=ragged
+        )
         if dims == _SCALAR:
             inp.dims.append(1)
             inp.reshape.SetInParent()  # reshape: { shape: [ ] }
@@ -204,20 +212,27 @@ def engine_model_config(spec: BuildSpec, role: str, *, kv_tokens: int, layout: S
     return cfg
 
 
-def engine_model_configs(spec: BuildSpec, plan: MemoryPlan | None = None,
-                         decoupled: bool = False) -> dict[str, model_config_pb2.ModelConfig]:
+def engine_model_configs(
+    spec: BuildSpec, plan: MemoryPlan | None = None, decoupled: bool = False
+) -> dict[str, model_config_pb2.ModelConfig]:
     """Both engine-backed models, keyed by Triton model name. Both KV caches hold the same sequences, so each gets the
     memory plan's token capacity (target + draft bytes per token fit on GPU 0)."""
     plan = plan or _memory_plan(spec)
     if plan.kv_tokens_capacity <= 0:
-        raise SpecError("the target and draft leave no GPU memory for KV cache",
-                        hint="run `trtspec check`; use a smaller quantization format, more GPUs (target.tp_size) or "
-                             "a larger gpu.memory_gib")
+        raise SpecError(
+            "the target and draft leave no GPU memory for KV cache",
+            hint="run `trtspec check`; use a smaller quantization format, more GPUs (target.tp_size) or "
+            "a larger gpu.memory_gib",
+        )
     tokens = min(plan.kv_tokens_capacity, INT32_MAX)  # the backend parses it with std::stoi
     layout = serving_layout(spec)
     caps = {"target": spec.triton.target_kv_cache_fraction, "draft": spec.triton.draft_kv_cache_fraction}
-    return {MODEL_NAMES[r]: engine_model_config(spec, r, kv_tokens=tokens, kv_fraction=caps[r],
-                                                layout=layout, decoupled=decoupled) for r in ("target", "draft")}
+    return {
+        MODEL_NAMES[r]: engine_model_config(
+            spec, r, kv_tokens=tokens, kv_fraction=caps[r], layout=layout, decoupled=decoupled
+        )
+        for r in ("target", "draft")
+    }
 
 
 def config_text(cfg: model_config_pb2.ModelConfig) -> str:

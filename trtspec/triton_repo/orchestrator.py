@@ -75,28 +75,42 @@ def plan_request(row: RowRequest, deployment: Deployment) -> Plan:
     if row.max_new <= 0:
         raise GenerationError(f"max_tokens must be > 0, got {row.max_new}", hint="ask for at least one token")
     if len(row.tokens) + row.max_new > deployment.max_seq_len:
-        raise GenerationError(f"prompt ({len(row.tokens)} tokens) + max_tokens ({row.max_new}) exceeds max_seq_len "
-                              f"({deployment.max_seq_len})", hint="shorten the prompt or lower max_tokens")
+        raise GenerationError(
+            f"prompt ({len(row.tokens)} tokens) + max_tokens ({row.max_new}) exceeds max_seq_len "
+            f"({deployment.max_seq_len})",
+            hint="shorten the prompt or lower max_tokens",
+        )
     limit = min(deployment.draft_len_limit, MAX_DRAFT_LEN)
     k = deployment.max_draft_len if row.num_draft_tokens is None else check_draft_len(row.num_draft_tokens, limit)
     use_logits = deployment.use_draft_logits if row.use_draft_logits is None else row.use_draft_logits
     if use_logits and not deployment.draft_logits_available and row.use_draft_logits:
-        raise GenerationError("use_draft_logits needs engines built with --gather_generation_logits, and these "
-                              "were not", hint="send use_draft_logits false, or rebuild with "
-                              "speculative.use_draft_logits: true")
+        raise GenerationError(
+            "use_draft_logits needs engines built with --gather_generation_logits, and these were not",
+            hint="send use_draft_logits false, or rebuild with speculative.use_draft_logits: true",
+        )
     if row.max_new < deployment.route_threshold:
         k = 0
     return Plan(k, use_logits and deployment.draft_logits_available and not row.sampling.greedy)
 
 
-def _step_row(row: RowRequest, tokens: list[int], max_new: int, base_seed: int | None, step: int, role: int,
-              **changes: Any) -> RowRequest:
+def _step_row(
+    row: RowRequest, tokens: list[int], max_new: int, base_seed: int | None, step: int, role: int, **changes: Any
+) -> RowRequest:
     """One engine request of a step. Every engine request seeds its own generator: the seed varies per step and role
     so that steps draw independent numbers."""
     seed = None if base_seed is None else (base_seed * 1_000_003 + step * 2 + role) % (1 << 63)
-    return dataclasses.replace(row, tokens=tokens, max_new=max_new, sampling=row.sampling.with_seed(seed),
-                               draft=None, draft_logits=None, exclude_input=True, num_draft_tokens=None,
-                               use_draft_logits=None, **changes)
+    return dataclasses.replace(
+        row,
+        tokens=tokens,
+        max_new=max_new,
+        sampling=row.sampling.with_seed(seed),
+        draft=None,
+        draft_logits=None,
+        exclude_input=True,
+        num_draft_tokens=None,
+        use_draft_logits=None,
+        **changes,
+    )
 
 
 def _local_draft(drafter: Any, seq: list[int], k: int) -> tuple[list[int] | None, int]:
@@ -113,8 +127,9 @@ def _local_draft(drafter: Any, seq: list[int], k: int) -> tuple[list[int] | None
     return drafter.propose(seq, k).tokens[:k], 0  # NgramDrafter
 
 
-async def generate(row: RowRequest, engines: EngineClient, deployment: Deployment,
-                   stats: SpecStats | None = None, drafter: Any = None) -> AsyncIterator[list[int]]:
+async def generate(
+    row: RowRequest, engines: EngineClient, deployment: Deployment, stats: SpecStats | None = None, drafter: Any = None
+) -> AsyncIterator[list[int]]:
     """Yield the tokens each step commits (end_id excluded); statistics accumulate in ``stats``. ``drafter``: None
     (the draft engine proposes), an ``NgramDrafter`` or a ``HybridRule`` (see the module docstring)."""
     stats = stats if stats is not None else SpecStats()
@@ -123,9 +138,10 @@ async def generate(row: RowRequest, engines: EngineClient, deployment: Deploymen
     if plan.routed:
         stats.routed_to_target = True
         stats.target_steps = 1
-        async for tokens, _ in engines.generate(deployment.target_model,
-                                                dataclasses.replace(row, exclude_input=True, num_draft_tokens=None,
-                                                                    use_draft_logits=None)):
+        async for tokens, _ in engines.generate(
+            deployment.target_model,
+            dataclasses.replace(row, exclude_input=True, num_draft_tokens=None, use_draft_logits=None),
+        ):
             stats.note_tokens(len(tokens))
             if tokens:
                 yield tokens
@@ -144,16 +160,22 @@ async def generate(row: RowRequest, engines: EngineClient, deployment: Deploymen
         if local is not None:
             draft = list(local)  # may be empty (no match): the target steps alone
         elif k_model > 0:
-            async for tokens, logits in engines.generate(deployment.draft_model, _step_row(
-                    row, seq, k_model, base_seed, step, 0, stream=False, return_logits=plan.use_draft_logits)):
+            async for tokens, logits in engines.generate(
+                deployment.draft_model,
+                _step_row(row, seq, k_model, base_seed, step, 0, stream=False, return_logits=plan.use_draft_logits),
+            ):
                 draft += tokens
                 if logits is not None:
                     draft_logits = logits if draft_logits is None else _concat(draft_logits, logits)
         new: list[int] = []
-        async for tokens, _ in engines.generate(deployment.target_model, dataclasses.replace(_step_row(
-                row, seq, len(draft) + 1, base_seed, step, 1, stream=False, return_logits=False),
+        async for tokens, _ in engines.generate(
+            deployment.target_model,
+            dataclasses.replace(
+                _step_row(row, seq, len(draft) + 1, base_seed, step, 1, stream=False, return_logits=False),
                 draft=draft or None,
-                draft_logits=draft_logits if plan.use_draft_logits and draft and local is None else None)):
+                draft_logits=draft_logits if plan.use_draft_logits and draft and local is None else None,
+            ),
+        ):
             new += tokens
         step += 1
         stats.note_step(len(draft), accepted_prefix(draft, new))
@@ -165,7 +187,7 @@ async def generate(row: RowRequest, engines: EngineClient, deployment: Deploymen
         stats.note_tokens(len(new))
         if new:
             yield new
-        if ended or not new or hits_stop_word(seq[len(row.tokens):], row.stop_words):
+        if ended or not new or hits_stop_word(seq[len(row.tokens) :], row.stop_words):
             return
 
 

@@ -19,8 +19,10 @@ def _pb() -> Any:
     except ImportError:
         from trtspec.errors import MissingDependencyError
 
-        raise MissingDependencyError("writing a Triton repository needs tritonclient (its model_config protobuf)",
-                                     hint="pip install 'trtspec[repo]'") from None
+        raise MissingDependencyError(
+            "writing a Triton repository needs tritonclient (its model_config protobuf)",
+            hint="pip install 'trtspec[repo]'",
+        ) from None
     return model_config_pb2
 
 
@@ -42,8 +44,13 @@ class TensorSpec:
 def add_inputs(config: Any, specs: Iterable[TensorSpec]) -> None:
     pb = _pb()
     for s in specs:
-        t = config.input.add(name=s.name, data_type=pb.DataType.Value(f"TYPE_{s.dtype}"), dims=list(s.dims),
-                             optional=s.optional, allow_ragged_batch=s.ragged)
+        t = config.input.add(
+            name=s.name,
+            data_type=pb.DataType.Value(f"TYPE_{s.dtype}"),
+            dims=list(s.dims),
+            optional=s.optional,
+            allow_ragged_batch=s.ragged,
+        )
         if s.reshape is not None:
             t.reshape.SetInParent()
             t.reshape.shape[:] = list(s.reshape)
@@ -55,9 +62,16 @@ def add_outputs(config: Any, specs: Iterable[TensorSpec]) -> None:
         config.output.add(name=s.name, data_type=pb.DataType.Value(f"TYPE_{s.dtype}"), dims=list(s.dims))
 
 
-def new_config(name: str, *, backend: str | None = None, platform: str | None = None, max_batch_size: int = 0,
-               decoupled: bool | None = None, instances: int | None = None,
-               parameters: dict[str, Any] | None = None) -> Any:
+def new_config(
+    name: str,
+    *,
+    backend: str | None = None,
+    platform: str | None = None,
+    max_batch_size: int = 0,
+    decoupled: bool | None = None,
+    instances: int | None = None,
+    parameters: dict[str, Any] | None = None,
+) -> Any:
     """A ModelConfig with the common fields set."""
     pb = _pb()
     c = pb.ModelConfig(name=name, max_batch_size=max_batch_size)
@@ -108,8 +122,10 @@ def parse(text: str, source: str = "config.pbtxt") -> Any:
     try:
         return text_format.Parse(text, _pb().ModelConfig())
     except text_format.ParseError as exc:
-        raise TrtspecError(f"{source}: not a valid Triton model config ({exc})",
-                           hint="configs are written by `trtspec repo`; rewrite the repository") from None
+        raise TrtspecError(
+            f"{source}: not a valid Triton model config ({exc})",
+            hint="configs are written by `trtspec repo`; rewrite the repository",
+        ) from None
 
 
 def dtype_name(data_type: int) -> str:

@@ -53,13 +53,15 @@ class FastTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def decode(self, ids: list[int], skip_special_tokens: bool = True,
-               clean_up_tokenization_spaces: bool = False) -> str:
+    def decode(
+        self, ids: list[int], skip_special_tokens: bool = True, clean_up_tokenization_spaces: bool = False
+    ) -> str:
         text = self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
         return _clean_up(text) if clean_up_tokenization_spaces else text
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            tokenize: bool = True) -> Any:
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool = True, tokenize: bool = True
+    ) -> Any:
         if self._hf is None:
             from trtspec.engines.torch_runtime.loading import load_tokenizer as _load
 
@@ -68,8 +70,18 @@ class FastTokenizer:
 
 
 def _clean_up(text: str) -> str:
-    for a, b in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"), (" 'm", "'m"),
-                 (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
+    for a, b in (
+        (" .", "."),
+        (" ?", "?"),
+        (" !", "!"),
+        (" ,", ","),
+        (" ' ", "'"),
+        (" n't", "n't"),
+        (" 'm", "'m"),
+        (" 's", "'s"),
+        (" 've", "'ve"),
+        (" 're", "'re"),
+    ):
         text = text.replace(a, b)
     return text
 
@@ -94,8 +106,9 @@ def decode_text(value: Any, what: str = "text_input") -> str:
     try:
         return bytes(value).decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise GenerationError(f"{what} is not valid UTF-8 (byte {exc.start}: {exc.reason})",
-                              hint="send text encoded as UTF-8") from None
+        raise GenerationError(
+            f"{what} is not valid UTF-8 (byte {exc.start}: {exc.reason})", hint="send text encoded as UTF-8"
+        ) from None
 
 
 class Preprocessor:
@@ -110,10 +123,13 @@ class Preprocessor:
     def encode(self, text: str, chat: bool = False) -> list[int]:
         if chat:
             if not getattr(self.tok, "chat_template", None):
-                raise GenerationError("apply_chat_template was requested but the tokenizer has no chat template",
-                                      hint="send the prompt as plain text (apply_chat_template false)")
-            ids = self.tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                               tokenize=True)
+                raise GenerationError(
+                    "apply_chat_template was requested but the tokenizer has no chat template",
+                    hint="send the prompt as plain text (apply_chat_template false)",
+                )
+            ids = self.tok.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+            )
             if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # BatchEncoding in some versions
                 ids = ids["input_ids"]
             return [int(t) for t in ids]
@@ -151,8 +167,9 @@ class Postprocessor:
 
     def decode(self, tokens: Sequence[int]) -> str:
         # No clean-up of spaces before punctuation: it would make a text's prefix differ from the prefix's text.
-        return self.tok.decode(list(tokens), skip_special_tokens=self.skip_special_tokens,
-                               clean_up_tokenization_spaces=False)
+        return self.tok.decode(
+            list(tokens), skip_special_tokens=self.skip_special_tokens, clean_up_tokenization_spaces=False
+        )
 
     def delta(self, tokens: Sequence[int], decoded_length: int, final: bool) -> str:
         """The text ``tokens`` add after their first ``decoded_length`` (already delivered) tokens."""
@@ -163,7 +180,7 @@ class Postprocessor:
             return whole
         before = _stable(self.decode(tokens[:decoded_length]))
         if whole.startswith(before):
-            return whole[len(before):]
+            return whole[len(before) :]
         # Decoding is not prefix-stable for this tokenizer here (rare normalizations): emit from the first difference.
         i = 0
         while i < min(len(whole), len(before)) and whole[i] == before[i]:

@@ -47,15 +47,18 @@ def _check_ensemble(ens: Any, configs: dict[str, Any]) -> None:
             if key not in inputs:
                 raise TrtspecError(f"{where}: {step.model_name} has no input {key!r}", hint=_HINT)
             if value not in available:
-                raise TrtspecError(f"{where}: {step.model_name}.{key} reads {value!r}, which nothing produces",
-                                   hint=_HINT)
+                raise TrtspecError(
+                    f"{where}: {step.model_name}.{key} reads {value!r}, which nothing produces", hint=_HINT
+                )
             if available[value] != dtype_name(inputs[key].data_type):
-                raise TrtspecError(f"{where}: {step.model_name}.{key} is {dtype_name(inputs[key].data_type)} but "
-                                   f"{value!r} is {available[value]}", hint=_HINT)
+                raise TrtspecError(
+                    f"{where}: {step.model_name}.{key} is {dtype_name(inputs[key].data_type)} but "
+                    f"{value!r} is {available[value]}",
+                    hint=_HINT,
+                )
         missing = [n for n, i in inputs.items() if not i.optional and n not in step.input_map]
         if missing:
-            raise TrtspecError(f"{where}: required input {missing[0]!r} of {step.model_name} is not mapped",
-                               hint=_HINT)
+            raise TrtspecError(f"{where}: required input {missing[0]!r} of {step.model_name} is not mapped", hint=_HINT)
         for key, value in step.output_map.items():
             if key not in outputs:
                 raise TrtspecError(f"{where}: {step.model_name} has no output {key!r}", hint=_HINT)
@@ -64,8 +67,11 @@ def _check_ensemble(ens: Any, configs: dict[str, Any]) -> None:
         if out.name not in available:
             raise TrtspecError(f"{where}: output {out.name!r} is produced by no step", hint=_HINT)
         if available[out.name] != dtype_name(out.data_type):
-            raise TrtspecError(f"{where}: output {out.name!r} is declared {dtype_name(out.data_type)} but produced "
-                               f"as {available[out.name]}", hint=_HINT)
+            raise TrtspecError(
+                f"{where}: output {out.name!r} is declared {dtype_name(out.data_type)} but produced "
+                f"as {available[out.name]}",
+                hint=_HINT,
+            )
 
 
 def validate_repo(repo: Path) -> dict[str, Any]:

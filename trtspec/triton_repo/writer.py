@@ -57,8 +57,10 @@ def _check_sources(spec: BuildSpec, models: list[ModelDefinition]) -> None:
     for m in models:
         for path in m.external_paths:
             if not Path(path).is_dir():
-                raise SpecError(f"{m.name} reads {path}, which does not exist yet",
-                                hint="run the earlier stages first (`trtspec build`), or fix the model path")
+                raise SpecError(
+                    f"{m.name} reads {path}, which does not exist yet",
+                    hint="run the earlier stages first (`trtspec build`), or fix the model path",
+                )
 
 
 def _write_model(out_dir: Path, m: ModelDefinition) -> None:
@@ -66,8 +68,10 @@ def _write_model(out_dir: Path, m: ModelDefinition) -> None:
     (model_dir / "1").mkdir(parents=True)
     text = serialize(m.config)
     if parse(text, f"{m.name}/config.pbtxt") != m.config:  # round trip: what Triton reads is what we built
-        raise SpecError(f"{m.name}: config.pbtxt does not round-trip through the ModelConfig schema",
-                        hint="report this as a trtspec bug")
+        raise SpecError(
+            f"{m.name}: config.pbtxt does not round-trip through the ModelConfig schema",
+            hint="report this as a trtspec bug",
+        )
     (model_dir / "config.pbtxt").write_text(text, encoding="utf-8")
     for rel, src in m.files.items():
         dst = model_dir / rel
@@ -93,9 +97,14 @@ def write_repo_into(spec: BuildSpec, out_dir: Path) -> dict:
     from trtspec.serving.launch import launch_settings
 
     entry_model = ENSEMBLE if ENSEMBLE in {m.name for m in models} else models[0].name
-    return {"launch": launch_settings(spec), "models": [m.name for m in models], "external_paths": external,
-            "entry_model": entry_model,
-            "container_mounts": sorted(mounts.items()), "server_env": server_env}
+    return {
+        "launch": launch_settings(spec),
+        "models": [m.name for m in models],
+        "external_paths": external,
+        "entry_model": entry_model,
+        "container_mounts": sorted(mounts.items()),
+        "server_env": server_env,
+    }
 
 
 def write_repo(spec: BuildSpec, force: bool = False) -> dict[str, Any]:
@@ -110,8 +119,13 @@ def write_repo(spec: BuildSpec, force: bool = False) -> dict[str, Any]:
     t0 = time.perf_counter()
     with atomic_dir(final) as tmp:
         extra = write_repo_into(spec, tmp)
-        manifest = {"stage": "repo", "inputs_hash": inputs_hash, "settings": settings,
-                    "tools": tool_versions("trtspec", "tritonclient", "nvidia-pytriton"),
-                    "seconds": round(time.perf_counter() - t0, 3), **extra}
+        manifest = {
+            "stage": "repo",
+            "inputs_hash": inputs_hash,
+            "settings": settings,
+            "tools": tool_versions("trtspec", "tritonclient", "nvidia-pytriton"),
+            "seconds": round(time.perf_counter() - t0, 3),
+            **extra,
+        }
         write_manifest(tmp, manifest)
     return {"path": final, "skipped": False, "manifest": manifest}

@@ -33,7 +33,7 @@ class Sample:
 
     @property
     def answer(self) -> torch.Tensor:
-        return self.ids[self.start:]
+        return self.ids[self.start :]
 
 
 def shipped_prompts() -> Path:
@@ -57,14 +57,17 @@ def load_prompts(path: Path | None) -> list[str]:
             except (json.JSONDecodeError, AttributeError):
                 text = None
             if not isinstance(text, str):
-                raise DistillError(f"{path}:{n}: not a JSON object with a 'prompt' or 'text' string",
-                                   hint="one JSON object per line, e.g. {\"prompt\": \"...\"}")
+                raise DistillError(
+                    f"{path}:{n}: not a JSON object with a 'prompt' or 'text' string",
+                    hint='one JSON object per line, e.g. {"prompt": "..."}',
+                )
             out.append(text)
         else:
             out.append(line.strip())
     if len(out) < 2:
-        raise DistillError(f"{path}: needs at least 2 prompts, found {len(out)}",
-                           hint="give a training and a held-out prompt at least")
+        raise DistillError(
+            f"{path}: needs at least 2 prompts, found {len(out)}", hint="give a training and a held-out prompt at least"
+        )
     return out
 
 
@@ -78,13 +81,16 @@ def load_texts(path: Path) -> list[str]:
         if path.suffix == ".jsonl":
             try:
                 obj = json.loads(line)
-                text = next((obj[k] for k in ("response", "output", "completion", "text")
-                             if isinstance(obj.get(k), str)), None)
+                text = next(
+                    (obj[k] for k in ("response", "output", "completion", "text") if isinstance(obj.get(k), str)), None
+                )
             except (json.JSONDecodeError, AttributeError):
                 text = None
             if text is None:
-                raise DistillError(f"{path}:{n}: not a JSON object with a 'response', 'output', 'completion' or "
-                                   "'text' string", hint="one JSON object per line, e.g. {\"response\": \"...\"}")
+                raise DistillError(
+                    f"{path}:{n}: not a JSON object with a 'response', 'output', 'completion' or 'text' string",
+                    hint='one JSON object per line, e.g. {"response": "..."}',
+                )
             out.append(text)
         else:
             out.append(line.rstrip("\n"))
@@ -95,6 +101,7 @@ def load_texts(path: Path) -> list[str]:
 
 def split_prompts(prompts: Sequence[str], held_out: float) -> tuple[list[str], list[str]]:
     """(train, held-out) by a hash of each prompt's text: stable under reordering and additions."""
+
     def bucket(text: str) -> float:
         return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
 
@@ -110,17 +117,25 @@ def split_prompts(prompts: Sequence[str], held_out: float) -> tuple[list[str], l
 def encode_prompt(tokenizer: Any, text: str, chat: bool = True) -> list[int]:
     """Token ids of a prompt through the chat template when the tokenizer has one (as ``TorchSession.encode``)."""
     if chat and getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                            tokenize=True)
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+        )
         return list(ids if isinstance(ids, list) else ids["input_ids"])
     ids = list(tokenizer.encode(text))
     return ids if ids else [tokenizer.bos_token_id or 0]
 
 
 @torch.inference_mode()
-def answer_batch(target: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int, top_k: int,
-                 eos_ids: Sequence[int], pad_id: int = 0, temperatures: Sequence[float] | None = None,
-                 seed: int = 0) -> list[Sample]:
+def answer_batch(
+    target: Any,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    top_k: int,
+    eos_ids: Sequence[int],
+    pad_id: int = 0,
+    temperatures: Sequence[float] | None = None,
+    seed: int = 0,
+) -> list[Sample]:
     """The target's answers to a batch of tokenized prompts, with its top-k log-probs at each answer token.
 
     Rows with temperature 0 (the default) answer greedily; the others sample at their temperature (seeded), which gives
@@ -168,14 +183,27 @@ def answer_batch(target: Any, prompts: Sequence[Sequence[int]], max_new_tokens: 
             state.select(torch.tensor(keep))
             active = [active[i] for i in keep]
         feed = [[nxt[i]] for i in keep]
-    return [Sample(torch.tensor(list(p) + a, dtype=torch.long), len(p), torch.stack(ti), torch.stack(tl))
-            for p, a, ti, tl in zip(prompts, answers, tk_ids, tk_logp)]
+    return [
+        Sample(torch.tensor(list(p) + a, dtype=torch.long), len(p), torch.stack(ti), torch.stack(tl))
+        for p, a, ti, tl in zip(prompts, answers, tk_ids, tk_logp)
+    ]
 
 
-def generate_teacher_data(target: Any, tokenizer: Any, prompts: Sequence[str], shard_dir: Path, *,
-                          max_new_tokens: int, tokens: int, batch_size: int, top_k: int, eos_ids: Sequence[int],
-                          answers_per_prompt: int = 1, sample_temperature: float = 0.8,
-                          on_batch: Callable[[int], None] | None = None) -> tuple[list[Sample], float]:
+def generate_teacher_data(
+    target: Any,
+    tokenizer: Any,
+    prompts: Sequence[str],
+    shard_dir: Path,
+    *,
+    max_new_tokens: int,
+    tokens: int,
+    batch_size: int,
+    top_k: int,
+    eos_ids: Sequence[int],
+    answers_per_prompt: int = 1,
+    sample_temperature: float = 0.8,
+    on_batch: Callable[[int], None] | None = None,
+) -> tuple[list[Sample], float]:
     """Answer ``prompts`` in batches until ``tokens`` answer tokens exist; shards in ``shard_dir`` make it resumable.
 
     Every prompt is first answered greedily (what the draft meets at decode time); with ``answers_per_prompt`` > 1
@@ -198,12 +226,13 @@ def generate_teacher_data(target: Any, tokenizer: Any, prompts: Sequence[str], s
             batch, dt = [Sample(**d) for d in saved["samples"]], float(saved["seconds"])
         else:
             t0 = time.perf_counter()
-            chunk = jobs[start:start + batch_size]
+            chunk = jobs[start : start + batch_size]
             ids = [encode_prompt(tokenizer, p) for p, _ in chunk]
             batch = answer_batch(target, ids, max_new_tokens, top_k, eos_ids, pad, [t for _, t in chunk], seed=b)
             dt = time.perf_counter() - t0
-            records = [{"ids": s.ids, "start": s.start, "topk_ids": s.topk_ids, "topk_logp": s.topk_logp.half()}
-                       for s in batch]
+            records = [
+                {"ids": s.ids, "start": s.start, "topk_ids": s.topk_ids, "topk_logp": s.topk_logp.half()} for s in batch
+            ]
             _save_atomic({"samples": records, "seconds": dt}, shard)
         for s in batch:
             s.topk_logp = s.topk_logp.float()

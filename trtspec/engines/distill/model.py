@@ -94,15 +94,29 @@ class DraftForCausalLM(LlamaPreTrainedModel, GenerationMixin):
         return out
 
     @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
-    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.LongTensor | None = None, cache: Any = None,
-                inputs_embeds: torch.Tensor | None = None, use_cache: bool | None = None,
-                logits_to_keep: int | torch.Tensor = 0, **kwargs: Any) -> CausalLMOutputWithPast:
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache: Any = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        **kwargs: Any,
+    ) -> CausalLMOutputWithPast:
         """Like LlamaForCausalLM.forward (no loss); ``.logits`` cover the full vocabulary. ``logits_to_keep`` as
         there: an int keeps the last that many positions (0: all), a tensor names the positions (the in-flight
         engine's packed batches)."""
-        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                             cache=cache, inputs_embeds=inputs_embeds, use_cache=use_cache, **kwargs)
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )
         hidden = outputs.last_hidden_state
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         hidden = hidden[:, keep, :]
@@ -110,24 +124,40 @@ class DraftForCausalLM(LlamaPreTrainedModel, GenerationMixin):
         return CausalLMOutputWithPast(logits=logits, cache=outputs.cache)
 
 
-def draft_config(target_config: Any, layers: int, head_tokens: int,
-                 intermediate_size: int | None = None) -> DraftConfig:
+def draft_config(
+    target_config: Any, layers: int, head_tokens: int, intermediate_size: int | None = None
+) -> DraftConfig:
     """A draft config with the target's width, attention shape, rope and tokens; ``layers`` deep."""
     d = target_config.to_dict()
-    for key in ("architectures", "model_type", "transformers_version", "_model_name_or_path", "auto_map",
-                "quantization_config", "head_vocab_size"):
+    for key in (
+        "architectures",
+        "model_type",
+        "transformers_version",
+        "_model_name_or_path",
+        "auto_map",
+        "quantization_config",
+        "head_vocab_size",
+    ):
         d.pop(key, None)
     if d.get("layer_types"):
         d["layer_types"] = d["layer_types"][:layers]
-    d.update(num_hidden_layers=layers, head_vocab_size=head_tokens, tie_word_embeddings=False,
-             intermediate_size=intermediate_size or d["intermediate_size"])
+    d.update(
+        num_hidden_layers=layers,
+        head_vocab_size=head_tokens,
+        tie_word_embeddings=False,
+        intermediate_size=intermediate_size or d["intermediate_size"],
+    )
     return DraftConfig(**d)
 
 
 @torch.no_grad()
-def draft_from_target(target: Any, layer_indices: Sequence[int], head_token_ids: torch.Tensor,
-                      intermediate_size: int | None = None,
-                      weights: dict[str, torch.Tensor] | None = None) -> DraftForCausalLM:
+def draft_from_target(
+    target: Any,
+    layer_indices: Sequence[int],
+    head_token_ids: torch.Tensor,
+    intermediate_size: int | None = None,
+    weights: dict[str, torch.Tensor] | None = None,
+) -> DraftForCausalLM:
     """A draft initialized from the target: its embeddings (frozen), the decoder layers ``layer_indices``, its final
     norm, and a head over ``head_token_ids`` starting from the target's output rows. A narrower MLP keeps the target's
     strongest channels (largest gate x up x down norms). ``weights`` (the target's tensors by checkpoint name, e.g.
@@ -136,9 +166,11 @@ def draft_from_target(target: Any, layer_indices: Sequence[int], head_token_ids:
     cfg = draft_config(target.config, len(layer_indices), int(head_token_ids.numel()), intermediate_size)
     draft = DraftForCausalLM(cfg)
     if weights is None:
-        weights = {"model.embed_tokens.weight": target.get_input_embeddings().weight,
-                   "model.norm.weight": target.model.norm.weight,
-                   "lm_head.weight": target.get_output_embeddings().weight}
+        weights = {
+            "model.embed_tokens.weight": target.get_input_embeddings().weight,
+            "model.norm.weight": target.model.norm.weight,
+            "lm_head.weight": target.get_output_embeddings().weight,
+        }
         for i in layer_indices:
             weights.update({f"model.layers.{i}.{k}": v for k, v in target.model.layers[i].state_dict().items()})
     embed = weights["model.embed_tokens.weight"]
@@ -146,7 +178,7 @@ def draft_from_target(target: Any, layer_indices: Sequence[int], head_token_ids:
     draft.model.norm.weight.copy_(weights["model.norm.weight"])
     for dst, i in zip(draft.model.layers, layer_indices):
         prefix = f"model.layers.{i}."
-        src = {k[len(prefix):]: v.float().cpu() for k, v in weights.items() if k.startswith(prefix)}
+        src = {k[len(prefix) :]: v.float().cpu() for k, v in weights.items() if k.startswith(prefix)}
         if cfg.intermediate_size != target.config.intermediate_size:
             src = _narrow_mlp(src, cfg.intermediate_size)
         dst.load_state_dict(src)
@@ -188,18 +220,29 @@ def to_standard(draft: DraftForCausalLM, target_config: Any) -> Any:
     from trtspec.engines.torch_runtime.frequent_head import CONFIG_KEY
 
     d = target_config.to_dict()
-    for key in ("architectures", "transformers_version", "_name_or_path", "auto_map", "quantization_config",
-                "head_vocab_size", CONFIG_KEY):
+    for key in (
+        "architectures",
+        "transformers_version",
+        "_name_or_path",
+        "auto_map",
+        "quantization_config",
+        "head_vocab_size",
+        CONFIG_KEY,
+    ):
         d.pop(key, None)
     cfg = draft.config
     if d.get("layer_types"):
         d["layer_types"] = d["layer_types"][: cfg.num_hidden_layers]
-    d.update(num_hidden_layers=cfg.num_hidden_layers, intermediate_size=cfg.intermediate_size,
-             tie_word_embeddings=False)
+    d.update(
+        num_hidden_layers=cfg.num_hidden_layers, intermediate_size=cfg.intermediate_size, tie_word_embeddings=False
+    )
     config = type(target_config).from_dict(d)
     ids = draft.head_token_ids
-    setattr(config, CONFIG_KEY, {"tokens": int(ids.numel()),
-                                 "rows": "lm_head rows that are not all zero (the others are zero)"})
+    setattr(
+        config,
+        CONFIG_KEY,
+        {"tokens": int(ids.numel()), "rows": "lm_head rows that are not all zero (the others are zero)"},
+    )
     model = AutoModelForCausalLM.from_config(config)
     state = {k: v for k, v in draft.state_dict().items() if k != "lm_head.token_ids"}
     rows = state.pop("lm_head.weight")

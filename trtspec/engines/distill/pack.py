@@ -47,8 +47,10 @@ def pack_draft(draft_dir: Path, target_dir: Path, out_dir: Path) -> dict[str, An
         raise DistillError(f"{draft_dir}: no {EMBEDDINGS} in the draft", hint="pack a draft made by trtspec distill")
     fingerprint = embedding_fingerprint(_target_embeddings(Path(target_dir)))
     if embedding_fingerprint(weights[EMBEDDINGS]) != fingerprint:
-        raise DistillError(f"{draft_dir}: its embeddings differ from the target's in {target_dir}",
-                           hint="pack with the target the draft was distilled from")
+        raise DistillError(
+            f"{draft_dir}: its embeddings differ from the target's in {target_dir}",
+            hint="pack with the target the draft was distilled from",
+        )
     del weights[EMBEDDINGS]
     if HEAD in weights:  # a standard checkpoint: keep the non-zero (frequent-token) rows only
         from trtspec.engines.torch_runtime.frequent_head import frequent_rows
@@ -62,8 +64,13 @@ def pack_draft(draft_dir: Path, target_dir: Path, out_dir: Path) -> dict[str, An
     for name in CARRIED:
         if (Path(draft_dir) / name).is_file():
             shutil.copy2(Path(draft_dir) / name, out_dir / name)
-    info = {"format": FORMAT, "embeddings_from_target": EMBEDDINGS, "target_embedding_sha256": fingerprint,
-            "dtype": "float16", "lm_head": "non-zero rows only" if ROWS in packed else "as trained"}
+    info = {
+        "format": FORMAT,
+        "embeddings_from_target": EMBEDDINGS,
+        "target_embedding_sha256": fingerprint,
+        "dtype": "float16",
+        "lm_head": "non-zero rows only" if ROWS in packed else "as trained",
+    }
     (out_dir / PACK_FILE).write_text(json.dumps(info, indent=2) + "\n")
     return info
 
@@ -76,15 +83,21 @@ def unpack_draft(packed_dir: Path, target_dir: Path, out_dir: Path, dtype: torch
     packed_dir, target_dir = Path(packed_dir), Path(target_dir)
     info = json.loads((packed_dir / PACK_FILE).read_text())
     if info.get("format") != FORMAT:
-        raise DistillError(f"{packed_dir}: packed by an older trtspec (format {info.get('format', 1)})",
-                           hint="re-pack the draft with scripts/pack_example_draft.py")
+        raise DistillError(
+            f"{packed_dir}: packed by an older trtspec (format {info.get('format', 1)})",
+            hint="re-pack the draft with scripts/pack_example_draft.py",
+        )
     embeddings = _target_embeddings(target_dir)
     if embedding_fingerprint(embeddings) != info["target_embedding_sha256"]:
-        raise DistillError(f"{target_dir}: its embeddings are not the ones {packed_dir} was distilled against",
-                           hint="unpack with the draft's own target model")
+        raise DistillError(
+            f"{target_dir}: its embeddings are not the ones {packed_dir} was distilled against",
+            hint="unpack with the draft's own target model",
+        )
     config = AutoConfig.from_pretrained(packed_dir)
-    state = {k: v.to(dtype) if v.is_floating_point() else v
-             for k, v in load_file(str(packed_dir / "model.safetensors")).items()}
+    state = {
+        k: v.to(dtype) if v.is_floating_point() else v
+        for k, v in load_file(str(packed_dir / "model.safetensors")).items()
+    }
     if ROWS in state:
         rows, ids = state.pop(ROWS), state.pop(ROW_IDS)
         head = rows.new_zeros(int(config.vocab_size), rows.shape[1])

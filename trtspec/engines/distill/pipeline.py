@@ -42,12 +42,15 @@ def check_dirs(target_dir: Path, out: Path) -> None:
     if not target_dir.is_dir():
         raise DistillError(f"{target_dir}: target directory not found", hint="pass --target DIR (a local HF model)")
     if not (target_dir / "config.json").is_file():
-        raise DistillError(f"{target_dir}: not a model directory (no config.json)",
-                           hint="pass --target DIR (a local HF model with its tokenizer)")
+        raise DistillError(
+            f"{target_dir}: not a model directory (no config.json)",
+            hint="pass --target DIR (a local HF model with its tokenizer)",
+        )
     t, o = target_dir.resolve(), out.resolve()
     if o == t or t in o.parents or o in t.parents:
-        raise DistillError(f"--out {out} overlaps the target directory {target_dir}",
-                           hint="write the draft to a directory of its own")
+        raise DistillError(
+            f"--out {out} overlaps the target directory {target_dir}", hint="write the draft to a directory of its own"
+        )
     if out.exists() and not out.is_dir():
         raise DistillError(f"--out {out} exists and is not a directory", hint="choose another output path")
 
@@ -65,8 +68,16 @@ def _combine(hashes: dict[str, str], settings: dict[str, Any]) -> str:
     return h.hexdigest()
 
 
-def distill(target_dir: Path, out: Path, settings: DistillSettings, *, work_dir: Path | None = None,
-            progress: Any | None = None, machine: Any | None = None, traffic: Path | None = None) -> DistillResult:
+def distill(
+    target_dir: Path,
+    out: Path,
+    settings: DistillSettings,
+    *,
+    work_dir: Path | None = None,
+    progress: Any | None = None,
+    machine: Any | None = None,
+    traffic: Path | None = None,
+) -> DistillResult:
     """Distill a draft for the target in ``target_dir`` into ``out`` (a loadable HF directory + report); ``machine``
     (default: detected) decides the placement, ``traffic`` (texts) replaces the teacher answers as the n-gram pool."""
     from trtspec.build.artifacts import hash_dir, is_up_to_date
@@ -91,8 +102,9 @@ def distill(target_dir: Path, out: Path, settings: DistillSettings, *, work_dir:
     settings.validate()
     if traffic is not None and not Path(traffic).is_file():
         raise DistillError(f"{traffic}: traffic file not found", hint="one text per line, or JSONL with 'text'")
-    placement = plan_placement(machine or Machine.detect(), settings.device, settings.teacher_dtype,
-                               settings.train.bf16)
+    placement = plan_placement(
+        machine or Machine.detect(), settings.device, settings.teacher_dtype, settings.train.bf16
+    )
     settings = replace(settings, train=replace(settings.train, bf16=placement.train_bf16))
     prompts_path = settings.prompts or shipped_prompts()
     prompts = load_prompts(prompts_path)
@@ -107,8 +119,10 @@ def distill(target_dir: Path, out: Path, settings: DistillSettings, *, work_dir:
     target = load_model(target_dir, placement.teacher_dtype, device_map=placement.teacher_device_map)
     tokenizer = load_tokenizer(target_dir)
     if not hasattr(getattr(target, "model", None), "layers") or not hasattr(target.model, "norm"):
-        raise DistillError(f"{target_dir}: {type(target).__name__} is not a Llama-style decoder (model.layers, "
-                           "model.norm)", hint="distill supports Llama-family targets (Llama, SmolLM, Mistral, Qwen2)")
+        raise DistillError(
+            f"{target_dir}: {type(target).__name__} is not a Llama-style decoder (model.layers, model.norm)",
+            hint="distill supports Llama-family targets (Llama, SmolLM, Mistral, Qwen2)",
+        )
     vocab = int(target.get_input_embeddings().weight.shape[0])
     settings.validate(int(target.config.num_hidden_layers), vocab)
     eos = eos_ids_of(target, tokenizer)
@@ -119,13 +133,27 @@ def distill(target_dir: Path, out: Path, settings: DistillSettings, *, work_dir:
     data_key = _short_hash(_combine(hashes, settings.data_settings(placement.teacher_dtype)))
     timings: dict[str, float] = {}
 
-    task = progress.add_task(f"target answers (tokens, {placement.teacher_device} {placement.teacher_dtype})",
-                             total=settings.tokens) if progress else None
+    task = (
+        progress.add_task(
+            f"target answers (tokens, {placement.teacher_device} {placement.teacher_dtype})", total=settings.tokens
+        )
+        if progress
+        else None
+    )
     samples, timings["teacher_data_s"] = generate_teacher_data(
-        target, tokenizer, train_prompts, work / f"teacher-{data_key}", max_new_tokens=settings.max_new_tokens,
-        tokens=settings.tokens, batch_size=settings.gen_batch_size, top_k=settings.top_k, eos_ids=eos,
-        answers_per_prompt=settings.answers_per_prompt, sample_temperature=settings.sample_temperature,
-        on_batch=(lambda n: progress.advance(task, n)) if progress else None)
+        target,
+        tokenizer,
+        train_prompts,
+        work / f"teacher-{data_key}",
+        max_new_tokens=settings.max_new_tokens,
+        tokens=settings.tokens,
+        batch_size=settings.gen_batch_size,
+        top_k=settings.top_k,
+        eos_ids=eos,
+        answers_per_prompt=settings.answers_per_prompt,
+        sample_temperature=settings.sample_temperature,
+        on_batch=(lambda n: progress.advance(task, n)) if progress else None,
+    )
     if progress:  # the prompts may run out before --tokens
         n = sum(len(s.answer) for s in samples)
         progress.update(task, total=n, completed=n)
@@ -136,14 +164,18 @@ def distill(target_dir: Path, out: Path, settings: DistillSettings, *, work_dir:
     init = source_weights(target_dir, layers) if placement.teacher_dtype != "float32" or placement.gpus else None
     draft = draft_from_target(target, layers, head, settings.intermediate_size, init)
     draft = draft.to(placement.draft_device)  # type: ignore[arg-type]  # transformers' decorated to() takes a device
-    task = progress.add_task(f"training (steps, {placement.draft_device})", total=settings.train.steps) \
-        if progress else None
+    task = (
+        progress.add_task(f"training (steps, {placement.draft_device})", total=settings.train.steps)
+        if progress
+        else None
+    )
     ckpt = work / f"checkpoint-{_short_hash(data_key, settings.to_dict())}.pt"
 
     def on_step(log) -> None:
         if progress:
-            progress.update(task, completed=log.step,
-                            description=f"training (steps) loss {log.loss:.3f} top-1 {log.top1:.2f}")
+            progress.update(
+                task, completed=log.step, description=f"training (steps) loss {log.loss:.3f} top-1 {log.top1:.2f}"
+            )
 
     logs, timings["train_s"] = train(draft, samples, settings.train, ckpt, pad_id=pad, on_step=on_step)
 
@@ -156,19 +188,34 @@ def distill(target_dir: Path, out: Path, settings: DistillSettings, *, work_dir:
     eval_ids = [encode_prompt(tokenizer, p) for p in test_prompts[: settings.eval_prompts]]
     if progress:
         task = progress.add_task("held-out evaluation", total=None)
-    report = measure(eval_target, draft.eval(), eval_ids, k=settings.k, max_tokens=settings.eval_max_tokens,
-                     eos_ids=eos, pad_id=pad, head_tokens=head, pool=pool).to_dict()
+    report = measure(
+        eval_target,
+        draft.eval(),
+        eval_ids,
+        k=settings.k,
+        max_tokens=settings.eval_max_tokens,
+        eos_ids=eos,
+        pad_id=pad,
+        head_tokens=head,
+        pool=pool,
+    ).to_dict()
     timings["eval_s"] = time.perf_counter() - t0
     if progress:
         progress.update(task, total=1, completed=1)
     # Summed over resumed runs (shards and checkpoints record their seconds); loading and hashing are not counted.
     timings["total_s"] = sum(timings.values())
-    report.update({
-        "train_answer_tokens": sum(len(s.answer) for s in samples), "train_prompts": len(samples),
-        "final_loss": logs[-1].loss if logs else None, "final_top1": logs[-1].top1 if logs else None,
-        "draft_parameters": sum(p.numel() for n, p in draft.named_parameters() if "embed_tokens" not in n),
-        "placement": placement.to_dict(), "loss": settings.train.loss,
-        **{k: round(v, 1) for k, v in timings.items()}})
+    report.update(
+        {
+            "train_answer_tokens": sum(len(s.answer) for s in samples),
+            "train_prompts": len(samples),
+            "final_loss": logs[-1].loss if logs else None,
+            "final_top1": logs[-1].top1 if logs else None,
+            "draft_parameters": sum(p.numel() for n, p in draft.named_parameters() if "embed_tokens" not in n),
+            "placement": placement.to_dict(),
+            "loss": settings.train.loss,
+            **{k: round(v, 1) for k, v in timings.items()},
+        }
+    )
     standard = to_standard_cpu(draft, eval_target.config)
     _write_output(out, standard, tokenizer, target_dir, report, inputs_hash, settings, pool)
     ckpt.unlink(missing_ok=True)  # the teacher shards stay: another draft shape can reuse them
@@ -195,19 +242,29 @@ def build_pool(samples: Any, tokenizer: Any, target_dir: Path, vocab: int, traff
 
         texts = load_texts(Path(traffic))
         seqs = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
-        return NgramPool.from_sequences(seqs, vocab_size=vocab, meta={**meta, "source": f"traffic:{Path(traffic).name}",
-                                                                     "documents": len(seqs)})
+        return NgramPool.from_sequences(
+            seqs, vocab_size=vocab, meta={**meta, "source": f"traffic:{Path(traffic).name}", "documents": len(seqs)}
+        )
     seqs, labels = [], []
     for s in samples:
         s0 = max(0, s.start - MAX_MATCH)
         seqs.append(s.ids[s0:].tolist())
         labels.append([-1] * (s.start - 1 - s0) + s.topk_ids[:, 0].tolist() + [-1])
-    return NgramPool.from_sequences(seqs, labels, vocab_size=vocab,
-                                    meta={**meta, "source": "teacher answers", "documents": len(seqs)})
+    return NgramPool.from_sequences(
+        seqs, labels, vocab_size=vocab, meta={**meta, "source": "teacher answers", "documents": len(seqs)}
+    )
 
 
-def _write_output(out: Path, draft: Any, tokenizer: Any, target_dir: Path, report: dict[str, Any],
-                  inputs_hash: str, settings: DistillSettings, pool: Any | None) -> None:
+def _write_output(
+    out: Path,
+    draft: Any,
+    tokenizer: Any,
+    target_dir: Path,
+    report: dict[str, Any],
+    inputs_hash: str,
+    settings: DistillSettings,
+    pool: Any | None,
+) -> None:
     """The draft as an HF directory (weights, config, tokenizer, generation config), its pool, report and manifest."""
     from trtspec.build.artifacts import atomic_dir, tool_versions, write_manifest
     from trtspec.engines.drafters.ngram import POOL_FILE
@@ -220,6 +277,14 @@ def _write_output(out: Path, draft: Any, tokenizer: Any, target_dir: Path, repor
         if (target_dir / "generation_config.json").is_file():
             shutil.copy2(target_dir / "generation_config.json", tmp / "generation_config.json")
         (tmp / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
-        write_manifest(tmp, {"stage": "distill", "inputs_hash": inputs_hash, "target": str(target_dir),
-                             "settings": settings.to_dict(), "report": report,
-                             "tools": tool_versions("torch", "transformers")})
+        write_manifest(
+            tmp,
+            {
+                "stage": "distill",
+                "inputs_hash": inputs_hash,
+                "target": str(target_dir),
+                "settings": settings.to_dict(),
+                "report": report,
+                "tools": tool_versions("torch", "transformers"),
+            },
+        )

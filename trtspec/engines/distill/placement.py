@@ -61,14 +61,17 @@ class Placement:
         return self.eval_dtype != self.teacher_dtype
 
 
-def plan_placement(machine: Machine, device: str = "auto", teacher_dtype: str = "auto",
-                   train_bf16: bool | None = None) -> Placement:
+def plan_placement(
+    machine: Machine, device: str = "auto", teacher_dtype: str = "auto", train_bf16: bool | None = None
+) -> Placement:
     """The placement for ``machine``; ``device`` and ``teacher_dtype`` override the automatic choices."""
     if device not in DEVICES:
         raise DistillError(f"--device {device!r} is not one of {', '.join(DEVICES)}", hint="auto picks the GPUs")
     if teacher_dtype not in DTYPES:
-        raise DistillError(f"--teacher-dtype {teacher_dtype!r} is not one of {', '.join(DTYPES)}",
-                           hint="auto: bfloat16 where the hardware has it, else float32 (float16 on old GPUs)")
+        raise DistillError(
+            f"--teacher-dtype {teacher_dtype!r} is not one of {', '.join(DTYPES)}",
+            hint="auto: bfloat16 where the hardware has it, else float32 (float16 on old GPUs)",
+        )
     if device == "cuda" and machine.cuda_devices == 0:
         raise DistillError("--device cuda: no CUDA GPU is visible", hint="use --device auto or cpu")
     gpu = machine.cuda_devices > 0 and device != "cpu"
@@ -76,8 +79,10 @@ def plan_placement(machine: Machine, device: str = "auto", teacher_dtype: str = 
     if teacher_dtype == "auto":
         teacher_dtype = "bfloat16" if native_bf16 else ("float16" if gpu else "float32")
     if teacher_dtype == "float16" and not gpu:
-        raise DistillError("--teacher-dtype float16 needs a GPU (float16 matmuls are slow and lossy on a CPU)",
-                           hint="use bfloat16 or float32 on a CPU")
+        raise DistillError(
+            "--teacher-dtype float16 needs a GPU (float16 matmuls are slow and lossy on a CPU)",
+            hint="use bfloat16 or float32 on a CPU",
+        )
     return Placement(
         teacher_device="cuda" if gpu else "cpu",
         teacher_device_map="auto" if gpu else None,

@@ -68,16 +68,27 @@ def full_head_agreement(draft: Any, refs: Sequence[Any]) -> float | None:
     dev = next(draft.parameters()).device
     for ref in refs:
         ids = torch.tensor([ref.prompt + ref.answer], device=dev)
-        hidden = draft.model(input_ids=ids, use_cache=False).last_hidden_state[0, len(ref.prompt) - 1:-1]
+        hidden = draft.model(input_ids=ids, use_cache=False).last_hidden_state[0, len(ref.prompt) - 1 : -1]
         best = draft.subset_logits(hidden).max(-1).values
         agree += int((best > 0).sum())
         total += int(best.numel())
     return agree / total if total else None
 
 
-def measure(target: Any, draft: Any, prompts: Sequence[Sequence[int]], *, k: int, max_tokens: int,
-            eos_ids: Sequence[int], pad_id: int = 0, head_tokens: torch.Tensor | None = None,
-            costs: bool = True, pool: Any | None = None, run_decoder: bool | None = None) -> DraftReport:
+def measure(
+    target: Any,
+    draft: Any,
+    prompts: Sequence[Sequence[int]],
+    *,
+    k: int,
+    max_tokens: int,
+    eos_ids: Sequence[int],
+    pad_id: int = 0,
+    head_tokens: torch.Tensor | None = None,
+    costs: bool = True,
+    pool: Any | None = None,
+    run_decoder: bool | None = None,
+) -> DraftReport:
     """Held-out figures of ``draft`` (and of the n-gram drafter over ``pool``) against ``target`` on ``prompts``.
 
     ``costs=False`` skips timing (c, v, bound and predictions NaN); ``run_decoder`` (default: on a CPU) runs the
@@ -107,8 +118,11 @@ def measure(target: Any, draft: Any, prompts: Sequence[Sequence[int]], *, k: int
     context = int(statistics.mean(len(p) for p in prompts)) + max_tokens // 2
     prompt_len = int(statistics.mean(len(p) for p in prompts))
     nan = float("nan")
-    step_costs = (measure_step_costs(target, draft, context, k_max, prompt_len) if costs and cpu
-                  else StepCosts(nan, {i: nan for i in range(k_max + 1)}, nan, measured=False))
+    step_costs = (
+        measure_step_costs(target, draft, context, k_max, prompt_len)
+        if costs and cpu
+        else StepCosts(nan, {i: nan for i in range(k_max + 1)}, nan, measured=False)
+    )
     sim = simulate(profile, k, step_costs)
     v = step_costs.v(k, sim.tokens_per_step)
     coverage = 1.0
@@ -116,12 +130,22 @@ def measure(target: Any, draft: Any, prompts: Sequence[Sequence[int]], *, k: int
         toks = torch.tensor([t for r in refs for t in r.answer], dtype=torch.long)
         coverage = float(torch.isin(toks, head_tokens.cpu()).float().mean()) if len(toks) else 1.0
     report = DraftReport(
-        k=k, prompts=len(prompts), acceptance_rate=sim.acceptance_rate if rate is None else rate, a=sim.a,
-        tokens_per_step=sim.tokens_per_step, c=step_costs.c, v=v,
-        bound_s=leviathan_bound(sim.a, k, step_costs.c, v), predicted_speedup=sim.speedup,
-        head_coverage=coverage, identical_greedy=identical, measured_speedup=measured,
-        per_position=profile.per_position(), full_head_agreement=full_head_agreement(draft, refs),
-        costs=step_costs.to_dict() if step_costs.measured else None)
+        k=k,
+        prompts=len(prompts),
+        acceptance_rate=sim.acceptance_rate if rate is None else rate,
+        a=sim.a,
+        tokens_per_step=sim.tokens_per_step,
+        c=step_costs.c,
+        v=v,
+        bound_s=leviathan_bound(sim.a, k, step_costs.c, v),
+        predicted_speedup=sim.speedup,
+        head_coverage=coverage,
+        identical_greedy=identical,
+        measured_speedup=measured,
+        per_position=profile.per_position(),
+        full_head_agreement=full_head_agreement(draft, refs),
+        costs=step_costs.to_dict() if step_costs.measured else None,
+    )
     if pool is not None:
         report.drafters = drafter_figures(pool, profile, refs, step_costs, k)
     return report
@@ -137,12 +161,18 @@ def drafter_figures(pool: Any, model: Any, refs: Sequence[Any], costs: Any, k: i
     out: dict[str, Any] = {}
     ngram_profile, matches = drafter_profile(NgramDrafter(pool), refs, model.k_max)
     lookup_profile, _ = drafter_profile(NgramDrafter(None), refs, model.k_max)
-    hybrid = hybrid_profile(ngram_profile, matches, model, min_match=HYBRID_MIN_MATCH, model_k=HYBRID_MODEL_K,
-                            c=costs.c)
+    hybrid = hybrid_profile(
+        ngram_profile, matches, model, min_match=HYBRID_MIN_MATCH, model_k=HYBRID_MODEL_K, c=costs.c
+    )
     for name, prof in (("prompt_lookup", lookup_profile), ("ngram", ngram_profile), ("hybrid", hybrid)):
         sim = simulate(prof, k, costs)
-        out[name] = {"k": k, "tokens_per_step": sim.tokens_per_step, "acceptance_rate": sim.acceptance_rate,
-                     "predicted_speedup": sim.speedup, "per_position": prof.per_position()[:k]}
+        out[name] = {
+            "k": k,
+            "tokens_per_step": sim.tokens_per_step,
+            "acceptance_rate": sim.acceptance_rate,
+            "predicted_speedup": sim.speedup,
+            "per_position": prof.per_position()[:k],
+        }
     out["hybrid"].update(min_match=HYBRID_MIN_MATCH, model_k=HYBRID_MODEL_K)
     out["pool_tokens"] = pool.n_tokens
     return out

@@ -56,47 +56,83 @@ class DistillSettings:
         given)."""
         depth = target_layers or 1 << 20
         checks = [
-            (1 <= self.layers <= depth, f"--layers {self.layers} must be in 1..{target_layers or 'the target depth'}",
-             "a draft of 1-2 layers keeps the draft cost ratio c small"),
-            (16 <= self.head_tokens <= (vocab or 1 << 30),
-             f"--head-tokens {self.head_tokens} must be in 16..{vocab or 'the vocabulary size'}",
-             "the head scores the most frequent tokens of the target's answers"),
-            (self.intermediate_size is None or self.intermediate_size > 0,
-             f"--intermediate-size {self.intermediate_size} must be > 0", "default: the target's MLP width"),
-            (min(self.tokens, self.max_new_tokens, self.gen_batch_size, self.top_k) > 0,
-             "--tokens, --max-new-tokens, --gen-batch-size and --top-k must be > 0", "use positive values"),
-            (1 <= self.answers_per_prompt <= 16 and self.sample_temperature > 0,
-             "--answers-per-prompt must be in 1..16 and --sample-temperature > 0",
-             "e.g. --answers-per-prompt 2 --sample-temperature 0.8"),
+            (
+                1 <= self.layers <= depth,
+                f"--layers {self.layers} must be in 1..{target_layers or 'the target depth'}",
+                "a draft of 1-2 layers keeps the draft cost ratio c small",
+            ),
+            (
+                16 <= self.head_tokens <= (vocab or 1 << 30),
+                f"--head-tokens {self.head_tokens} must be in 16..{vocab or 'the vocabulary size'}",
+                "the head scores the most frequent tokens of the target's answers",
+            ),
+            (
+                self.intermediate_size is None or self.intermediate_size > 0,
+                f"--intermediate-size {self.intermediate_size} must be > 0",
+                "default: the target's MLP width",
+            ),
+            (
+                min(self.tokens, self.max_new_tokens, self.gen_batch_size, self.top_k) > 0,
+                "--tokens, --max-new-tokens, --gen-batch-size and --top-k must be > 0",
+                "use positive values",
+            ),
+            (
+                1 <= self.answers_per_prompt <= 16 and self.sample_temperature > 0,
+                "--answers-per-prompt must be in 1..16 and --sample-temperature > 0",
+                "e.g. --answers-per-prompt 2 --sample-temperature 0.8",
+            ),
             (0 < self.held_out < 1, f"--held-out {self.held_out} must be in (0, 1)", "e.g. 0.06"),
-            (self.eval_prompts > 0 and self.eval_max_tokens > 1,
-             "--eval-prompts must be > 0 and --eval-max-tokens > 1", "use positive values"),
+            (
+                self.eval_prompts > 0 and self.eval_max_tokens > 1,
+                "--eval-prompts must be > 0 and --eval-max-tokens > 1",
+                "use positive values",
+            ),
             (1 <= self.k <= 16, f"--k {self.k} must be in 1..16", "the draft length K of the report"),
-            (self.train.steps > 0 and self.train.batch_size > 0 and self.train.lr > 0,
-             "--steps, --batch-size and --lr must be > 0", "use positive values"),
-            (self.train.loss in LOSSES, f"--loss {self.train.loss!r} is not one of {', '.join(LOSSES)}",
-             "fkl (the default) matches the target's top-k distribution"),
-            (self.device in ("auto", "cpu", "cuda"), f"--device {self.device!r} is not one of auto, cpu, cuda",
-             "auto uses the GPUs when there are any"),
-            (self.teacher_dtype in ("auto", "float32", "bfloat16", "float16"),
-             f"--teacher-dtype {self.teacher_dtype!r} is not one of auto, float32, bfloat16, float16",
-             "auto: bfloat16 where the hardware has it"),
+            (
+                self.train.steps > 0 and self.train.batch_size > 0 and self.train.lr > 0,
+                "--steps, --batch-size and --lr must be > 0",
+                "use positive values",
+            ),
+            (
+                self.train.loss in LOSSES,
+                f"--loss {self.train.loss!r} is not one of {', '.join(LOSSES)}",
+                "fkl (the default) matches the target's top-k distribution",
+            ),
+            (
+                self.device in ("auto", "cpu", "cuda"),
+                f"--device {self.device!r} is not one of auto, cpu, cuda",
+                "auto uses the GPUs when there are any",
+            ),
+            (
+                self.teacher_dtype in ("auto", "float32", "bfloat16", "float16"),
+                f"--teacher-dtype {self.teacher_dtype!r} is not one of auto, float32, bfloat16, float16",
+                "auto: bfloat16 where the hardware has it",
+            ),
         ]
         if self.init_layers is not None:
             layers = self.init_layers
             ok = len(set(layers)) == len(layers) == self.layers and all(0 <= i < depth for i in layers)
-            checks.append((ok, f"--init-layers {','.join(map(str, layers))} must name {self.layers} distinct layers "
-                           "of the target", "e.g. --init-layers 0,1 with --layers 2"))
+            checks.append(
+                (
+                    ok,
+                    f"--init-layers {','.join(map(str, layers))} must name {self.layers} distinct layers of the target",
+                    "e.g. --init-layers 0,1 with --layers 2",
+                )
+            )
         for ok, message, hint in checks:
             if not ok:
                 raise DistillError(message, hint=hint)
 
     def data_settings(self, teacher_dtype: str) -> dict[str, Any]:
         """What the teacher data depends on (``teacher_dtype`` resolved by the placement, never "auto")."""
-        d: dict[str, Any] = {"max_new_tokens": self.max_new_tokens, "gen_batch_size": self.gen_batch_size,
-                             "top_k": self.top_k, "held_out": self.held_out,
-                             "answers_per_prompt": self.answers_per_prompt,
-                             "sample_temperature": self.sample_temperature}
+        d: dict[str, Any] = {
+            "max_new_tokens": self.max_new_tokens,
+            "gen_batch_size": self.gen_batch_size,
+            "top_k": self.top_k,
+            "held_out": self.held_out,
+            "answers_per_prompt": self.answers_per_prompt,
+            "sample_temperature": self.sample_temperature,
+        }
         if teacher_dtype != "float32":  # float32 teacher data keeps the key it had before teacher dtypes existed
             d["teacher_dtype"] = teacher_dtype
         return d

@@ -64,8 +64,9 @@ def _collate(batch: Sequence[Sample], sub_index: torch.Tensor, pad_id: int, temp
     return ids, torch.cat(rows)[usable], torch.cat(cols)[usable], t_sub[usable].clamp_min(0), probs, greedy
 
 
-def distill_loss(kind: str, log_q: torch.Tensor, t_sub: torch.Tensor, probs: torch.Tensor,
-                 greedy: torch.Tensor) -> torch.Tensor:
+def distill_loss(
+    kind: str, log_q: torch.Tensor, t_sub: torch.Tensor, probs: torch.Tensor, greedy: torch.Tensor
+) -> torch.Tensor:
     """The training loss over M answer positions: ``log_q`` [M, N] the draft's log-probabilities over its head,
     ``t_sub`` [M, k] head indices of the target's top-k, ``probs`` [M, k] their renormalized probabilities, ``greedy``
     [M] the head index of the target's greedy token (-1 outside the head)."""
@@ -82,8 +83,15 @@ def distill_loss(kind: str, log_q: torch.Tensor, t_sub: torch.Tensor, probs: tor
     return loss
 
 
-def train(draft: Any, samples: Sequence[Sample], settings: TrainSettings, checkpoint: Path, *, pad_id: int = 0,
-          on_step: Callable[[StepLog], None] | None = None) -> tuple[list[StepLog], float]:
+def train(
+    draft: Any,
+    samples: Sequence[Sample],
+    settings: TrainSettings,
+    checkpoint: Path,
+    *,
+    pad_id: int = 0,
+    on_step: Callable[[StepLog], None] | None = None,
+) -> tuple[list[StepLog], float]:
     """Train ``draft`` in place for ``settings.steps`` steps (resuming from ``checkpoint`` when it exists); return the
     step logs and the seconds spent training (summed over resumed runs)."""
     vocab = draft.config.vocab_size
@@ -112,8 +120,9 @@ def train(draft: Any, samples: Sequence[Sample], settings: TrainSettings, checkp
             order += perm
         batch = [samples[i] for i in order[: settings.batch_size]]
         del order[: settings.batch_size]
-        ids, rows, cols, t_sub, probs, greedy = (x.to(device) for x in _collate(
-            batch, sub_index, pad_id, settings.teacher_temperature))
+        ids, rows, cols, t_sub, probs, greedy = (
+            x.to(device) for x in _collate(batch, sub_index, pad_id, settings.teacher_temperature)
+        )
         for group in opt.param_groups:
             group["lr"] = _lr_at(step, settings)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bool(settings.bf16)):
@@ -137,11 +146,30 @@ def train(draft: Any, samples: Sequence[Sample], settings: TrainSettings, checkp
     return logs, seconds + time.perf_counter() - t0
 
 
-def _save_checkpoint(path: Path, draft: Any, opt: Any, rng: random.Random, step: int, settings: TrainSettings,
-                     logs: list[StepLog], order: list[int], seconds: float) -> None:
+def _save_checkpoint(
+    path: Path,
+    draft: Any,
+    opt: Any,
+    rng: random.Random,
+    step: int,
+    settings: TrainSettings,
+    logs: list[StepLog],
+    order: list[int],
+    seconds: float,
+) -> None:
     trainable = {k: v for k, v in draft.state_dict().items() if not k.startswith("model.embed_tokens")}
     tmp = path.with_name(path.name + ".tmp")
-    torch.save({"model": trainable, "optimizer": opt.state_dict(), "rng": rng.getstate(), "step": step,
-                "settings": asdict(settings), "logs": [asdict(x) for x in logs], "order": order, "seconds": seconds},
-               tmp)
+    torch.save(
+        {
+            "model": trainable,
+            "optimizer": opt.state_dict(),
+            "rng": rng.getstate(),
+            "step": step,
+            "settings": asdict(settings),
+            "logs": [asdict(x) for x in logs],
+            "order": order,
+            "seconds": seconds,
+        },
+        tmp,
+    )
     tmp.replace(path)

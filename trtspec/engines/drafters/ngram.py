@@ -35,7 +35,7 @@ def _hash_windows(tokens: np.ndarray, n: int) -> np.ndarray:
     h = np.zeros(len(tokens) - n + 1, dtype=np.uint64)
     with np.errstate(over="ignore"):
         for i in range(n):
-            h = h * _MULT + (tokens[i:len(tokens) - n + 1 + i].astype(np.uint64) + np.uint64(1))
+            h = h * _MULT + (tokens[i : len(tokens) - n + 1 + i].astype(np.uint64) + np.uint64(1))
     return h
 
 
@@ -63,8 +63,15 @@ class _Table:
 class NgramPool:
     """N-gram -> most frequent next token, for n in 1..max_match, over a corpus of token sequences."""
 
-    def __init__(self, tokens: np.ndarray, labels: np.ndarray | None = None, *, vocab_size: int,
-                 max_match: int = MAX_MATCH, meta: dict | None = None) -> None:
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        labels: np.ndarray | None = None,
+        *,
+        vocab_size: int,
+        max_match: int = MAX_MATCH,
+        meta: dict | None = None,
+    ) -> None:
         self.tokens = np.asarray(tokens, dtype=np.int32)  # documents separated by -1
         self.labels = None if labels is None else np.asarray(labels, dtype=np.int32)
         self.vocab_size = int(vocab_size)
@@ -74,8 +81,15 @@ class NgramPool:
 
     # -- building ---------------------------------------------------------------------------------------------
     @classmethod
-    def from_sequences(cls, sequences: Iterable[Sequence[int]], labels: Iterable[Sequence[int]] | None = None, *,
-                       vocab_size: int, max_match: int = MAX_MATCH, meta: dict | None = None) -> NgramPool:
+    def from_sequences(
+        cls,
+        sequences: Iterable[Sequence[int]],
+        labels: Iterable[Sequence[int]] | None = None,
+        *,
+        vocab_size: int,
+        max_match: int = MAX_MATCH,
+        meta: dict | None = None,
+    ) -> NgramPool:
         """A pool over token sequences. ``labels[i][j]``, when given, is the target's greedy choice after
         ``sequences[i][:j + 1]`` (a sampled answer's next token is not): the pool then predicts those."""
         toks: list[int] = []
@@ -88,20 +102,25 @@ class NgramPool:
                 raise ValueError("labels must be as long as their sequence")
             toks += seq + [_SEP]
             labs += lab + [_SEP]
-        return cls(np.array(toks, dtype=np.int32), np.array(labs, dtype=np.int32) if labels is not None else None,
-                   vocab_size=vocab_size, max_match=max_match, meta=meta)
+        return cls(
+            np.array(toks, dtype=np.int32),
+            np.array(labs, dtype=np.int32) if labels is not None else None,
+            vocab_size=vocab_size,
+            max_match=max_match,
+            meta=meta,
+        )
 
     def _build(self, n: int) -> _Table:
         t = self.tokens
         if len(t) <= n:
             return _Table(np.zeros(0, np.uint64), np.zeros(0, np.int32), np.zeros(0, np.int32))
         # window i covers t[i:i+n]; what follows it: the label at its last token, else the next corpus token
-        nxt = (self.labels[n - 1:] if self.labels is not None else t[n:])[: len(t) - n + 1 - (self.labels is None)]
+        nxt = (self.labels[n - 1 :] if self.labels is not None else t[n:])[: len(t) - n + 1 - (self.labels is None)]
         keys = _hash_windows(t, n)[: len(nxt)]
         win_ok = np.ones(len(nxt), dtype=bool)
         sep = (t == _SEP).astype(np.int32)
         csum = np.concatenate([[0], np.cumsum(sep)])
-        win_ok &= (csum[n:n + len(nxt)] - csum[: len(nxt)]) == 0  # no separator inside the window
+        win_ok &= (csum[n : n + len(nxt)] - csum[: len(nxt)]) == 0  # no separator inside the window
         win_ok &= nxt != _SEP
         keys, nxt = keys[win_ok], nxt[win_ok]
         if not len(keys):
@@ -128,7 +147,7 @@ class NgramPool:
 
     def chain(self, context: Sequence[int], k: int, min_match: int = MIN_MATCH) -> Proposal:
         """Up to ``k`` tokens, each the pool's next token after the context extended by the ones before it."""
-        ctx = list(context[-self.max_match:])
+        ctx = list(context[-self.max_match :])
         out: list[int] = []
         first = 0
         for _ in range(k):
@@ -138,7 +157,7 @@ class NgramPool:
             tok, n = hit
             first = first or n
             out.append(tok)
-            ctx = (ctx + [tok])[-self.max_match:]
+            ctx = (ctx + [tok])[-self.max_match :]
         return Proposal(out, first, "pool" if out else "none")
 
     @property
@@ -174,8 +193,9 @@ class NgramPool:
         tokens[tokens == vocab] = _SEP
         if labels is not None:
             labels[labels == vocab] = _SEP
-        return cls(tokens, labels, vocab_size=vocab, max_match=max_match or int(meta.get("max_match", MAX_MATCH)),
-                   meta=meta)
+        return cls(
+            tokens, labels, vocab_size=vocab, max_match=max_match or int(meta.get("max_match", MAX_MATCH)), meta=meta
+        )
 
 
 def read_pool_meta(path: Path) -> dict:
@@ -199,12 +219,12 @@ def prompt_lookup(context: Sequence[int], k: int, max_match: int = MAX_MATCH, mi
         return Proposal()
     ctx = np.asarray(context, dtype=np.int64)
     for n in range(min(max_match, n_ctx - 1), min_match - 1, -1):
-        suffix = ctx[n_ctx - n:]
+        suffix = ctx[n_ctx - n :]
         windows = np.lib.stride_tricks.sliding_window_view(ctx[: n_ctx - 1], n)  # starts 0 .. n_ctx - 1 - n
         hits = np.flatnonzero((windows == suffix).all(axis=1))
         if len(hits):
             start = int(hits[-1]) + n
-            cont = ctx[start:start + k].tolist()
+            cont = ctx[start : start + k].tolist()
             if cont:
                 return Proposal([int(t) for t in cont], n, "prompt")
     return Proposal()
@@ -214,8 +234,13 @@ class NgramDrafter:
     """Prompt lookup over the request's tokens, else (or for a longer match) the pool; the pool extends a short
     prompt-lookup continuation to ``k`` tokens. Draft cost: a few array lookups per step."""
 
-    def __init__(self, pool: NgramPool | None = None, max_match: int = MAX_MATCH, min_match: int = MIN_MATCH,
-                 use_prompt: bool = True) -> None:
+    def __init__(
+        self,
+        pool: NgramPool | None = None,
+        max_match: int = MAX_MATCH,
+        min_match: int = MIN_MATCH,
+        use_prompt: bool = True,
+    ) -> None:
         self.pool = pool
         self.max_match = max_match if pool is None else min(max_match, pool.max_match)
         self.min_match = min_match
@@ -244,14 +269,19 @@ def pool_for_spec(spec: Any, target_vocab: int | None = None) -> NgramPool | Non
     if not path.is_file():
         if spec.speculative.ngram_pool is None:
             return None
-        raise GenerationError(f"speculative.ngram_pool {path}: file not found",
-                              hint="trtspec distill writes ngram_pool.npz next to the draft")
+        raise GenerationError(
+            f"speculative.ngram_pool {path}: file not found",
+            hint="trtspec distill writes ngram_pool.npz next to the draft",
+        )
     try:
         pool = NgramPool.load(path)
     except ValueError as exc:
-        raise GenerationError(str(exc),
-                              hint="trtspec distill writes ngram_pool.npz; set speculative.ngram_pool") from exc
+        raise GenerationError(
+            str(exc), hint="trtspec distill writes ngram_pool.npz; set speculative.ngram_pool"
+        ) from exc
     if target_vocab is not None and pool.vocab_size != target_vocab:
-        raise GenerationError(f"{path}: built for a vocabulary of {pool.vocab_size}, the target has {target_vocab}",
-                              hint="rebuild the pool with trtspec distill for this target")
+        raise GenerationError(
+            f"{path}: built for a vocabulary of {pool.vocab_size}, the target has {target_vocab}",
+            hint="rebuild the pool with trtspec distill for this target",
+        )
     return pool

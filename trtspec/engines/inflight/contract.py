@@ -28,8 +28,9 @@ def _rows(x: np.ndarray | None, batch: int) -> list[Any] | None:
     if len(flat) == 1 and batch > 1:
         flat = np.repeat(flat, batch)
     if len(flat) != batch:
-        raise GenerationError(f"a per-request input has {len(flat)} rows for a batch of {batch}",
-                              hint="send one value per row")
+        raise GenerationError(
+            f"a per-request input has {len(flat)} rows for a batch of {batch}", hint="send one value per row"
+        )
     return flat.tolist()
 
 
@@ -39,8 +40,10 @@ def decode_word_list(x: np.ndarray | None) -> list[list[int]]:
         return []
     x = np.asarray(x)
     if x.ndim != 2 or x.shape[0] != 2:
-        raise GenerationError(f"word lists have shape [2, L], got {list(x.shape)}",
-                              hint="row 0: concatenated token ids, row 1: end offsets padded with -1")
+        raise GenerationError(
+            f"word lists have shape [2, L], got {list(x.shape)}",
+            hint="row 0: concatenated token ids, row 1: end offsets padded with -1",
+        )
     ids, ends = x[0].tolist(), [int(e) for e in x[1].tolist() if e >= 0]
     words, start = [], 0
     for end in ends:
@@ -125,8 +128,10 @@ def parse_request(inputs: Mapping[str, np.ndarray], *, exclude_input_default: bo
     for b in range(batch):
         n = int(lengths[b])
         if not 0 < n <= ids.shape[1]:
-            raise GenerationError(f"input_lengths[{b}] = {n} does not fit input_ids of width {ids.shape[1]}",
-                                  hint="input_lengths counts the real tokens of each row")
+            raise GenerationError(
+                f"input_lengths[{b}] = {n} does not fit input_ids of width {ids.shape[1]}",
+                hint="input_lengths counts the real tokens of each row",
+            )
         draft = None
         if draft_ids is not None:
             d = np.asarray(draft_ids)
@@ -136,24 +141,27 @@ def parse_request(inputs: Mapping[str, np.ndarray], *, exclude_input_default: bo
             arr = np.asarray(draft_logits)
             dl = arr[b] if arr.ndim == 3 else arr
         # TRT-LLM samples with top_k = 1 / temperature unset by default: both "greedy" spellings are alike.
-        sampling = SamplingParams.from_request(float(temperature[b]), int(top_k[b]), float(top_p[b]),
-                                               None if seed[b] is None else int(seed[b]))
-        rows.append(RowRequest(
-            tokens=[int(t) for t in ids[b, :n].tolist()],
-            max_new=int(out_len[b]),
-            end_id=None if end_id[b] is None or int(end_id[b]) < 0 else int(end_id[b]),
-            pad_id=int(pad_id[b]),
-            draft=draft,
-            draft_logits=dl,
-            sampling=sampling,
-            stream=bool(stream[b]),
-            return_logits=bool(want_logits[b]),
-            exclude_input=bool(exclude[b]),
-            stop_words=decode_word_list(np.asarray(stop)[b]) if stop is not None else [],
-            bad_words=decode_word_list(np.asarray(bad)[b]) if bad is not None else [],
-            num_draft_tokens=None if k[b] is None else int(k[b]),
-            use_draft_logits=None if use_logits[b] is None else bool(use_logits[b]),
-        ))
+        sampling = SamplingParams.from_request(
+            float(temperature[b]), int(top_k[b]), float(top_p[b]), None if seed[b] is None else int(seed[b])
+        )
+        rows.append(
+            RowRequest(
+                tokens=[int(t) for t in ids[b, :n].tolist()],
+                max_new=int(out_len[b]),
+                end_id=None if end_id[b] is None or int(end_id[b]) < 0 else int(end_id[b]),
+                pad_id=int(pad_id[b]),
+                draft=draft,
+                draft_logits=dl,
+                sampling=sampling,
+                stream=bool(stream[b]),
+                return_logits=bool(want_logits[b]),
+                exclude_input=bool(exclude[b]),
+                stop_words=decode_word_list(np.asarray(stop)[b]) if stop is not None else [],
+                bad_words=decode_word_list(np.asarray(bad)[b]) if bad is not None else [],
+                num_draft_tokens=None if k[b] is None else int(k[b]),
+                use_draft_logits=None if use_logits[b] is None else bool(use_logits[b]),
+            )
+        )
     return rows
 
 
@@ -187,8 +195,13 @@ def engine_inputs(row: RowRequest) -> dict[str, np.ndarray]:
     return x
 
 
-def format_output(tokens: list[int], *, prompt: list[int] | None = None, logits: np.ndarray | None = None,
-                  batch_index: int | None = None) -> dict[str, np.ndarray]:
+def format_output(
+    tokens: list[int],
+    *,
+    prompt: list[int] | None = None,
+    logits: np.ndarray | None = None,
+    batch_index: int | None = None,
+) -> dict[str, np.ndarray]:
     """Output tensors for one row (batch dimension 1): ``prompt`` is prepended when the input is not excluded."""
     seq = (list(prompt) if prompt else []) + list(tokens)
     out: dict[str, np.ndarray] = {
@@ -210,9 +223,17 @@ def job_from_row(row: RowRequest, on_tokens: Any, on_error: Any, num_draft_token
     from trtspec.engines.inflight.jobs import Job
 
     return Job(
-        tokens=row.tokens, max_new=row.max_new, on_tokens=on_tokens, on_error=on_error, sampling=row.sampling,
-        end_id=row.end_id, draft=row.draft,
+        tokens=row.tokens,
+        max_new=row.max_new,
+        on_tokens=on_tokens,
+        on_error=on_error,
+        sampling=row.sampling,
+        end_id=row.end_id,
+        draft=row.draft,
         draft_logits=None if row.draft_logits is None else torch.from_numpy(np.array(row.draft_logits)),
-        stop_words=row.stop_words, bad_words=row.bad_words, stream=row.stream, return_logits=row.return_logits,
+        stop_words=row.stop_words,
+        bad_words=row.bad_words,
+        stream=row.stream,
+        return_logits=row.return_logits,
         num_draft_tokens=num_draft_tokens,
     )

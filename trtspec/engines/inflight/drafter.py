@@ -112,4 +112,4 @@ class ModelDrafter:
         if proposed:
             # The cache holds the sequence before the step and the first proposed - 1 proposals.
             self.pool.truncate(state.slot, history_before + min(accepted, proposed - 1))
-        state.pending = job.history()[state.slot.length:]
+        state.pending = job.history()[state.slot.length :]

@@ -42,9 +42,19 @@ class InflightEngine:
     """Serve jobs for one target model, optionally with a draft model (see module docstring). Thread-safe
     ``submit``; the loop runs on ``start()``'s thread, or in the caller's thread with ``run_until_idle()``."""
 
-    def __init__(self, model: Any, *, draft_model: Any = None, max_batch_size: int = 8, slots: int | None = None,
-                 capacity: int = 2048, max_queue_delay_s: float = 0.0, name: str = "engine",
-                 use_lazy_head: bool = True, drafter: Any = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        *,
+        draft_model: Any = None,
+        max_batch_size: int = 8,
+        slots: int | None = None,
+        capacity: int = 2048,
+        max_queue_delay_s: float = 0.0,
+        name: str = "engine",
+        use_lazy_head: bool = True,
+        drafter: Any = None,
+    ) -> None:
         self.model = prepare_model(model)
         self.geometry = KVGeometry.of(self.model)
         self.vocab = int(self.model.get_output_embeddings().weight.shape[0])
@@ -58,8 +68,10 @@ class InflightEngine:
             self.drafter = ModelDrafter(draft_model, slots=n_slots, capacity=capacity)
         if self.drafter is not None:
             if getattr(self.drafter, "vocab", self.vocab) != self.vocab:
-                raise GenerationError(f"draft vocabulary ({self.drafter.vocab}) differs from the target's "
-                                      f"({self.vocab})", hint="draft and target must share one tokenizer")
+                raise GenerationError(
+                    f"draft vocabulary ({self.drafter.vocab}) differs from the target's ({self.vocab})",
+                    hint="draft and target must share one tokenizer",
+                )
         # Logits only where they can be used (trtspec.engines.torch_runtime.head), for plain-head model classes.
         self.head = lazy_head(self.model) if use_lazy_head else None
         self.max_queue_delay_s = max_queue_delay_s
@@ -98,22 +110,30 @@ class InflightEngine:
             raise GenerationError(f"request_output_len must be > 0, got {job.max_new}", hint="ask for >= 1 token")
         bad = [t for t in job.tokens + (job.draft or []) if not 0 <= t < self.vocab]
         if bad:
-            raise GenerationError(f"token id {bad[0]} is outside the vocabulary (0..{self.vocab - 1})",
-                                  hint="tokenize with the model's tokenizer")
+            raise GenerationError(
+                f"token id {bad[0]} is outside the vocabulary (0..{self.vocab - 1})",
+                hint="tokenize with the model's tokenizer",
+            )
         need = len(job.tokens) + (len(job.draft) + 1 if job.draft is not None else job.max_new)
         if need > self.pool.capacity:
-            raise GenerationError(f"{len(job.tokens)} input tokens + {need - len(job.tokens)} new tokens exceed "
-                                  f"max_seq_len ({self.pool.capacity})",
-                                  hint="shorten the prompt or lower max_tokens")
+            raise GenerationError(
+                f"{len(job.tokens)} input tokens + {need - len(job.tokens)} new tokens exceed "
+                f"max_seq_len ({self.pool.capacity})",
+                hint="shorten the prompt or lower max_tokens",
+            )
         if job.draft_logits is not None and job.draft is not None and job.draft_logits.shape[0] < len(job.draft):
-            raise GenerationError(f"draft_logits has {job.draft_logits.shape[0]} rows for {len(job.draft)} draft "
-                                  "tokens", hint="send one row of logits per draft token")
+            raise GenerationError(
+                f"draft_logits has {job.draft_logits.shape[0]} rows for {len(job.draft)} draft tokens",
+                hint="send one row of logits per draft token",
+            )
         if job.num_draft_tokens:
             if self.drafter is None:
                 raise GenerationError("this engine has no drafter (no draft model)", hint="send num_draft_tokens 0")
             if not 0 <= job.num_draft_tokens <= MAX_DRAFT_LEN or job.draft is not None:
-                raise GenerationError(f"num_draft_tokens must be in 0..{MAX_DRAFT_LEN} and without draft_input_ids",
-                                      hint="one source of draft tokens per request")
+                raise GenerationError(
+                    f"num_draft_tokens must be in 0..{MAX_DRAFT_LEN} and without draft_input_ids",
+                    hint="one source of draft tokens per request",
+                )
 
     # -- the loop -------------------------------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -139,8 +159,11 @@ class InflightEngine:
             pass
 
     def _can_admit(self) -> bool:
-        return (len(self._active) < self.max_batch_size and self.pool.free > 0
-                and (self.drafter is None or self.drafter.free > 0))
+        return (
+            len(self._active) < self.max_batch_size
+            and self.pool.free > 0
+            and (self.drafter is None or self.drafter.free > 0)
+        )
 
     def _admit(self, block: bool) -> None:
         """Move waiting jobs into the batch (up to max_batch_size and the free slots)."""
@@ -233,10 +256,19 @@ class InflightEngine:
             states = packed_forward(self.model, self.pool, feeds, keep, hidden=self.head is not None)
             head = self.head if self.head is not None else _identity
             histories = [job.history() for job in jobs]
-            cands = [Candidate(prop.tokens if prop else [], job.sampling, job.generator, prop.q if prop else None,
-                               history=h, bad_words=job.bad_words, keep_logits=job.return_logits)
-                     for job, prop, h in zip(jobs, proposals, histories)]
-            decisions = decide(cands, [states[s: s + k] for s, k in ranges], head)
+            cands = [
+                Candidate(
+                    prop.tokens if prop else [],
+                    job.sampling,
+                    job.generator,
+                    prop.q if prop else None,
+                    history=h,
+                    bad_words=job.bad_words,
+                    keep_logits=job.return_logits,
+                )
+                for job, prop, h in zip(jobs, proposals, histories)
+            ]
+            decisions = decide(cands, [states[s : s + k] for s, k in ranges], head)
         except Exception as exc:  # noqa: BLE001 - fail these requests, keep the engine alive
             log.exception("%s: forward pass failed", self.name)
             for job in jobs:
@@ -300,8 +332,8 @@ class InflightEngine:
                 self._deliver(job, final=False)
 
     def _deliver(self, job: Job, final: bool) -> None:
-        new = job.out[job.sent:]
-        logits = torch.stack(job.logits[job.sent:]) if job.return_logits and new else None
+        new = job.out[job.sent :]
+        logits = torch.stack(job.logits[job.sent :]) if job.return_logits and new else None
         job.sent = len(job.out)
         job.on_tokens(new, logits, final)
 

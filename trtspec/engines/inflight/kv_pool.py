@@ -77,8 +77,10 @@ class SlotKVPool:
 
     def __init__(self, geometry: KVGeometry, slots: int, capacity: int) -> None:
         if slots < 1 or capacity < 2:
-            raise GenerationError(f"KV cache needs >= 1 slot and capacity >= 2 (got {slots} x {capacity})",
-                                  hint="raise the model's kv_cache_slots / max_seq_len")
+            raise GenerationError(
+                f"KV cache needs >= 1 slot and capacity >= 2 (got {slots} x {capacity})",
+                hint="raise the model's kv_cache_slots / max_seq_len",
+            )
         self.geometry = geometry
         self.capacity = capacity
         shape = (slots, geometry.kv_heads, capacity, geometry.head_dim)
@@ -145,5 +147,7 @@ class SlotKVPool:
 
     def check_room(self, slot: Slot, extra: int) -> None:
         if slot.length + extra > self.capacity:
-            raise GenerationError(f"sequence of {slot.length + extra} tokens exceeds the KV cache capacity "
-                                  f"({self.capacity})", hint="lower max_tokens or raise max_seq_len in the spec")
+            raise GenerationError(
+                f"sequence of {slot.length + extra} tokens exceeds the KV cache capacity ({self.capacity})",
+                hint="lower max_tokens or raise max_seq_len in the spec",
+            )

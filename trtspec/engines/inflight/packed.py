@@ -51,9 +51,16 @@ def _causal_mask(count: int, past: int) -> torch.Tensor:
     return m
 
 
-def slot_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                   attention_mask: Any, scaling: float | None = None, dropout: float = 0.0,
-                   **kwargs: Any) -> tuple[torch.Tensor, None]:
+def slot_attention(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Any,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     """query [1, H, T, D], key/value [1, Hkv, T, D] of the packed tokens -> output [1, T, H, D].
 
     Called without a packed batch (the same model used by plain transformers code, e.g. ``generate``), it is
@@ -62,8 +69,9 @@ def slot_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: t
     if batch is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
-                                      **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
     layer = module.layer_idx
     keys, values = batch.pool.keys[layer], batch.pool.values[layer]
     gqa = query.shape[1] != key.shape[1]
@@ -73,18 +81,26 @@ def slot_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: t
     else:
         out = torch.empty_like(query)
         for seg in batch.segments:
-            out[:, :, seg.start: seg.start + seg.count] = _attend(keys, values, query, key, value, seg, scaling, gqa)
+            out[:, :, seg.start : seg.start + seg.count] = _attend(keys, values, query, key, value, seg, scaling, gqa)
     return out.transpose(1, 2), None
 
 
-def _attend(keys: torch.Tensor, values: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-            seg: Segment, scaling: float | None, gqa: bool) -> torch.Tensor:
+def _attend(
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    seg: Segment,
+    scaling: float | None,
+    gqa: bool,
+) -> torch.Tensor:
     a, n, p, s = seg.start, seg.count, seg.past, seg.slot
-    keys[s, :, p: p + n] = key[0, :, a: a + n]
-    values[s, :, p: p + n] = value[0, :, a: a + n]
-    k = keys[s: s + 1, :, : p + n]
-    v = values[s: s + 1, :, : p + n]
-    q = query[:, :, a: a + n]
+    keys[s, :, p : p + n] = key[0, :, a : a + n]
+    values[s, :, p : p + n] = value[0, :, a : a + n]
+    k = keys[s : s + 1, :, : p + n]
+    v = values[s : s + 1, :, : p + n]
+    q = query[:, :, a : a + n]
     mask = None if n == 1 else _causal_mask(n, p)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling, enable_gqa=gqa)
 
@@ -112,8 +128,14 @@ _DUMMY_MASK = torch.ones(1, 1, 1, 1, dtype=torch.bool)  # a 4D mask makes transf
 
 
 @torch.inference_mode()
-def packed_forward(model: Any, pool: SlotKVPool, feeds: Sequence[tuple[int, int, Sequence[int]]],
-                   keep: Sequence[int], *, hidden: bool = False) -> torch.Tensor:
+def packed_forward(
+    model: Any,
+    pool: SlotKVPool,
+    feeds: Sequence[tuple[int, int, Sequence[int]]],
+    keep: Sequence[int],
+    *,
+    hidden: bool = False,
+) -> torch.Tensor:
     """Run ``feeds`` = [(slot, past, new_tokens)] as one pass; return logits [len(keep), V] at packed indices ``keep``
     (with ``hidden``: the body's last hidden states [len(keep), H] there, for a head applied on demand).
 
@@ -130,9 +152,16 @@ def packed_forward(model: Any, pool: SlotKVPool, feeds: Sequence[tuple[int, int,
     position_ids = torch.tensor([pos], dtype=torch.long)
     batch = {_BATCH_KWARG: PackedBatch(pool, segments)}
     if hidden:
-        states = model.model(input_ids=input_ids, position_ids=position_ids, attention_mask=_DUMMY_MASK,
-                             use_cache=False, **batch).last_hidden_state
+        states = model.model(
+            input_ids=input_ids, position_ids=position_ids, attention_mask=_DUMMY_MASK, use_cache=False, **batch
+        ).last_hidden_state
         return states[0, torch.tensor(list(keep), dtype=torch.long)]
-    out = model(input_ids=input_ids, position_ids=position_ids, attention_mask=_DUMMY_MASK, use_cache=False,
-                logits_to_keep=torch.tensor(list(keep), dtype=torch.long), **batch)
+    out = model(
+        input_ids=input_ids,
+        position_ids=position_ids,
+        attention_mask=_DUMMY_MASK,
+        use_cache=False,
+        logits_to_keep=torch.tensor(list(keep), dtype=torch.long),
+        **batch,
+    )
     return out.logits[0]

@@ -134,9 +134,17 @@ class HybridEngineDrafter:
         self.model.commit(job, history_before, proposed if by_model else 0, accepted if by_model else 0)
 
 
-def make_drafter(kind: DrafterKind | str, *, draft_model: Any = None, pool: NgramPool | Path | str | None = None,
-                 vocab: int, slots: int, capacity: int,
-                 min_match: int = HYBRID_MIN_MATCH, model_k: int = HYBRID_MODEL_K) -> Any:
+def make_drafter(
+    kind: DrafterKind | str,
+    *,
+    draft_model: Any = None,
+    pool: NgramPool | Path | str | None = None,
+    vocab: int,
+    slots: int,
+    capacity: int,
+    min_match: int = HYBRID_MIN_MATCH,
+    model_k: int = HYBRID_MODEL_K,
+) -> Any:
     """The engine drafter ``speculative.drafter`` names: the draft model, the n-gram drafter over ``pool`` (None:
     prompt lookup only), or the hybrid of both. ``vocab`` is the target's."""
     kind = DrafterKind(kind)

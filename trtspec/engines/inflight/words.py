@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 
 def hits_stop_word(seq: Sequence[int], stop_words: Sequence[Sequence[int]]) -> bool:
-    return any(len(w) and len(seq) >= len(w) and list(seq[-len(w):]) == list(w) for w in stop_words)
+    return any(len(w) and len(seq) >= len(w) and list(seq[-len(w) :]) == list(w) for w in stop_words)
 
 
 def banned_tokens(seq: Sequence[int], bad_words: Sequence[Sequence[int]]) -> list[int]:
@@ -16,6 +16,6 @@ def banned_tokens(seq: Sequence[int], bad_words: Sequence[Sequence[int]]) -> lis
         if not len(w):
             continue
         prefix = list(w[:-1])
-        if not prefix or (len(seq) >= len(prefix) and list(seq[-len(prefix):]) == prefix):
+        if not prefix or (len(seq) >= len(prefix) and list(seq[-len(prefix) :]) == prefix):
             out.append(int(w[-1]))
     return out

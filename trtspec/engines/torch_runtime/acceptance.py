@@ -71,15 +71,15 @@ def _constrain(logits: torch.Tensor, c: Candidate, j: int) -> torch.Tensor:
     return logits
 
 
-def decide(cands: Sequence[Candidate], states: Sequence[torch.Tensor],
-           head: Callable[[torch.Tensor], torch.Tensor]) -> list[Decision]:
+def decide(
+    cands: Sequence[Candidate], states: Sequence[torch.Tensor], head: Callable[[torch.Tensor], torch.Tensor]
+) -> list[Decision]:
     """One Decision per candidate. ``states[i]`` is [len(draft_i) + 1, D]: the target's hidden states (``head`` its
     lm_head) or logits (``head`` the identity) at the positions of the draft tokens' predecessors and the bonus."""
     out: list[Decision | None] = [None] * len(cands)
     kept: list[list[torch.Tensor]] = [[] for _ in cands]
     # Each sequence's uniforms are drawn first (then the residual / bonus sample), as a one-sequence sampler would.
-    u = [torch.rand(len(c.draft), generator=c.generator) if c.draft and not c.sampling.greedy else None
-         for c in cands]
+    u = [torch.rand(len(c.draft), generator=c.generator) if c.draft and not c.sampling.greedy else None for c in cands]
     undecided = list(range(len(cands)))
     j = 0
     while undecided:

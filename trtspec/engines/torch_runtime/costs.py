@@ -20,8 +20,9 @@ from trtspec.engines.torch_runtime.head import lazy_head
 
 
 @torch.inference_mode()
-def step_cost_ratios(target: Any, draft: Any, context: int, k: int, tokens_per_step: float,
-                     reps: int = 21) -> tuple[float, float]:
+def step_cost_ratios(
+    target: Any, draft: Any, context: int, k: int, tokens_per_step: float, reps: int = 21
+) -> tuple[float, float]:
     """(c, v): median draft step / target step, and median verification / target step, after ``context`` cached
     tokens; the forward passes alternate so that background load hits them alike. Verification is what the decoder
     does: with a lazily applied head (trtspec.engines.torch_runtime.head) the body over K + 1 tokens plus the head at
@@ -73,8 +74,9 @@ def speedup_bound(tokens_per_step: float, k: int, c: float, v: float) -> float:
 
 
 @torch.inference_mode()
-def measure_step_costs(target: Any, draft: Any | None, context: int, k_max: int, prompt_len: int,
-                       reps: int = 15) -> Any:
+def measure_step_costs(
+    target: Any, draft: Any | None, context: int, k_max: int, prompt_len: int, reps: int = 15
+) -> Any:
     """``speedup.StepCosts`` measured on the models: the target's body over k + 1 tokens for k = 0..k_max and its head
     at one position (the decoder's lazy head; without one, full forwards and ``head`` 0), a draft step, and both
     prefills of a ``prompt_len``-token prompt, all after ``context`` cached tokens and relative to one target step."""
@@ -137,6 +139,10 @@ def measure_step_costs(target: Any, draft: Any | None, context: int, k_max: int,
                 times[name].append(t)
     med = {name: statistics.median(t) for name, t in times.items()}
     t1 = med["t1"]
-    return StepCosts(c=med.get("d1", 0.0) / t1, body={k: med[f"b{k}"] / t1 for k in range(0, k_max + 1)},
-                     head=med.get("head", 0.0) / t1, target_prefill=med["tp"] / t1,
-                     draft_prefill=med.get("dp", 0.0) / t1)
+    return StepCosts(
+        c=med.get("d1", 0.0) / t1,
+        body={k: med[f"b{k}"] / t1 for k in range(0, k_max + 1)},
+        head=med.get("head", 0.0) / t1,
+        target_prefill=med["tp"] / t1,
+        draft_prefill=med.get("dp", 0.0) / t1,
+    )

@@ -47,9 +47,17 @@ def _context(model: Any) -> int:
 class SpeculativeDecoder:
     """Draft-target decoding with a target and an optional draft (both eval-mode HF causal LMs on one device)."""
 
-    def __init__(self, target: Any, draft: Any | None = None, *, max_draft_len: int = 4,
-                 eos_ids: Sequence[int] = (), pad_id: int = 0, drafter: DrafterKind | str = DrafterKind.MODEL,
-                 ngram_pool: Any = None) -> None:
+    def __init__(
+        self,
+        target: Any,
+        draft: Any | None = None,
+        *,
+        max_draft_len: int = 4,
+        eos_ids: Sequence[int] = (),
+        pad_id: int = 0,
+        drafter: DrafterKind | str = DrafterKind.MODEL,
+        ngram_pool: Any = None,
+    ) -> None:
         """``drafter`` (``speculative.drafter``): model (the draft proposes), ngram (prompt lookup + ``ngram_pool``,
         an ``NgramPool`` or its file; no draft model needed) or hybrid (n-grams on a confident match, else the
         draft)."""
@@ -68,7 +76,8 @@ class SpeculativeDecoder:
         if draft is not None and _vocab(draft) != _vocab(target):
             raise IncompatibleModelsError(
                 f"draft vocabulary ({_vocab(draft)}) differs from the target's ({_vocab(target)})",
-                hint="draft and target must share one tokenizer; `trtspec check` compares them")
+                hint="draft and target must share one tokenizer; `trtspec check` compares them",
+            )
         self.target = target
         self.draft = draft
         self.max_draft_len = max_draft_len
@@ -85,23 +94,39 @@ class SpeculativeDecoder:
         return self.draft is not None or self.drafter is DrafterKind.NGRAM
 
     # -- public API ---------------------------------------------------------------------------------------------
-    def generate(self, prompts: Sequence[Sequence[int]], max_tokens: int, sampling: SamplingParams | None = None,
-                 *, draft_len: int | None = None, use_draft: bool = True,
-                 stop_ids: Sequence[int] = ()) -> list[GenerationResult]:
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_tokens: int,
+        sampling: SamplingParams | None = None,
+        *,
+        draft_len: int | None = None,
+        use_draft: bool = True,
+        stop_ids: Sequence[int] = (),
+    ) -> list[GenerationResult]:
         """Decode a batch of tokenized prompts; results in prompt order."""
-        engine, jobs, t0, errors = self._submit(prompts, max_tokens, sampling, draft_len, use_draft, stop_ids,
-                                                stream=False)
+        engine, jobs, t0, errors = self._submit(
+            prompts, max_tokens, sampling, draft_len, use_draft, stop_ids, stream=False
+        )
         engine.run_until_idle()
         if errors:
             raise errors[0]
         return [self._result(job, t0) for job in jobs]
 
-    def stream(self, prompt: Sequence[int], max_tokens: int, sampling: SamplingParams | None = None, *,
-               draft_len: int | None = None, use_draft: bool = True,
-               stop_ids: Sequence[int] = ()) -> Iterator[list[int] | GenerationResult]:
+    def stream(
+        self,
+        prompt: Sequence[int],
+        max_tokens: int,
+        sampling: SamplingParams | None = None,
+        *,
+        draft_len: int | None = None,
+        use_draft: bool = True,
+        stop_ids: Sequence[int] = (),
+    ) -> Iterator[list[int] | GenerationResult]:
         """Yield the tokens each step commits for one prompt, then the final GenerationResult."""
-        engine, jobs, t0, errors = self._submit([prompt], max_tokens, sampling, draft_len, use_draft, stop_ids,
-                                                stream=True)
+        engine, jobs, t0, errors = self._submit(
+            [prompt], max_tokens, sampling, draft_len, use_draft, stop_ids, stream=True
+        )
         chunks: list[list[int]] = []
         jobs[0].on_tokens = lambda new, _logits, _final: chunks.append(new)
         busy = True
@@ -130,10 +155,14 @@ class SpeculativeDecoder:
             if len(p) + max_tokens > self.context:
                 raise GenerationError(
                     f"prompt {i} has {len(p)} tokens; with max_tokens={max_tokens} it exceeds the model's context "
-                    f"of {self.context}", hint="shorten the prompt or lower max_tokens")
+                    f"of {self.context}",
+                    hint="shorten the prompt or lower max_tokens",
+                )
             if min(p) < 0 or max(p) >= vocab:
-                raise GenerationError(f"prompt {i} has token ids outside the vocabulary (0..{vocab - 1})",
-                                      hint="tokenize with the target's tokenizer")
+                raise GenerationError(
+                    f"prompt {i} has token ids outside the vocabulary (0..{vocab - 1})",
+                    hint="tokenize with the target's tokenizer",
+                )
 
     def _engine(self, use_draft: bool, batch: int, need: int) -> InflightEngine:
         """An engine with room for ``batch`` sequences of ``need`` tokens (kept, and its caches, between calls)."""
@@ -143,10 +172,17 @@ class SpeculativeDecoder:
             size = max(batch, engine.max_batch_size if engine is not None else 1)
             drafter = None
             if use_draft:
-                drafter = make_drafter(self.drafter, draft_model=self.draft, pool=self.ngram_pool,
-                                       vocab=_vocab(self.target), slots=size, capacity=capacity)
-            engine = InflightEngine(self.target, drafter=drafter, max_batch_size=size, slots=size,
-                                    capacity=capacity, name="decoder")
+                drafter = make_drafter(
+                    self.drafter,
+                    draft_model=self.draft,
+                    pool=self.ngram_pool,
+                    vocab=_vocab(self.target),
+                    slots=size,
+                    capacity=capacity,
+                )
+            engine = InflightEngine(
+                self.target, drafter=drafter, max_batch_size=size, slots=size, capacity=capacity, name="decoder"
+            )
             self._engines[use_draft] = engine
         engine.head = self.head
         return engine
@@ -162,9 +198,17 @@ class SpeculativeDecoder:
         jobs: list[Job] = []
         errors: list[Exception] = []
         for i, p in enumerate(prompts):
-            job = Job(tokens=list(p), max_new=max_tokens, on_tokens=lambda *_: None, on_error=errors.append,
-                      sampling=sampling, num_draft_tokens=k if use_draft else 0, stop_words=stops, stream=stream,
-                      generator=None if sampling.greedy else sampling.generator(i))
+            job = Job(
+                tokens=list(p),
+                max_new=max_tokens,
+                on_tokens=lambda *_: None,
+                on_error=errors.append,
+                sampling=sampling,
+                num_draft_tokens=k if use_draft else 0,
+                stop_words=stops,
+                stream=stream,
+                generator=None if sampling.greedy else sampling.generator(i),
+            )
             engine.submit(job)
             jobs.append(job)
         return engine, jobs, time.perf_counter(), errors

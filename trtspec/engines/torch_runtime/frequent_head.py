@@ -68,8 +68,12 @@ def apply_frequent_head(model: Any) -> bool:
         return False
     ids = frequent_rows(head.weight)
     if len(ids) != int(meta.get("tokens", -1)):
-        log.warning("%s records %s frequent tokens but lm_head has %d non-zero rows: using the full head",
-                    CONFIG_KEY, meta.get("tokens"), len(ids))
+        log.warning(
+            "%s records %s frequent tokens but lm_head has %d non-zero rows: using the full head",
+            CONFIG_KEY,
+            meta.get("tokens"),
+            len(ids),
+        )
         return False
     model.lm_head = FrequentHead(head, ids)
     return True

@@ -18,8 +18,9 @@ from typing import Any
 import torch
 
 # transformers classes whose logits are lm_head(last_hidden_state) and nothing else
-PLAIN_HEAD_CLASSES = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                                "Phi3ForCausalLM"})
+PLAIN_HEAD_CLASSES = frozenset(
+    {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM"}
+)
 
 
 def lazy_head(model: Any) -> Any | None:

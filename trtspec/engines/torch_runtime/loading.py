@@ -18,8 +18,9 @@ def _torch_dtype(dtype: str) -> Any:
         raise ModelLoadError(f"unknown dtype {dtype!r}", hint="one of float32, float16, bfloat16") from None
 
 
-def load_model(path: Path | str, dtype: str = "float32", device_map: str | None = None,
-               frequent_head: bool = True) -> Any:
+def load_model(
+    path: Path | str, dtype: str = "float32", device_map: str | None = None, frequent_head: bool = True
+) -> Any:
     """An eval-mode causal LM from a local directory; ModelOpt exports go through the quantized loader.
 
     ``device_map`` ("auto": spread over the GPUs) goes to ``from_pretrained``; ``frequent_head=False`` keeps a
@@ -43,8 +44,10 @@ def load_model(path: Path | str, dtype: str = "float32", device_map: str | None 
         try:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=_torch_dtype(dtype), **extra)
         except (OSError, ValueError) as exc:
-            raise ModelLoadError(f"{path}: cannot load model ({str(exc).splitlines()[0]})",
-                                 hint="is it a complete HF causal-LM directory?") from None
+            raise ModelLoadError(
+                f"{path}: cannot load model ({str(exc).splitlines()[0]})",
+                hint="is it a complete HF causal-LM directory?",
+            ) from None
     if frequent_head:
         from trtspec.engines.torch_runtime.frequent_head import apply_frequent_head
 
@@ -60,5 +63,6 @@ def load_tokenizer(path: Path | str) -> Any:
     try:
         return AutoTokenizer.from_pretrained(Path(path))
     except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"{path}: cannot load tokenizer ({str(exc).splitlines()[0]})",
-                             hint="save the tokenizer next to the model") from None
+        raise ModelLoadError(
+            f"{path}: cannot load tokenizer ({str(exc).splitlines()[0]})", hint="save the tokenizer next to the model"
+        ) from None

@@ -29,8 +29,9 @@ class Reference:
     max_tokens: int
 
 
-def reference_answers(target: Any, prompts: Sequence[Sequence[int]], max_tokens: int, eos_ids: Sequence[int],
-                      pad_id: int = 0) -> list[Reference]:
+def reference_answers(
+    target: Any, prompts: Sequence[Sequence[int]], max_tokens: int, eos_ids: Sequence[int], pad_id: int = 0
+) -> list[Reference]:
     """The target's greedy answer to each prompt, one request at a time (as the in-process decoder runs them)."""
     from trtspec.engines.distill.data import answer_batch
 
@@ -58,16 +59,18 @@ def model_match_lengths(draft: Any, ref: Reference, k_max: int) -> list[int]:
     lengths = []
     for p in range(n):
         committed = ctx[start - 1 + p]  # the last prompt token, then each answer token in turn
-        logits = draft(input_ids=torch.tensor([[committed]], device=dev), cache=cache, use_cache=True,
-                       logits_to_keep=1).logits[0, -1]
+        logits = draft(
+            input_ids=torch.tensor([[committed]], device=dev), cache=cache, use_cache=True, logits_to_keep=1
+        ).logits[0, -1]
         tok = int(logits.argmax())
         matched = fed = 0
         while matched < k_max and p + matched < n and tok == ref.answer[p + matched]:
             matched += 1
             if matched == k_max or p + matched >= n:
                 break
-            logits = draft(input_ids=torch.tensor([[tok]], device=dev), cache=cache, use_cache=True,
-                           logits_to_keep=1).logits[0, -1]
+            logits = draft(
+                input_ids=torch.tensor([[tok]], device=dev), cache=cache, use_cache=True, logits_to_keep=1
+            ).logits[0, -1]
             fed += 1
             tok = int(logits.argmax())
         if fed:
@@ -106,8 +109,15 @@ def drafter_profile(drafter: Any, refs: Sequence[Reference], k_max: int) -> tupl
     return MatchProfile(k_max, lengths, [r.max_tokens for r in refs], draft_cost=zero), [r[1] for r in rows]
 
 
-def hybrid_profile(ngram: MatchProfile, matches: Sequence[Sequence[int]], model: MatchProfile, *, min_match: int,
-                   model_k: int, c: float) -> MatchProfile:
+def hybrid_profile(
+    ngram: MatchProfile,
+    matches: Sequence[Sequence[int]],
+    model: MatchProfile,
+    *,
+    min_match: int,
+    model_k: int,
+    c: float,
+) -> MatchProfile:
     """The hybrid rule on the same answers: where the n-gram matched >= ``min_match`` tokens, its proposals (cost ~0);
     elsewhere the model's, at most ``model_k`` of them at c each. (The model's catch-up on tokens emitted by n-gram
     steps rides on its next step's first forward, a few tokens instead of one: not counted.)"""
@@ -117,8 +127,9 @@ def hybrid_profile(ngram: MatchProfile, matches: Sequence[Sequence[int]], model:
         lengths.append([ln if u else lm for ln, lm, u in zip(ng_row, mod_row, use_ngram)])
         costs.append([0.0 if u else c for u in use_ngram])
         limits.append([ngram.k_max if u else model_k for u in use_ngram])
-    return MatchProfile(min(ngram.k_max, model.k_max), lengths, list(ngram.max_tokens), draft_cost=costs,
-                        k_limit=limits)
+    return MatchProfile(
+        min(ngram.k_max, model.k_max), lengths, list(ngram.max_tokens), draft_cost=costs, k_limit=limits
+    )
 
 
 def time_decoder(decoder: Any, prompts: Sequence[Sequence[int]], max_tokens: int, k: int) -> dict[str, Any]:
@@ -138,9 +149,16 @@ def time_decoder(decoder: Any, prompts: Sequence[Sequence[int]], max_tokens: int
         draft_s += r.stats.draft_s
         target_s += r.stats.target_s
         outputs.append(r.token_ids)
-    return {"seconds": seconds, "tokens": tokens, "steps": steps, "total_draft_tokens": drafted,
-            "total_accepted_draft_tokens": accepted,
-            "draft_s": draft_s, "target_s": target_s, "outputs": outputs}
+    return {
+        "seconds": seconds,
+        "tokens": tokens,
+        "steps": steps,
+        "total_draft_tokens": drafted,
+        "total_accepted_draft_tokens": accepted,
+        "draft_s": draft_s,
+        "target_s": target_s,
+        "outputs": outputs,
+    }
 
 
 def loop_costs(run: dict[str, float], base: dict[str, float]) -> tuple[float | None, float | None]:

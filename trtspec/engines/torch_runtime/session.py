@@ -41,13 +41,13 @@ class IncrementalDetokenizer:
         text = self.tokenizer.decode(self.tokens, skip_special_tokens=self.skip)
         if text.endswith("\ufffd"):
             return ""
-        delta = text[len(self.emitted):] if text.startswith(self.emitted) else text
+        delta = text[len(self.emitted) :] if text.startswith(self.emitted) else text
         self.emitted = text
         return delta
 
     def flush(self) -> str:
         text = self.tokenizer.decode(self.tokens, skip_special_tokens=self.skip)
-        delta = text[len(self.emitted):] if text.startswith(self.emitted) else ""
+        delta = text[len(self.emitted) :] if text.startswith(self.emitted) else ""
         self.emitted = text
         return delta
 
@@ -60,16 +60,28 @@ class TextResult:
     stats: dict
 
     def to_dict(self) -> dict:
-        return {"text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason,
-                "stats": self.stats}
+        return {
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "finish_reason": self.finish_reason,
+            "stats": self.stats,
+        }
 
 
 class TorchSession:
     """The torch runtime for one spec: models loaded once, prompts encoded with the target's chat template."""
 
-    def __init__(self, target_dir: Path, draft_dir: Path | None, *, dtype: str = "float32",
-                 draft_dtype: str | None = None, max_draft_len: int = 4, drafter: DrafterKind | str = "model",
-                 ngram_pool: Any = None) -> None:
+    def __init__(
+        self,
+        target_dir: Path,
+        draft_dir: Path | None,
+        *,
+        dtype: str = "float32",
+        draft_dtype: str | None = None,
+        max_draft_len: int = 4,
+        drafter: DrafterKind | str = "model",
+        ngram_pool: Any = None,
+    ) -> None:
         """``drafter`` and ``ngram_pool``: see ``SpeculativeDecoder`` (ngram needs no draft_dir)."""
         self.tokenizer = load_tokenizer(target_dir)
         self.target = load_model(target_dir, dtype)
@@ -78,10 +90,15 @@ class TorchSession:
         drafter = DrafterKind(drafter)
         if drafter is DrafterKind.HYBRID and self.draft is None:
             drafter = DrafterKind.NGRAM  # no draft loaded (target only): nothing but the n-grams could draft
-        self.decoder = SpeculativeDecoder(self.target, self.draft, max_draft_len=max_draft_len,
-                                          eos_ids=eos_ids_of(self.target, self.tokenizer),
-                                          pad_id=pad if pad is not None else 0, drafter=drafter,
-                                          ngram_pool=ngram_pool)
+        self.decoder = SpeculativeDecoder(
+            self.target,
+            self.draft,
+            max_draft_len=max_draft_len,
+            eos_ids=eos_ids_of(self.target, self.tokenizer),
+            pad_id=pad if pad is not None else 0,
+            drafter=drafter,
+            ngram_pool=ngram_pool,
+        )
 
     @classmethod
     def from_spec(cls, spec: BuildSpec, with_draft: bool = True, load_draft: bool | None = None) -> TorchSession:
@@ -106,18 +123,24 @@ class TorchSession:
         pool = None
         if with_draft and kind is not DrafterKind.MODEL:
             pool = pool_for_spec(spec, read_config(model_dir("target")).vocab_size)
-        return cls(model_dir("target"), model_dir("draft") if with_draft and load_draft else None,
-                   dtype=spec.target.dtype.value, draft_dtype=spec.draft.dtype.value,
-                   max_draft_len=spec.speculative.max_draft_len,
-                   drafter=kind if with_draft else DrafterKind.MODEL, ngram_pool=pool)
+        return cls(
+            model_dir("target"),
+            model_dir("draft") if with_draft and load_draft else None,
+            dtype=spec.target.dtype.value,
+            draft_dtype=spec.draft.dtype.value,
+            max_draft_len=spec.speculative.max_draft_len,
+            drafter=kind if with_draft else DrafterKind.MODEL,
+            ngram_pool=pool,
+        )
 
     def encode(self, prompt: str, chat: bool = True) -> list[int]:
         """Token ids of a prompt, through the chat template when the tokenizer has one and ``chat`` is set."""
         if not prompt.strip():
             raise GenerationError("the prompt is empty", hint="give some text to continue")
         if chat and getattr(self.tokenizer, "chat_template", None):
-            ids = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                                     add_generation_prompt=True, tokenize=True)
+            ids = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+            )
             if not isinstance(ids, list):
                 ids = ids["input_ids"]
             return list(ids)
@@ -127,15 +150,30 @@ class TorchSession:
         text = self.tokenizer.decode(r.token_ids, skip_special_tokens=True)
         return TextResult(text, r.token_ids, r.finish_reason, r.stats.to_dict())
 
-    def generate(self, prompt: str, max_tokens: int, sampling: SamplingParams | None = None, *,
-                 draft_len: int | None = None, use_draft: bool = True, chat: bool = True) -> TextResult:
+    def generate(
+        self,
+        prompt: str,
+        max_tokens: int,
+        sampling: SamplingParams | None = None,
+        *,
+        draft_len: int | None = None,
+        use_draft: bool = True,
+        chat: bool = True,
+    ) -> TextResult:
         ids = self.encode(prompt, chat)
         result = self.decoder.generate([ids], max_tokens, sampling, draft_len=draft_len, use_draft=use_draft)[0]
         return self._result(result)
 
-    def stream(self, prompt: str, max_tokens: int, sampling: SamplingParams | None = None, *,
-               draft_len: int | None = None, use_draft: bool = True,
-               chat: bool = True) -> Iterator[str | TextResult]:
+    def stream(
+        self,
+        prompt: str,
+        max_tokens: int,
+        sampling: SamplingParams | None = None,
+        *,
+        draft_len: int | None = None,
+        use_draft: bool = True,
+        chat: bool = True,
+    ) -> Iterator[str | TextResult]:
         """Yield text deltas as steps commit tokens, then the final TextResult."""
         ids = self.encode(prompt, chat)
         detok = IncrementalDetokenizer(self.tokenizer)

@@ -56,8 +56,14 @@ class StepCosts:
         else:
             raise ValueError("costs need 'v': a number or a map K -> verification cost")
         body.setdefault(0, 1.0 - float(data.get("head", 0.0)))
-        return cls(float(data["c"]), body, float(data.get("head", 0.0)), float(data.get("target_prefill", 0.0)),
-                   float(data.get("draft_prefill", 0.0)), measured=False)
+        return cls(
+            float(data["c"]),
+            body,
+            float(data.get("head", 0.0)),
+            float(data.get("target_prefill", 0.0)),
+            float(data.get("draft_prefill", 0.0)),
+            measured=False,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -130,9 +136,15 @@ class Simulated:
         return (self.tokens / self.cost) if self.cost else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"k": self.k, "tokens_per_step": round(self.tokens_per_step, 4), "a": round(self.a, 4),
-                "acceptance_rate": round(self.acceptance_rate, 4), "steps": self.steps,
-                "predicted_speedup": round(self.speedup, 4), "predicted_decode_speedup": round(self.decode_speedup, 4)}
+        return {
+            "k": self.k,
+            "tokens_per_step": round(self.tokens_per_step, 4),
+            "a": round(self.a, 4),
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "steps": self.steps,
+            "predicted_speedup": round(self.speedup, 4),
+            "predicted_decode_speedup": round(self.decode_speedup, 4),
+        }
 
 
 def per_token_acceptance(mean_accepted: float, k: int) -> float:
@@ -144,7 +156,7 @@ def per_token_acceptance(mean_accepted: float, k: int) -> float:
     lo, hi = 0.0, 1.0
     for _ in range(60):
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if sum(mid ** i for i in range(1, k + 1)) < mean_accepted else (lo, mid)
+        lo, hi = (mid, hi) if sum(mid**i for i in range(1, k + 1)) < mean_accepted else (lo, mid)
     return (lo + hi) / 2
 
 

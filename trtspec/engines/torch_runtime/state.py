@@ -38,8 +38,8 @@ class ModelState:
         new_valid = torch.zeros(b, m, dtype=torch.bool)
         for i, r in enumerate(rows):
             if r:
-                ids[i, m - len(r):] = torch.tensor(r, dtype=torch.long)
-                new_valid[i, m - len(r):] = True
+                ids[i, m - len(r) :] = torch.tensor(r, dtype=torch.long)
+                new_valid[i, m - len(r) :] = True
         offsets = new_valid.long().cumsum(1) - 1
         positions = (self.n_valid[:, None] + offsets.clamp_min(0)).long()
         mask = None
@@ -51,12 +51,19 @@ class ModelState:
             diag = torch.arange(m)
             mask[:, 0, diag, t + diag] = True
         if hidden:
-            out = self.model.model(input_ids=ids, position_ids=positions, attention_mask=mask, cache=self.cache,
-                                   use_cache=True)
+            out = self.model.model(
+                input_ids=ids, position_ids=positions, attention_mask=mask, cache=self.cache, use_cache=True
+            )
             result = out.last_hidden_state[:, -keep:]
         else:
-            out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, cache=self.cache,
-                             use_cache=True, logits_to_keep=keep)
+            out = self.model(
+                input_ids=ids,
+                position_ids=positions,
+                attention_mask=mask,
+                cache=self.cache,
+                use_cache=True,
+                logits_to_keep=keep,
+            )
             result = out.logits
         self.valid = torch.cat([self.valid, new_valid], dim=1)
         self.n_valid = self.n_valid + new_valid.sum(1)
@@ -87,8 +94,8 @@ class ModelState:
             pos = self.valid[i].nonzero().squeeze(1)
             n = len(pos)
             if n:
-                index[i, width - n:] = pos
-                valid[i, width - n:] = True
+                index[i, width - n :] = pos
+                valid[i, width - n :] = True
         self.cache.gather_positions(index)
         self.valid = valid
 

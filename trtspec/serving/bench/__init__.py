@@ -19,16 +19,30 @@ from trtspec.serving.bench.report import plot_results, render_table, title
 from trtspec.serving.bench.runner import closed_loop, open_loop, summarize
 from trtspec.serving.bench.workload import BUILTIN_PROMPTS, Item, Workload, load_prompts, load_workload, synthetic
 
-__all__ = ["BUILTIN_PROMPTS", "OpenAIRequester", "TritonRequester", "Workload", "load_prompts", "load_workload",
-           "plot_results", "render_table", "run_bench", "run_level", "synthetic", "title"]
+__all__ = [
+    "BUILTIN_PROMPTS",
+    "OpenAIRequester",
+    "TritonRequester",
+    "Workload",
+    "load_prompts",
+    "load_workload",
+    "plot_results",
+    "render_table",
+    "run_bench",
+    "run_level",
+    "synthetic",
+    "title",
+]
 LOADS = ("concurrency", "request_rate")
 
 
 def _modes(info: dict[str, Any], draft_lens: list[int] | None, baseline: bool, warnings: list[str]) -> list:
     if not info["per_request_draft_len"]:
         if draft_lens:
-            raise GenerationError(f"--draft-len: this deployment ({info['runtime']}) applies its own draft length "
-                                  "to every request", hint="leave --draft-len out; K is the spec's max_draft_len")
+            raise GenerationError(
+                f"--draft-len: this deployment ({info['runtime']}) applies its own draft length to every request",
+                hint="leave --draft-len out; K is the spec's max_draft_len",
+            )
         if baseline:
             warnings.append(f"no target-only baseline: the {info['runtime']} deployment drafts every request")
         return [("speculative", None)]
@@ -40,9 +54,19 @@ def _modes(info: dict[str, Any], draft_lens: list[int] | None, baseline: bool, w
     return ([("target_only", 0)] if baseline else []) + spec
 
 
-def run_bench(requester: Any, workload: Workload, levels: list[float], *, load: str = "concurrency",
-              draft_lens: list[int] | None = None, baseline: bool = True, chat: bool = True,
-              requests_per_level: int | None = None, seed: int = 0, progress: Any = None) -> dict[str, Any]:
+def run_bench(
+    requester: Any,
+    workload: Workload,
+    levels: list[float],
+    *,
+    load: str = "concurrency",
+    draft_lens: list[int] | None = None,
+    baseline: bool = True,
+    chat: bool = True,
+    requests_per_level: int | None = None,
+    seed: int = 0,
+    progress: Any = None,
+) -> dict[str, Any]:
     """Every level in every mode (target-only, then each K; or the deployment's K); the results and the setup."""
     if load not in LOADS:
         raise GenerationError(f"unknown load {load!r}", hint=" or ".join(LOADS))
@@ -52,16 +76,31 @@ def run_bench(requester: Any, workload: Workload, levels: list[float], *, load: 
     threshold = int(info.get("route_threshold") or 0)
     short = sum(1 for i in workload.items if i.max_tokens < threshold)
     if short and any(k != 0 for _, k in modes):
-        warnings.append(f"{short} of {len(workload.items)} prompts ask for fewer than the route threshold "
-                        f"({threshold}) tokens: the server sends them to the target alone; they are counted as "
-                        "routed_to_target, not as speculative")
+        warnings.append(
+            f"{short} of {len(workload.items)} prompts ask for fewer than the route threshold "
+            f"({threshold}) tokens: the server sends them to the target alone; they are counted as "
+            "routed_to_target, not as speculative"
+        )
     for _, k in modes:  # warm every path: first requests pay one-time costs
         requester.send(workload.items[0].prompt, max(8, threshold), k, chat)
-    results: dict[str, Any] = {"setup": {
-        "protocol": requester.protocol, "url": requester.url, **info, "load": load, "levels": levels,
-        "modes": [{"mode": name, "draft_len": info.get("max_draft_len") if k is None else k} for name, k in modes],
-        "prompt_set": workload.label(), "workload": workload.describe(), "chat": chat, "temperature": 0.0,
-        "requests_per_level": requests_per_level, "seed": seed}, "warnings": warnings, "levels": []}
+    results: dict[str, Any] = {
+        "setup": {
+            "protocol": requester.protocol,
+            "url": requester.url,
+            **info,
+            "load": load,
+            "levels": levels,
+            "modes": [{"mode": name, "draft_len": info.get("max_draft_len") if k is None else k} for name, k in modes],
+            "prompt_set": workload.label(),
+            "workload": workload.describe(),
+            "chat": chat,
+            "temperature": 0.0,
+            "requests_per_level": requests_per_level,
+            "seed": seed,
+        },
+        "warnings": warnings,
+        "levels": [],
+    }
     for level in levels:
         if load == "concurrency":
             n = requests_per_level or max(2 * int(level), 4)
@@ -92,15 +131,17 @@ def run_bench(requester: Any, workload: Workload, levels: list[float], *, load: 
     return results
 
 
-def run_level(url: str, prompts: list[str], concurrency: int, max_tokens: int, n_requests: int,
-              options: dict[str, Any]) -> dict[str, Any]:
+def run_level(
+    url: str, prompts: list[str], concurrency: int, max_tokens: int, n_requests: int, options: dict[str, Any]
+) -> dict[str, Any]:
     """One closed-loop level over Triton gRPC (``options``: apply_chat_template, num_draft_tokens): its figures."""
     requester = TritonRequester(url)
     try:
         items = [Item(p, max_tokens) for p in prompts]
         k, chat = options.get("num_draft_tokens"), bool(options.get("apply_chat_template", True))
-        records, wall = closed_loop(lambda i: requester.send(i.prompt, i.max_tokens, k, chat), items, concurrency,
-                                    n_requests)
+        records, wall = closed_loop(
+            lambda i: requester.send(i.prompt, i.max_tokens, k, chat), items, concurrency, n_requests
+        )
         return {"concurrency": concurrency, **summarize(records, wall)}
     finally:
         requester.close()

@@ -33,16 +33,24 @@ class Record:
     error: str | None = None
 
 
-def _record(chunk_times: list[float], chunks: list[str], latency: float, stats: dict[str, Any],
-            routed: bool | None = None) -> Record:
+def _record(
+    chunk_times: list[float], chunks: list[str], latency: float, stats: dict[str, Any], routed: bool | None = None
+) -> Record:
     n = int(stats.get("num_output_tokens", 0))
     times = [t for t, c in zip(chunk_times, chunks) if c]
     known = stats.get("total_draft_tokens") is not None
     drafted = int(stats["total_draft_tokens"]) if known else 0
-    return Record(tokens=n, input_tokens=int(stats.get("num_input_tokens", 0)), ttft=times[0] if times else None,
-                  itl=(times[-1] - times[0]) / (n - 1) if n > 1 and len(times) > 1 else None, latency=latency,
-                  drafted=drafted, accepted=int(stats.get("total_accepted_draft_tokens") or 0),
-                  routed=(known and drafted == 0) if routed is None else routed, has_acceptance=known)
+    return Record(
+        tokens=n,
+        input_tokens=int(stats.get("num_input_tokens", 0)),
+        ttft=times[0] if times else None,
+        itl=(times[-1] - times[0]) / (n - 1) if n > 1 and len(times) > 1 else None,
+        latency=latency,
+        drafted=drafted,
+        accepted=int(stats.get("total_accepted_draft_tokens") or 0),
+        routed=(known and drafted == 0) if routed is None else routed,
+        has_acceptance=known,
+    )
 
 
 class TritonRequester:
@@ -67,15 +75,24 @@ class TritonRequester:
         from trtspec.serving.contract import LLMAPI_MODEL
 
         if self.contract == "llmapi":
-            return {"model": LLMAPI_MODEL, "runtime": "trtllm-llmapi", "max_draft_len": None, "route_threshold": 0,
-                    "per_request_draft_len": False}
+            return {
+                "model": LLMAPI_MODEL,
+                "runtime": "trtllm-llmapi",
+                "max_draft_len": None,
+                "route_threshold": 0,
+                "per_request_draft_len": False,
+            }
         from trtspec.triton_repo.names import BLS, TARGET, draft_target_params
 
         engine = self._config(TARGET) or {}
         bls = draft_target_params({BLS: _params(self._config(BLS)), TARGET: _params(engine)})
-        return {"model": "ensemble", "runtime": "trtllm-engine" if engine.get("backend") == "tensorrtllm" else "torch",
-                "max_draft_len": int(bls.get("max_draft_len", 0)) or None,
-                "route_threshold": int(bls.get("route_threshold", 0)), "per_request_draft_len": True}
+        return {
+            "model": "ensemble",
+            "runtime": "trtllm-engine" if engine.get("backend") == "tensorrtllm" else "torch",
+            "max_draft_len": int(bls.get("max_draft_len", 0)) or None,
+            "route_threshold": int(bls.get("route_threshold", 0)),
+            "per_request_draft_len": True,
+        }
 
     def _config(self, model: str) -> dict[str, Any] | None:
         try:
@@ -105,8 +122,9 @@ class TritonRequester:
         except queue.Empty:
             client = self._make()
         try:
-            r = client.generate(prompt, max_tokens, stream=True, apply_chat_template=chat, num_draft_tokens=k,
-                                temperature=0.0)
+            r = client.generate(
+                prompt, max_tokens, stream=True, apply_chat_template=chat, num_draft_tokens=k, temperature=0.0
+            )
         except Exception as exc:  # noqa: BLE001 - counted and reported; the client is not reused
             client.close()
             return Record(error=str(exc))
@@ -135,8 +153,10 @@ class OpenAIRequester:
             with urllib.request.urlopen(self.base_url + "/models", timeout=10) as r:
                 models = json.loads(r.read().decode("utf-8"))["data"]
         except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
-            raise ServerError(f"no OpenAI-compatible server at {self.base_url} ({exc})",
-                              hint="start one with `trtspec serve REPO --openai-port PORT`") from None
+            raise ServerError(
+                f"no OpenAI-compatible server at {self.base_url} ({exc})",
+                hint="start one with `trtspec serve REPO --openai-port PORT`",
+            ) from None
         if not models:
             raise ServerError(f"{self.base_url}/models lists no model", hint="is the server still loading?")
         self.card = models[0]
@@ -145,13 +165,22 @@ class OpenAIRequester:
 
     def describe(self) -> dict[str, Any]:
         info = self.card.get("trtspec") or {}
-        return {"model": self.model, "runtime": info.get("runtime", "unknown"),
-                "max_draft_len": info.get("max_draft_len"), "route_threshold": int(info.get("route_threshold") or 0),
-                "per_request_draft_len": bool(info.get("per_request_draft_len", True))}
+        return {
+            "model": self.model,
+            "runtime": info.get("runtime", "unknown"),
+            "max_draft_len": info.get("max_draft_len"),
+            "route_threshold": int(info.get("route_threshold") or 0),
+            "per_request_draft_len": bool(info.get("per_request_draft_len", True)),
+        }
 
     def send(self, prompt: str, max_tokens: int, k: int | None, chat: bool) -> Record:
-        body: dict[str, Any] = {"model": self.model, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-                                "stream_options": {"include_usage": True}}
+        body: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         if chat:
             body["messages"] = [{"role": "user", "content": prompt}]
         else:

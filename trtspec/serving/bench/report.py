@@ -11,9 +11,11 @@ def title(results: dict[str, Any]) -> str:
     s = results["setup"]
     ks = ", ".join("target-only" if m["draft_len"] == 0 else f"K={m['draft_len']}" for m in s["modes"])
     load = "concurrency" if s["load"] == "concurrency" else "Poisson request rate (req/s)"
-    return (f"trtspec bench: {s['model']} ({s['runtime']}) via {s['protocol']} {s['url']} | {ks} | "
-            f"{s['prompt_set']}{'' if s['chat'] else ', raw prompts'} | {load} "
-            f"{', '.join(str(v) for v in s['levels'])}")
+    return (
+        f"trtspec bench: {s['model']} ({s['runtime']}) via {s['protocol']} {s['url']} | {ks} | "
+        f"{s['prompt_set']}{'' if s['chat'] else ', raw prompts'} | {load} "
+        f"{', '.join(str(v) for v in s['levels'])}"
+    )
 
 
 def _ms3(m: dict[str, Any], name: str) -> str:
@@ -26,17 +28,38 @@ def render_table(results: dict[str, Any]) -> Any:
 
     load = results["setup"]["load"]
     table = Table(title=title(results), title_justify="left")
-    for col in (("conc." if load == "concurrency" else "req/s in"), "mode", "req", "routed", "out tok/s",
-                "req/s", "TTFT ms p50/90/99", "ITL ms p50/90/99", "E2E ms p50/90/99", "accept.", "speedup"):
+    for col in (
+        ("conc." if load == "concurrency" else "req/s in"),
+        "mode",
+        "req",
+        "routed",
+        "out tok/s",
+        "req/s",
+        "TTFT ms p50/90/99",
+        "ITL ms p50/90/99",
+        "E2E ms p50/90/99",
+        "accept.",
+        "speedup",
+    ):
         table.add_column(col, justify="right")
     for row in results["levels"]:
         for m in row["modes"]:
             req = f"{m['requests']}" + (f" ({m['errors']} err)" if m["errors"] else "")
-            table.add_row(str(row[load]), m["mode"], req, str(m["routed_to_target"]), f"{m['output_tok_per_s']:.1f}",
-                          f"{m['requests_per_s']:.2f}", _ms3(m, "ttft"), _ms3(m, "itl"), _ms3(m, "e2e"),
-                          "-" if m["draft_len"] == 0 else ("n/a" if m["acceptance_rate"] is None
-                                                            else f"{m['acceptance_rate']:.2f}"),
-                          f"{m['speedup']:.2f}x" if "speedup" in m else "")
+            table.add_row(
+                str(row[load]),
+                m["mode"],
+                req,
+                str(m["routed_to_target"]),
+                f"{m['output_tok_per_s']:.1f}",
+                f"{m['requests_per_s']:.2f}",
+                _ms3(m, "ttft"),
+                _ms3(m, "itl"),
+                _ms3(m, "e2e"),
+                "-"
+                if m["draft_len"] == 0
+                else ("n/a" if m["acceptance_rate"] is None else f"{m['acceptance_rate']:.2f}"),
+                f"{m['speedup']:.2f}x" if "speedup" in m else "",
+            )
     return table
 
 
@@ -61,17 +84,26 @@ def plot_results(results: dict[str, Any], path: Path) -> Path:
     speed = acc.twinx()
     for i, name in enumerate(names):
         modes = [next(m for m in row["modes"] if m["mode"] == name) for row in levels]
-        style = dict(marker="os^vD<>p"[i % 8], linestyle="--" if name == "target_only" else "-", label=name,
-                     color=f"C{i}")  # one colour per mode in every panel
+        style = dict(
+            marker="os^vD<>p"[i % 8], linestyle="--" if name == "target_only" else "-", label=name, color=f"C{i}"
+        )  # one colour per mode in every panel
         tput.plot(xs, [m["output_tok_per_s"] for m in modes], **style)
         ttft.plot(xs, [(m["ttft_p50_s"] or 0) * 1000 for m in modes], **style)
         itl.plot(xs, [(m["itl_p50_s"] or 0) * 1000 for m in modes], **style)
         if name != "target_only":
-            acc.plot(xs, [float("nan") if m["acceptance_rate"] is None else m["acceptance_rate"] for m in modes],
-                     **style)
+            acc.plot(
+                xs, [float("nan") if m["acceptance_rate"] is None else m["acceptance_rate"] for m in modes], **style
+            )
             if any("speedup" in m for m in modes):
-                speed.plot(xs, [m.get("speedup", float("nan")) for m in modes], color=f"C{i}", alpha=0.5,
-                           linestyle=":", marker="x", label=f"{name} speedup")
+                speed.plot(
+                    xs,
+                    [m.get("speedup", float("nan")) for m in modes],
+                    color=f"C{i}",
+                    alpha=0.5,
+                    linestyle=":",
+                    marker="x",
+                    label=f"{name} speedup",
+                )
     xlabel = "concurrent requests" if load == "concurrency" else "request rate (req/s, Poisson)"
     tput.set(ylabel="output tokens / s", title="throughput")
     ttft.set(ylabel="ms", title="time to first token (p50)")

@@ -88,8 +88,11 @@ def summarize(records: list[Record], wall: float) -> dict[str, Any]:
     known = [r for r in spec if r.has_acceptance]
     drafted = sum(r.drafted for r in known)
     out: dict[str, Any] = {
-        "requests": len(ok), "errors": len(errors), "routed_to_target": len(ok) - len(spec),
-        "wall_s": round(wall, 3), "output_tokens": tokens,
+        "requests": len(ok),
+        "errors": len(errors),
+        "routed_to_target": len(ok) - len(spec),
+        "wall_s": round(wall, 3),
+        "output_tokens": tokens,
         "output_tok_per_s": round(tokens / wall, 2) if wall else 0.0,
         "requests_per_s": round(len(ok) / wall, 3) if wall else 0.0,
         "mean_concurrency": round(sum(r.latency for r in ok) / wall, 2) if wall else 0.0,
@@ -99,8 +102,11 @@ def summarize(records: list[Record], wall: float) -> dict[str, Any]:
         "acceptance_rate": (round(sum(r.accepted for r in known) / drafted, 4) if drafted else 0.0) if known else None,
         "first_error": errors[0] if errors else None,
     }
-    for name, values in (("ttft", [r.ttft for r in ok if r.ttft is not None]),
-                         ("itl", [r.itl for r in ok if r.itl is not None]), ("e2e", [r.latency for r in ok])):
+    for name, values in (
+        ("ttft", [r.ttft for r in ok if r.ttft is not None]),
+        ("itl", [r.itl for r in ok if r.itl is not None]),
+        ("e2e", [r.latency for r in ok]),
+    ):
         for label, q in PERCENTILES:
             out[f"{name}_{label}_s"] = pct(values, q)
     return out

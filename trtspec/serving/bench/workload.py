@@ -27,11 +27,13 @@ BUILTIN_PROMPTS = [
     "How does a bicycle stay upright?",
 ]
 # Common English words, each one token in the usual BPE vocabularies: synthetic prompts of about N tokens.
-WORDS = ("the of and to in is was for on that with as by at from his an were are which this be have had one "
-         "not but all or when they there first time been who more will into up about out so some people year "
-         "can new two only also after other most work world over state many day city long life part way then "
-         "these water system school three great house home place small number high show large old might same "
-         "under team play music family food light story model early").split()
+WORDS = (
+    "the of and to in is was for on that with as by at from his an were are which this be have had one "
+    "not but all or when they there first time been who more will into up about out so some people year "
+    "can new two only also after other most work world over state many day city long life part way then "
+    "these water system school three great house home place small number high show large old might same "
+    "under team play music family food light story model early"
+).split()
 
 
 @dataclass(frozen=True)
@@ -52,9 +54,12 @@ class Workload:
     def describe(self) -> dict[str, Any]:
         outs = [i.max_tokens for i in self.items]
         words = [len(i.prompt.split()) for i in self.items]
-        return {"name": self.name, "prompts": len(self.items),
-                "max_tokens": {"min": min(outs), "mean": round(statistics.fmean(outs), 1), "max": max(outs)},
-                "prompt_words": {"min": min(words), "mean": round(statistics.fmean(words), 1), "max": max(words)}}
+        return {
+            "name": self.name,
+            "prompts": len(self.items),
+            "max_tokens": {"min": min(outs), "mean": round(statistics.fmean(outs), 1), "max": max(outs)},
+            "prompt_words": {"min": min(words), "mean": round(statistics.fmean(words), 1), "max": max(words)},
+        }
 
     def label(self) -> str:
         outs = sorted({i.max_tokens for i in self.items})
@@ -107,8 +112,10 @@ def load_workload(path: Path | None, max_tokens: int) -> Workload:
             raise GenerationError(f"{path}:{i}: no 'text' or 'prompt' string", hint="one object a line")
         n = obj.get("max_tokens", obj.get("output_len", max_tokens))
         if not isinstance(n, int) or n < 1:
-            raise GenerationError(f"{path}:{i}: max_tokens must be a positive integer (got {n!r})",
-                                  hint="or leave it out to use --max-tokens")
+            raise GenerationError(
+                f"{path}:{i}: max_tokens must be a positive integer (got {n!r})",
+                hint="or leave it out to use --max-tokens",
+            )
         items.append(Item(text, n))
     if not items:
         raise GenerationError(f"{path}: no prompts", hint="one prompt a line")

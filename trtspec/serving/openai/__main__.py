@@ -32,10 +32,14 @@ def main(argv: list[str] | None = None) -> int:
     except TrtspecError as exc:
         print(f"error: {exc}" + (f"\nhint: {exc.hint}" if exc.hint else ""), file=sys.stderr)
         return 1
-    print(f"OpenAI-compatible API for {service.deployment.name!r} on http://{args.host}:{sock.getsockname()[1]}/v1 "
-          f"(Triton at {args.triton})", flush=True)
-    uvicorn.Server(uvicorn.Config(create_app(service), log_level="warning", access_log=False,
-                                  timeout_graceful_shutdown=5)).run(sockets=[sock])
+    print(
+        f"OpenAI-compatible API for {service.deployment.name!r} on http://{args.host}:{sock.getsockname()[1]}/v1 "
+        f"(Triton at {args.triton})",
+        flush=True,
+    )
+    uvicorn.Server(
+        uvicorn.Config(create_app(service), log_level="warning", access_log=False, timeout_graceful_shutdown=5)
+    ).run(sockets=[sock])
     return 0
 
 

@@ -69,8 +69,14 @@ class OpenAIService:
     # -- plain endpoints --------------------------------------------------------------------------------------------
     def model_card(self) -> dict[str, Any]:
         d = self.deployment
-        return {"id": d.name, "object": "model", "created": self.created, "owned_by": "trtspec",
-                "max_model_len": d.max_seq_len, "trtspec": d.info()}
+        return {
+            "id": d.name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "trtspec",
+            "max_model_len": d.max_seq_len,
+            "trtspec": d.info(),
+        }
 
     async def health(self, scope: Any, receive: Any, send: Any) -> None:
         if await self.backend.ready(fresh=True):
@@ -83,13 +89,18 @@ class OpenAIService:
         d = self.deployment
         r = parse_request(ChatCompletionRequest if kind == "chat" else CompletionRequest, body)
         if r.model != d.name:
-            raise OpenAIError(404, f"The model '{r.model}' does not exist (this server serves '{d.name}')",
-                              param="model", code="model_not_found")
+            raise OpenAIError(
+                404,
+                f"The model '{r.model}' does not exist (this server serves '{d.name}')",
+                param="model",
+                code="model_not_found",
+            )
         if not await self.backend.ready():
             raise _unavailable()
         if kind == "chat":
-            messages = [{"role": "system" if m.role == "developer" else m.role, "content": message_text(m)}
-                        for m in r.messages]
+            messages = [
+                {"role": "system" if m.role == "developer" else m.role, "content": message_text(m)} for m in r.messages
+            ]
             try:
                 prompt, n_prompt = self.tokenizer.chat_prompt(messages)
             except Exception as exc:  # noqa: BLE001 - the template refused the conversation (roles, order ...)
@@ -103,24 +114,43 @@ class OpenAIService:
         field_name, asked = requested_max_tokens(r)
         check_generation_fields((field_name, asked), r.temperature, r.top_p, r.top_k, r.seed, r.num_draft_tokens)
         if d.max_input_len and n_prompt > d.max_input_len:
-            raise bad_field(where, f"the prompt has {n_prompt} tokens; this model's maximum input is "
-                            f"{d.max_input_len} tokens", code="context_length_exceeded")
+            raise bad_field(
+                where,
+                f"the prompt has {n_prompt} tokens; this model's maximum input is {d.max_input_len} tokens",
+                code="context_length_exceeded",
+            )
         if asked is None:
             asked = COMPLETION_DEFAULT_MAX_TOKENS if kind == "completion" else d.max_seq_len - n_prompt
             asked = min(asked, d.max_seq_len - n_prompt)
             if asked < 1:
-                raise bad_field(where, f"the prompt ({n_prompt} tokens) fills this model's context "
-                                f"({d.max_seq_len} tokens)", code="context_length_exceeded")
+                raise bad_field(
+                    where,
+                    f"the prompt ({n_prompt} tokens) fills this model's context ({d.max_seq_len} tokens)",
+                    code="context_length_exceeded",
+                )
         elif n_prompt + asked > d.max_seq_len:
-            raise bad_field(field_name, f"this model's context is {d.max_seq_len} tokens; the prompt has {n_prompt} "
-                            f"and {field_name} asks for {asked}", code="context_length_exceeded")
+            raise bad_field(
+                field_name,
+                f"this model's context is {d.max_seq_len} tokens; the prompt has {n_prompt} "
+                f"and {field_name} asks for {asked}",
+                code="context_length_exceeded",
+            )
         if r.num_draft_tokens is not None and not d.per_request_draft_len:
-            raise bad_field("num_draft_tokens", "this deployment (runtime trtllm-llmapi) applies its own draft "
-                            "length to every request", code="unsupported_parameter")
+            raise bad_field(
+                "num_draft_tokens",
+                "this deployment (runtime trtllm-llmapi) applies its own draft length to every request",
+                code="unsupported_parameter",
+            )
         stops = stop_strings(r)
-        options = {"temperature": 1.0 if r.temperature is None else r.temperature, "top_p": r.top_p,
-                   "top_k": r.top_k, "seed": r.seed, "stop_words": stops or None,
-                   "num_draft_tokens": r.num_draft_tokens, "apply_chat_template": False}
+        options = {
+            "temperature": 1.0 if r.temperature is None else r.temperature,
+            "top_p": r.top_p,
+            "top_k": r.top_k,
+            "seed": r.seed,
+            "stop_words": stops or None,
+            "num_draft_tokens": r.num_draft_tokens,
+            "apply_chat_template": False,
+        }
         from trtspec.serving.contract import request_inputs
 
         values = request_inputs(prompt, asked, r.stream, options)
@@ -158,10 +188,13 @@ class OpenAIService:
         usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
         # The LLM API's PyTorch flow may report no acceptance at all: unavailable (null), never 0.
         known = "total_draft_tokens" in stats
-        spec = {"total_draft_tokens": int(stats["total_draft_tokens"]) if known else None,
-                "total_accepted_draft_tokens": int(stats.get("total_accepted_draft_tokens", 0)) if known else None,
-                "acceptance_rate": round(float(stats.get("acceptance_rate", 0.0)), 6) if known else None,
-                "draft_len": p.draft_len, "routed_to_target": p.routed}
+        spec = {
+            "total_draft_tokens": int(stats["total_draft_tokens"]) if known else None,
+            "total_accepted_draft_tokens": int(stats.get("total_accepted_draft_tokens", 0)) if known else None,
+            "acceptance_rate": round(float(stats.get("acceptance_rate", 0.0)), 6) if known else None,
+            "draft_len": p.draft_len,
+            "routed_to_target": p.routed,
+        }
         return reason, usage, spec
 
     async def body(self, p: Prepared) -> AsyncGenerator[bytes, None]:
@@ -176,12 +209,26 @@ class OpenAIService:
                     parts.append(text)
             reason, usage, spec = self.finish(p, stats)
             text = "".join(parts)
-            choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                       "finish_reason": reason} if chat else
-                      {"index": 0, "text": text, "logprobs": None, "finish_reason": reason})
-            yield json_bytes({**head, "object": "chat.completion" if chat else "text_completion",
-                              "choices": [choice], "usage": usage, "speculative_decoding": spec,
-                              "system_fingerprint": None})
+            choice = (
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "logprobs": None,
+                    "finish_reason": reason,
+                }
+                if chat
+                else {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+            )
+            yield json_bytes(
+                {
+                    **head,
+                    "object": "chat.completion" if chat else "text_completion",
+                    "choices": [choice],
+                    "usage": usage,
+                    "speculative_decoding": spec,
+                    "system_fingerprint": None,
+                }
+            )
             return
         obj = "chat.completion.chunk" if chat else "text_completion"
         include_usage = bool(p.request.stream_options and p.request.stream_options.include_usage)
@@ -189,8 +236,9 @@ class OpenAIService:
 
         def chunk(delta: str | None, reason: str | None = None, role: bool = False, **more: Any) -> bytes:
             if chat:
-                d: dict[str, Any] = {"role": "assistant", "content": ""} if role else (
-                    {} if delta is None else {"content": delta})
+                d: dict[str, Any] = (
+                    {"role": "assistant", "content": ""} if role else ({} if delta is None else {"content": delta})
+                )
                 choice = {"index": 0, "delta": d, "logprobs": None, "finish_reason": reason}
             else:
                 choice = {"index": 0, "text": delta or "", "logprobs": None, "finish_reason": reason}
@@ -209,14 +257,23 @@ class OpenAIService:
         reason, usage, spec = self.finish(p, stats)
         yield chunk(None, reason, speculative_decoding=spec)
         if include_usage:
-            yield sse({**head, "object": obj, "choices": [], "usage": usage, "speculative_decoding": spec,
-                       "system_fingerprint": None})
+            yield sse(
+                {
+                    **head,
+                    "object": obj,
+                    "choices": [],
+                    "usage": usage,
+                    "speculative_decoding": spec,
+                    "system_fingerprint": None,
+                }
+            )
         yield DONE
 
 
 def _unavailable() -> OpenAIError:
-    return OpenAIError(503, "the model is not ready: Triton is starting, stopping or unreachable",
-                       code="model_not_ready")
+    return OpenAIError(
+        503, "the model is not ready: Triton is starting, stopping or unreachable", code="model_not_ready"
+    )
 
 
 def create_app(service: OpenAIService) -> Any:
@@ -232,8 +289,9 @@ def create_app(service: OpenAIService) -> Any:
 
     async def model(request: Request) -> Response:
         if request.path_params["model"] != service.deployment.name:
-            e = OpenAIError(404, f"The model '{request.path_params['model']}' does not exist", param="model",
-                            code="model_not_found")
+            e = OpenAIError(
+                404, f"The model '{request.path_params['model']}' does not exist", param="model", code="model_not_found"
+            )
             return JSONResponse(e.body(), status_code=404)
         return JSONResponse(service.model_card())
 
@@ -248,8 +306,9 @@ def create_app(service: OpenAIService) -> Any:
                 body = json.loads(raw)
                 p = await service.prepare(kind, body)
             except json.JSONDecodeError as exc:
-                e = OpenAIError(400, f"We could not parse the JSON body of your request ({exc.msg}).",
-                                code="invalid_json")
+                e = OpenAIError(
+                    400, f"We could not parse the JSON body of your request ({exc.msg}).", code="invalid_json"
+                )
                 return JSONResponse(e.body(), status_code=400)
             except UnicodeDecodeError:
                 e = OpenAIError(400, "the request body is not UTF-8", code="invalid_json")
@@ -262,17 +321,23 @@ def create_app(service: OpenAIService) -> Any:
 
     async def http_error(request: Request, exc: Exception) -> Response:
         status = getattr(exc, "status_code", 500)
-        message = {404: f"no such endpoint: {request.method} {request.url.path}",
-                   405: f"method {request.method} is not allowed on {request.url.path}"}.get(status, str(exc))
+        message = {
+            404: f"no such endpoint: {request.method} {request.url.path}",
+            405: f"method {request.method} is not allowed on {request.url.path}",
+        }.get(status, str(exc))
         return JSONResponse(OpenAIError(status, message).body(), status_code=status)
 
     async def lifespan(app: Any) -> AsyncIterator[None]:
         yield
         await service.backend.close()
 
-    routes = [Route("/v1/models", models, methods=["GET"]), Route("/v1/models/{model:path}", model, methods=["GET"]),
-              Route("/health", Health(), methods=["GET"]),
-              Route("/v1/chat/completions", generation("chat"), methods=["POST"]),
-              Route("/v1/completions", generation("completion"), methods=["POST"])]
-    return Starlette(routes=routes, exception_handlers={HTTPException: http_error},
-                     lifespan=asynccontextmanager(lifespan))
+    routes = [
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model:path}", model, methods=["GET"]),
+        Route("/health", Health(), methods=["GET"]),
+        Route("/v1/chat/completions", generation("chat"), methods=["POST"]),
+        Route("/v1/completions", generation("completion"), methods=["POST"]),
+    ]
+    return Starlette(
+        routes=routes, exception_handlers={HTTPException: http_error}, lifespan=asynccontextmanager(lifespan)
+    )

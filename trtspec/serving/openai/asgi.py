@@ -27,8 +27,13 @@ DONE = b"data: [DONE]\n\n"
 
 async def send_json(send: Any, status: int, data: Any) -> None:
     body = json_bytes(data)
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", JSON.encode()), (b"content-length", str(len(body)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", JSON.encode()), (b"content-length", str(len(body)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
@@ -71,8 +76,9 @@ class GenerationResponse:
                 return
             await send({"type": "http.response.body", "body": sse(exc.body()) + DONE, "more_body": True})
         if not started:
-            await send({"type": "http.response.start", "status": 200,
-                        "headers": [(b"content-type", self.media_type.encode())]})
+            await send(
+                {"type": "http.response.start", "status": 200, "headers": [(b"content-type", self.media_type.encode())]}
+            )
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 

@@ -53,8 +53,9 @@ class TritonBackend:
         if fresh or now - self._ready_at > self.ready_cache_s:
             try:
                 client = self._grpc()
-                ok = bool(await client.is_server_ready(client_timeout=2.0)) and \
-                    bool(await client.is_model_ready(self.model, client_timeout=2.0))
+                ok = bool(await client.is_server_ready(client_timeout=2.0)) and bool(
+                    await client.is_model_ready(self.model, client_timeout=2.0)
+                )
             except Exception:  # noqa: BLE001 - unreachable is not ready
                 ok = False
             self._ready, self._ready_at = ok, time.monotonic()
@@ -65,8 +66,12 @@ class TritonBackend:
         import grpc
 
         inputs = grpc_inputs(translate(values, self.contract), self.contract)
-        request = {"model_name": self.model, "inputs": inputs, "outputs": grpc_outputs(self.contract),
-                   "request_id": uuid.uuid4().hex}
+        request = {
+            "model_name": self.model,
+            "inputs": inputs,
+            "outputs": grpc_outputs(self.contract),
+            "request_id": uuid.uuid4().hex,
+        }
 
         async def one_request() -> AsyncIterator[dict[str, Any]]:
             yield request  # then the client half-closes: the stream ends after the request's last response
@@ -104,8 +109,9 @@ class DirectBackend(TritonBackend):
     request to the draft-target model itself is cancelled in that model (``request.is_cancelled()``), which stops
     its generation and frees its KV slot."""
 
-    def __init__(self, url: str, model: str, tokenizer_dir: Any, add_special_tokens: bool = True,
-                 ready_cache_s: float = 1.0) -> None:
+    def __init__(
+        self, url: str, model: str, tokenizer_dir: Any, add_special_tokens: bool = True, ready_cache_s: float = 1.0
+    ) -> None:
         from trtspec.triton_repo.text import Postprocessor, Preprocessor, load_tokenizer
 
         super().__init__(url, model, "ensemble", ready_cache_s)
@@ -130,9 +136,14 @@ class DirectBackend(TritonBackend):
             "streaming": (np.asarray([[bool(values.get("stream"))]], dtype=np.bool_), "BOOL"),
             "exclude_input_in_output": (np.asarray([[True]], dtype=np.bool_), "BOOL"),
         }
-        scalars = {"temperature": ("FP32", np.float32), "top_k": ("INT32", np.int32), "top_p": ("FP32", np.float32),
-                   "seed": ("UINT64", np.uint64), "num_draft_tokens": ("INT32", np.int32),
-                   "use_draft_logits": ("BOOL", np.bool_)}
+        scalars = {
+            "temperature": ("FP32", np.float32),
+            "top_k": ("INT32", np.int32),
+            "top_p": ("FP32", np.float32),
+            "seed": ("UINT64", np.uint64),
+            "num_draft_tokens": ("INT32", np.int32),
+            "use_draft_logits": ("BOOL", np.bool_),
+        }
         names = {"top_k": "runtime_top_k", "top_p": "runtime_top_p"}
         for key, (dtype, np_type) in scalars.items():
             if values.get(key) is not None:
@@ -155,8 +166,10 @@ class DirectBackend(TritonBackend):
         from trtspec.serving.contract import STAT_NAMES
 
         inputs, _tokens = self._inputs(values)
-        outputs = [grpcclient.InferRequestedOutput(n) for n in ("output_ids", "sequence_length", "decoded_length",
-                                                                 "is_final", *STAT_NAMES)]
+        outputs = [
+            grpcclient.InferRequestedOutput(n)
+            for n in ("output_ids", "sequence_length", "decoded_length", "is_final", *STAT_NAMES)
+        ]
         request = {"model_name": self.model, "inputs": inputs, "outputs": outputs, "request_id": uuid.uuid4().hex}
 
         async def one_request() -> AsyncIterator[dict[str, Any]]:

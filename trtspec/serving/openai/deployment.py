@@ -40,9 +40,15 @@ class ServedDeployment:
 
     def info(self) -> dict[str, Any]:
         """The deployment as the frontend's /v1/models extension field shows it."""
-        return {"runtime": self.runtime, "contract": self.contract, "max_draft_len": self.max_draft_len,
-                "route_threshold": self.route_threshold, "max_input_len": self.max_input_len,
-                "max_seq_len": self.max_seq_len, "per_request_draft_len": self.per_request_draft_len}
+        return {
+            "runtime": self.runtime,
+            "contract": self.contract,
+            "max_draft_len": self.max_draft_len,
+            "route_threshold": self.route_threshold,
+            "max_input_len": self.max_input_len,
+            "max_seq_len": self.max_seq_len,
+            "per_request_draft_len": self.per_request_draft_len,
+        }
 
     @classmethod
     def from_repo(cls, repo: Path, name: str | None = None) -> ServedDeployment:
@@ -54,8 +60,9 @@ class ServedDeployment:
         try:
             configs = load_configs(repo)
         except Exception as exc:  # noqa: BLE001 - any unreadable repository is the same message
-            raise ServerError(f"{repo}: cannot read the model repository ({exc})",
-                              hint="serve a repository written by `trtspec repo`") from None
+            raise ServerError(
+                f"{repo}: cannot read the model repository ({exc})", hint="serve a repository written by `trtspec repo`"
+            ) from None
         manifest = read_manifest(repo) or {}
         settings = manifest.get("settings") or {}
         served = name or settings.get("name") or repo.name
@@ -68,18 +75,27 @@ class ServedDeployment:
             bls = draft_target_params(params_of)
             middle = next((m for m in DRAFT_TARGET_MODELS if "max_draft_len" in params_of[m]), None)
             if "tokenizer_dir" not in pre:
-                raise ServerError(f"{repo}: its preprocessing model names no tokenizer_dir",
-                                  hint="rewrite the repository with `trtspec repo`")
+                raise ServerError(
+                    f"{repo}: its preprocessing model names no tokenizer_dir",
+                    hint="rewrite the repository with `trtspec repo`",
+                )
             engine = configs.get("tensorrt_llm")
-            runtime = settings.get("runtime") or ("trtllm-engine" if engine is not None and
-                                                  engine.backend == "tensorrtllm" else "torch")
-            return cls(name=served, contract="ensemble", entry_model=ENSEMBLE_MODEL, runtime=runtime,
-                       tokenizer_dir=_local(pre["tokenizer_dir"], mounts),
-                       add_special_tokens=pre.get("add_special_tokens", "true").lower() in ("1", "true", "yes"),
-                       max_input_len=int(pre.get("max_input_len", 0) or 0),
-                       max_seq_len=int(pre.get("max_seq_len", 0) or bls.get("max_seq_len", 0) or 0),
-                       max_draft_len=int(bls.get("max_draft_len", 0) or 0),
-                       route_threshold=int(bls.get("route_threshold", 0) or 0), draft_target_model=middle)
+            runtime = settings.get("runtime") or (
+                "trtllm-engine" if engine is not None and engine.backend == "tensorrtllm" else "torch"
+            )
+            return cls(
+                name=served,
+                contract="ensemble",
+                entry_model=ENSEMBLE_MODEL,
+                runtime=runtime,
+                tokenizer_dir=_local(pre["tokenizer_dir"], mounts),
+                add_special_tokens=pre.get("add_special_tokens", "true").lower() in ("1", "true", "yes"),
+                max_input_len=int(pre.get("max_input_len", 0) or 0),
+                max_seq_len=int(pre.get("max_seq_len", 0) or bls.get("max_seq_len", 0) or 0),
+                max_draft_len=int(bls.get("max_draft_len", 0) or 0),
+                route_threshold=int(bls.get("route_threshold", 0) or 0),
+                draft_target_model=middle,
+            )
         if LLMAPI_MODEL in configs and (repo / LLMAPI_MODEL / "1" / "model.yaml").is_file():
             import yaml
 
@@ -87,14 +103,22 @@ class ServedDeployment:
             spec = data.get("speculative_config") or {}
             engine = settings.get("engine") or {}
             max_seq_len = int(data.get("max_seq_len") or engine.get("max_seq_len") or 0)
-            return cls(name=served, contract="llmapi", entry_model=LLMAPI_MODEL, runtime="trtllm-llmapi",
-                       tokenizer_dir=_local(str(data.get("tokenizer") or data["model"]), mounts),
-                       add_special_tokens=True,  # the LLM API tokenizes text prompts with special tokens
-                       max_input_len=int(engine.get("max_input_len") or max_seq_len),
-                       max_seq_len=max_seq_len, max_draft_len=int(spec.get("max_draft_len") or 0),
-                       route_threshold=0)
-        raise ServerError(f"{repo}: neither an ensemble nor an LLM-API model ({', '.join(sorted(configs))})",
-                          hint="serve a repository written by `trtspec repo`")
+            return cls(
+                name=served,
+                contract="llmapi",
+                entry_model=LLMAPI_MODEL,
+                runtime="trtllm-llmapi",
+                tokenizer_dir=_local(str(data.get("tokenizer") or data["model"]), mounts),
+                add_special_tokens=True,  # the LLM API tokenizes text prompts with special tokens
+                max_input_len=int(engine.get("max_input_len") or max_seq_len),
+                max_seq_len=max_seq_len,
+                max_draft_len=int(spec.get("max_draft_len") or 0),
+                route_threshold=0,
+            )
+        raise ServerError(
+            f"{repo}: neither an ensemble nor an LLM-API model ({', '.join(sorted(configs))})",
+            hint="serve a repository written by `trtspec repo`",
+        )
 
 
 def _params(config: Any) -> dict[str, str]:
@@ -109,5 +133,5 @@ def _local(path: str, mounts: dict[str, str]) -> Path:
         return Path(path)
     for inside, host in sorted(mounts.items(), key=lambda kv: -len(kv[0])):
         if path == inside or path.startswith(inside.rstrip("/") + "/"):
-            return Path(host + path[len(inside):])
+            return Path(host + path[len(inside) :])
     return Path(path)

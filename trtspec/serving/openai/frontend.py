@@ -34,8 +34,9 @@ def build_service(repo: Path, triton_grpc_url: str, served_model_name: str | Non
         require("transformers", "torch")  # renders chat templates (as the preprocessing model does)
         tokenizer.chat_prompt([{"role": "user", "content": "hello"}])
     if deployment.draft_target_model:  # ensemble repositories: straight to the draft-target model (cancellable)
-        backend: TritonBackend = DirectBackend(triton_grpc_url, deployment.draft_target_model,
-                                               deployment.tokenizer_dir, deployment.add_special_tokens)
+        backend: TritonBackend = DirectBackend(
+            triton_grpc_url, deployment.draft_target_model, deployment.tokenizer_dir, deployment.add_special_tokens
+        )
     else:
         backend = TritonBackend(triton_grpc_url, deployment.entry_model, deployment.contract)
     return OpenAIService(deployment, backend, tokenizer)
@@ -49,8 +50,10 @@ def bind(host: str, port: int | None) -> socket.socket:
         sock.bind((host, port or 0))
     except OSError as exc:
         sock.close()
-        raise ServerError(f"OpenAI port {port} on {host} cannot be used ({exc.strerror})",
-                          hint="pass another --openai-port, or 0 to pick a free one") from None
+        raise ServerError(
+            f"OpenAI port {port} on {host} cannot be used ({exc.strerror})",
+            hint="pass another --openai-port, or 0 to pick a free one",
+        ) from None
     sock.listen(2048)
     sock.set_inheritable(False)
     return sock
@@ -62,8 +65,16 @@ class OpenAIFrontend:
     ``with OpenAIFrontend(repo, server.grpc_url) as front: front.base_url`` -- on a background thread of this process.
     """
 
-    def __init__(self, repo: Path, triton_grpc_url: str, *, host: str = "127.0.0.1", port: int | None = None,
-                 served_model_name: str | None = None, start_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        repo: Path,
+        triton_grpc_url: str,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        served_model_name: str | None = None,
+        start_timeout_s: float = 30.0,
+    ) -> None:
         self.repo = Path(repo)
         self.triton_grpc_url = triton_grpc_url
         self.host = host
@@ -102,8 +113,9 @@ class OpenAIFrontend:
         self.prepare()
         sock = self._sock
         assert sock is not None  # prepare() bound it
-        config = uvicorn.Config(self._app, log_level="warning", access_log=False, lifespan="on",
-                                timeout_graceful_shutdown=5)
+        config = uvicorn.Config(
+            self._app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=5
+        )
         self._server = uvicorn.Server(config)
 
         def run() -> None:
@@ -120,17 +132,21 @@ class OpenAIFrontend:
         while not self._server.started:
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 self.stop()
-                raise ServerError(f"the OpenAI frontend did not start on {self.host}:{self.port}"
-                                  + (f" ({self._error})" if self._error else ""),
-                                  hint="run with TRTSPEC_DEBUG=1 for details")
+                raise ServerError(
+                    f"the OpenAI frontend did not start on {self.host}:{self.port}"
+                    + (f" ({self._error})" if self._error else ""),
+                    hint="run with TRTSPEC_DEBUG=1 for details",
+                )
             time.sleep(0.02)
         return self
 
     def check(self) -> None:
         """Raise ServerError when the frontend stopped serving on its own."""
         if self._thread is not None and not self._thread.is_alive():
-            raise ServerError(f"the OpenAI frontend on port {self.port} stopped" +
-                              (f": {self._error}" if self._error else ""), hint="run with TRTSPEC_DEBUG=1 for details")
+            raise ServerError(
+                f"the OpenAI frontend on port {self.port} stopped" + (f": {self._error}" if self._error else ""),
+                hint="run with TRTSPEC_DEBUG=1 for details",
+            )
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop accepting, let open responses end (a few seconds), stop."""

@@ -13,15 +13,21 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-ERROR_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 405: "invalid_request_error",
-               413: "invalid_request_error", 503: "service_unavailable_error"}
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    503: "service_unavailable_error",
+}
 
 
 class OpenAIError(Exception):
     """An error answered in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 type_: str | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, param: str | None = None, code: str | None = None, type_: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -104,8 +110,9 @@ def parse_request(cls: type[_Common], body: Any) -> Any:
         loc = [str(p) for p in err.get("loc", ()) if not str(p).startswith(("function-", "str", "list["))]
         param = ".".join(loc) or None
         if err.get("type") == "missing":
-            raise bad_field(param or "body", f"missing required parameter: {param!r}",
-                            code="missing_required_parameter") from None
+            raise bad_field(
+                param or "body", f"missing required parameter: {param!r}", code="missing_required_parameter"
+            ) from None
         raise bad_field(param or "body", f"invalid value for {param!r}: {err.get('msg')}") from None
     _refuse_unsupported(request)
     return request
@@ -117,8 +124,9 @@ def _refuse_unsupported(r: _Common) -> None:
         raise bad_field("n", f"n must be 1 (got {r.n}): one choice per request is supported")
     for name in ("presence_penalty", "frequency_penalty"):
         if getattr(r, name) not in (None, 0, 0.0):
-            raise bad_field(name, f"{name} is not supported by this server (send 0 or leave it out)",
-                            code="unsupported_parameter")
+            raise bad_field(
+                name, f"{name} is not supported by this server (send 0 or leave it out)", code="unsupported_parameter"
+            )
     if r.logit_bias:
         raise bad_field("logit_bias", "logit_bias is not supported by this server", code="unsupported_parameter")
     if r.stream_options is not None and not r.stream:
@@ -129,14 +137,16 @@ def _refuse_unsupported(r: _Common) -> None:
         if r.tools or r.tool_choice not in (None, "none"):
             raise bad_field("tools", "tools are not supported by this server", code="unsupported_parameter")
         if r.response_format and r.response_format.get("type", "text") != "text":
-            raise bad_field("response_format", "only response_format {'type': 'text'} is supported",
-                            code="unsupported_parameter")
+            raise bad_field(
+                "response_format", "only response_format {'type': 'text'} is supported", code="unsupported_parameter"
+            )
         if not r.messages:
             raise bad_field("messages", "messages must hold at least one message")
         for i, m in enumerate(r.messages):
             if isinstance(m.content, list) and any(p.type != "text" for p in m.content):
-                raise bad_field(f"messages.{i}.content", "only text content parts are supported",
-                                code="unsupported_parameter")
+                raise bad_field(
+                    f"messages.{i}.content", "only text content parts are supported", code="unsupported_parameter"
+                )
     else:
         assert isinstance(r, CompletionRequest)
         if isinstance(r.prompt, list) and len(r.prompt) != 1:
@@ -165,8 +175,14 @@ def stop_strings(r: _Common) -> list[str]:
     return stops
 
 
-def check_generation_fields(max_tokens: tuple[str, int | None], temperature: float | None, top_p: float | None,
-                            top_k: int | None, seed: int | None, num_draft_tokens: int | None) -> None:
+def check_generation_fields(
+    max_tokens: tuple[str, int | None],
+    temperature: float | None,
+    top_p: float | None,
+    top_k: int | None,
+    seed: int | None,
+    num_draft_tokens: int | None,
+) -> None:
     """The value rules for sampling, max tokens and K, in one place (raise a 400 naming the field).
 
     Kept as one function so that it can give way to trtspec's shared request validation (issue 13) unchanged.
@@ -186,8 +202,10 @@ def check_generation_fields(max_tokens: tuple[str, int | None], temperature: flo
         from trtspec.triton_repo.orchestrator import MAX_DRAFT_LEN
 
         if not 0 <= num_draft_tokens <= MAX_DRAFT_LEN:  # the orchestrator's rule; it refuses more itself
-            raise bad_field("num_draft_tokens", f"num_draft_tokens must be in 0..{MAX_DRAFT_LEN} "
-                            f"(got {num_draft_tokens}; 0 = target only)")
+            raise bad_field(
+                "num_draft_tokens",
+                f"num_draft_tokens must be in 0..{MAX_DRAFT_LEN} (got {num_draft_tokens}; 0 = target only)",
+            )
 
 
 def message_text(m: ChatMessage) -> str:

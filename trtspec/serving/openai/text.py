@@ -22,8 +22,10 @@ class PromptTokenizer:
         from trtspec.triton_repo.text import load_tokenizer
 
         if not Path(path).is_dir():
-            raise ServerError(f"the served model's tokenizer directory {path} does not exist here",
-                              hint="serve the repository on the machine (or in the container) it was written for")
+            raise ServerError(
+                f"the served model's tokenizer directory {path} does not exist here",
+                hint="serve the repository on the machine (or in the container) it was written for",
+            )
         self.tok = load_tokenizer(path)
         self.add_special_tokens = add_special_tokens
         self.has_chat_template = bool(getattr(self.tok, "chat_template", None))
@@ -55,7 +57,7 @@ def _drop_duplicate_bos(tok: Any, text: str, ids: list[int], sent: list[int]) ->
     bos_id = getattr(tok, "bos_token_id", None)
     bos = getattr(tok, "bos_token", None)
     if bos and bos_id is not None and sent[:2] == [bos_id, bos_id] and text.startswith(bos):
-        return text[len(bos):]
+        return text[len(bos) :]
     return text
 
 
@@ -78,7 +80,7 @@ class StopMatcher:
         hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
         if hits:
             self.stopped = True
-            out, self.pending = self.pending[:min(hits)], ""
+            out, self.pending = self.pending[: min(hits)], ""
             return out
         cut = len(self.pending) - self._partial()
         out, self.pending = self.pending[:cut], self.pending[cut:]

@@ -31,9 +31,23 @@ __version__ = os.environ.get("TRTLLM_STANDIN_VERSION", "1.1.0")
 
 # TorchLlmArgs fields (tensorrt_llm/llmapi/llm_args.py) that trtspec may set; the real class has many more, all
 # optional. An unknown keyword is an error there (StrictBaseModel), so it is here.
-LLM_ARGS = {"model", "tokenizer", "backend", "tensor_parallel_size", "pipeline_parallel_size", "max_batch_size",
-            "max_seq_len", "max_num_tokens", "disable_overlap_scheduler", "kv_cache_config", "speculative_config",
-            "trust_remote_code", "dtype", "cuda_graph_config", "enable_chunked_prefill"}
+LLM_ARGS = {
+    "model",
+    "tokenizer",
+    "backend",
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "max_batch_size",
+    "max_seq_len",
+    "max_num_tokens",
+    "disable_overlap_scheduler",
+    "kv_cache_config",
+    "speculative_config",
+    "trust_remote_code",
+    "dtype",
+    "cuda_graph_config",
+    "enable_chunked_prefill",
+}
 KV_CACHE_FIELDS = {"free_gpu_memory_fraction", "enable_block_reuse", "max_tokens", "dtype", "host_cache_size"}
 
 
@@ -104,7 +118,7 @@ class CompletionOutput:
 
     @property
     def text_diff(self) -> str:
-        return self.text[self._last_text_len:]
+        return self.text[self._last_text_len :]
 
 
 class RequestOutput:
@@ -155,7 +169,7 @@ def _mapped(path: str) -> str:
     for pair in filter(None, os.environ.get("TRTLLM_STANDIN_MOUNTS", "").split(";")):
         inside, host = pair.split("=", 1)
         if path == inside or path.startswith(inside + "/"):
-            return host + path[len(inside):]
+            return host + path[len(inside) :]
     return path
 
 
@@ -181,14 +195,20 @@ class LLM:
         self.tokenizer = load_tokenizer(_mapped(model))
         draft = load_model(_mapped(spec.speculative_model)) if spec is not None else None
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        self.decoder = SpeculativeDecoder(target, draft, max_draft_len=spec.max_draft_len if spec else 1,
-                                          eos_ids=eos_ids_of(target, self.tokenizer), pad_id=pad)
+        self.decoder = SpeculativeDecoder(
+            target,
+            draft,
+            max_draft_len=spec.max_draft_len if spec else 1,
+            eos_ids=eos_ids_of(target, self.tokenizer),
+            pad_id=pad,
+        )
         self.use_draft = draft is not None
         self.max_seq_len = kwargs.get("max_seq_len")
         self._lock = threading.Lock()  # one request at a time through the decoder
 
-    def generate_async(self, prompt: str, sampling_params: SamplingParams | None = None,
-                       streaming: bool = False) -> RequestOutput:
+    def generate_async(
+        self, prompt: str, sampling_params: SamplingParams | None = None, streaming: bool = False
+    ) -> RequestOutput:
         if not isinstance(prompt, str):
             raise TypeError("stand-in: prompts are strings here")
         sp = sampling_params or SamplingParams()
@@ -202,15 +222,15 @@ class LLM:
 
         try:
             ids = self.tokenizer.encode(prompt)
-            sampling = TorchSampling(temperature=sp.temperature or 0.0, top_k=sp.top_k or 0, top_p=sp.top_p or 1.0,
-                                     seed=sp.seed)
+            sampling = TorchSampling(
+                temperature=sp.temperature or 0.0, top_k=sp.top_k or 0, top_p=sp.top_p or 1.0, seed=sp.seed
+            )
             out: list[int] = []
             log = os.environ.get("TRTLLM_STANDIN_STEP_LOG")
             with self._lock:
                 for event in self.decoder.stream(ids, sp.max_tokens, sampling, use_draft=self.use_draft):
                     if aborted.is_set():
-                        steps.put((self.tokenizer.decode(out, skip_special_tokens=True), list(out), "cancelled",
-                                   None))
+                        steps.put((self.tokenizer.decode(out, skip_special_tokens=True), list(out), "cancelled", None))
                         return
                     if log:
                         with open(log, "a", encoding="utf-8") as f:
@@ -221,12 +241,20 @@ class LLM:
                     else:
                         s = event.stats
                         filled = os.environ.get("TRTLLM_STANDIN_SPEC_METRICS", "zeroed") == "filled"
-                        spec_stats = (_SpecStats(s.acceptance_rate, s.total_accepted_draft_tokens, s.total_draft_tokens)
-                                      if filled
-                                      else _SpecStats())  # what the PyTorch flow writes (never updated, PR #17082)
+                        spec_stats = (
+                            _SpecStats(s.acceptance_rate, s.total_accepted_draft_tokens, s.total_draft_tokens)
+                            if filled
+                            else _SpecStats()
+                        )  # what the PyTorch flow writes (never updated, PR #17082)
                         stats = _PerfMetrics(spec_stats)
-                        steps.put((self.tokenizer.decode(out, skip_special_tokens=True), list(out),
-                                   event.finish_reason, stats if sp.return_perf_metrics else None))
+                        steps.put(
+                            (
+                                self.tokenizer.decode(out, skip_special_tokens=True),
+                                list(out),
+                                event.finish_reason,
+                                stats if sp.return_perf_metrics else None,
+                            )
+                        )
         except BaseException as exc:  # noqa: BLE001 - handed to the waiting RequestOutput
             steps.put(exc)
 
@@ -235,4 +263,3 @@ class LLM:
 
 
 __all__ = ["LLM", "SamplingParams", "DraftTargetDecodingConfig", "RequestOutput"]
-

@@ -39,11 +39,13 @@ class TritonPythonModel:
 
     def _one(self, x):
         # Declared optional so that a request without them reaches us (trtspec.triton_repo.tensors): refuse it here.
-        missing = [field for name, field in (("QUERY", "text_input"), ("REQUEST_OUTPUT_LEN", "max_tokens"))
-                   if name not in x]
+        missing = [
+            field for name, field in (("QUERY", "text_input"), ("REQUEST_OUTPUT_LEN", "max_tokens")) if name not in x
+        ]
         if missing:
-            raise GenerationError(f"missing required input(s) {', '.join(missing)}",
-                                  hint="send text_input (the prompt) and max_tokens")
+            raise GenerationError(
+                f"missing required input(s) {', '.join(missing)}", hint="send text_input (the prompt) and max_tokens"
+            )
         query = x["QUERY"].reshape(x["QUERY"].shape[0], -1)
         batch = query.shape[0]
         out_len = scalar_rows(x.get("REQUEST_OUTPUT_LEN"), batch, None)
@@ -56,11 +58,16 @@ class TritonPythonModel:
                 raise GenerationError(f"max_tokens must be > 0, got {out_len[b]}", hint="ask for at least one token")
             tokens = self.pre.encode(decode_text(query[b, 0]), chat=bool(chat[b]))
             if len(tokens) > self.max_input_len:
-                raise GenerationError(f"the prompt has {len(tokens)} tokens, more than max_input_len "
-                                      f"({self.max_input_len})", hint="shorten the prompt")
+                raise GenerationError(
+                    f"the prompt has {len(tokens)} tokens, more than max_input_len ({self.max_input_len})",
+                    hint="shorten the prompt",
+                )
             if len(tokens) + int(out_len[b]) > self.max_seq_len:
-                raise GenerationError(f"prompt ({len(tokens)} tokens) + max_tokens ({int(out_len[b])}) exceeds "
-                                      f"max_seq_len ({self.max_seq_len})", hint="lower max_tokens")
+                raise GenerationError(
+                    f"prompt ({len(tokens)} tokens) + max_tokens ({int(out_len[b])}) exceeds "
+                    f"max_seq_len ({self.max_seq_len})",
+                    hint="lower max_tokens",
+                )
             ids.append(tokens)
             bad.append(self.pre.words(x["BAD_WORDS_DICT"][b] if "BAD_WORDS_DICT" in x else [], "bad_words"))
             stop.append(self.pre.words(x["STOP_WORDS_DICT"][b] if "STOP_WORDS_DICT" in x else [], "stop_words"))

@@ -55,8 +55,9 @@ class BlsEngines:
         t = [pb_utils.Tensor(name, value) for name, value in engine_inputs(row).items()]
         want_logits = row.return_logits
         names = ["output_ids", "sequence_length"] + (["generation_logits"] if want_logits else [])
-        request = pb_utils.InferenceRequest(model_name=model, inputs=t, requested_output_names=names,
-                                            parameters=INTERNAL_PARAMETERS)  # served while draining
+        request = pb_utils.InferenceRequest(
+            model_name=model, inputs=t, requested_output_names=names, parameters=INTERNAL_PARAMETERS
+        )  # served while draining
         loop = asyncio.get_running_loop()
         responses = await request.async_exec(decoupled=True)
         cancelled = False
@@ -77,8 +78,11 @@ class BlsEngines:
                 if want_logits:
                     lg = pb_utils.get_output_tensor_by_name(r, "generation_logits")
                     # A copy: the response's own array is released with the iterator.
-                    logits = None if lg is None else np.array(lg.as_numpy(), dtype=np.float32, copy=True).reshape(
-                        -1, lg.shape()[-1])
+                    logits = (
+                        None
+                        if lg is None
+                        else np.array(lg.as_numpy(), dtype=np.float32, copy=True).reshape(-1, lg.shape()[-1])
+                    )
                 del ids, r
                 yield tokens_out, logits
         finally:
@@ -109,13 +113,20 @@ class TritonPythonModel:
     def initialize(self, args):
         p = model_params(args)
         self.deployment = Deployment(
-            target_model=p["tensorrt_llm_model_name"], draft_model=p["tensorrt_llm_draft_model_name"],
+            target_model=p["tensorrt_llm_model_name"],
+            draft_model=p["tensorrt_llm_draft_model_name"],
             max_draft_len=int(p["max_draft_len"]),
             draft_len_limit=int(p.get("engine_max_draft_len") or p["max_draft_len"]),
-            route_threshold=int(p["route_threshold"]), use_draft_logits=as_bool(p.get("use_draft_logits")),
-            draft_logits_available=as_bool(p.get("engine_generation_logits")), max_seq_len=int(p["max_seq_len"]))
-        self.drafter = _load_drafter(p.get("drafter") or "model", p.get("ngram_pool") or "",
-                                     os.path.join(args["model_repository"], str(args["model_version"])))
+            route_threshold=int(p["route_threshold"]),
+            use_draft_logits=as_bool(p.get("use_draft_logits")),
+            draft_logits_available=as_bool(p.get("engine_generation_logits")),
+            max_seq_len=int(p["max_seq_len"]),
+        )
+        self.drafter = _load_drafter(
+            p.get("drafter") or "model",
+            p.get("ngram_pool") or "",
+            os.path.join(args["model_repository"], str(args["model_version"])),
+        )
         self.exclude_default = as_bool(p.get("exclude_input_in_output"))
         self.context = int(p.get("stream_context_tokens") or 32)
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"]))
@@ -138,8 +149,10 @@ class TritonPythonModel:
                 plan_request(row, self.deployment)
             streaming = any(r.stream for r in rows)
             if streaming and not self.decoupled:
-                raise GenerationError("streaming needs the decoupled transaction policy",
-                                      hint="set triton.decoupled: true in the spec and rewrite the repository")
+                raise GenerationError(
+                    "streaming needs the decoupled transaction policy",
+                    hint="set triton.decoupled: true in the spec and rewrite the repository",
+                )
             state = RowsOutput(rows, self.context)
             engines = BlsEngines(self.executor, self.janitor, sender)
 

@@ -139,9 +139,11 @@ class TritonPythonModel:
         ]
         if acceptance is not None:
             rate, accepted, drafted = acceptance
-            tensors += [pb_utils.Tensor("acceptance_rate", np.array([rate], dtype=np.float32)),
-                        pb_utils.Tensor("total_accepted_draft_tokens", np.array([accepted], dtype=np.int32)),
-                        pb_utils.Tensor("total_draft_tokens", np.array([drafted], dtype=np.int32))]
+            tensors += [
+                pb_utils.Tensor("acceptance_rate", np.array([rate], dtype=np.float32)),
+                pb_utils.Tensor("total_accepted_draft_tokens", np.array([accepted], dtype=np.int32)),
+                pb_utils.Tensor("total_draft_tokens", np.array([drafted], dtype=np.int32)),
+            ]
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
     @staticmethod
@@ -239,4 +241,3 @@ class TritonPythonModel:
         llm = getattr(self, "llm", None)
         if llm is not None:
             llm.shutdown()
-

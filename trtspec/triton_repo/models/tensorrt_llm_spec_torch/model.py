@@ -114,10 +114,13 @@ class TritonPythonModel:
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"]))
         self.context = int(p.get("stream_context_tokens") or 32)
         max_draft_len = int(p["max_draft_len"])
-        self.deployment = Deployment(max_draft_len=max_draft_len,
-                                     draft_len_limit=int(p.get("engine_max_draft_len") or max_draft_len),
-                                     route_threshold=int(p.get("route_threshold") or 0),
-                                     draft_logits_available=True, max_seq_len=int(p["max_seq_len"]))
+        self.deployment = Deployment(
+            max_draft_len=max_draft_len,
+            draft_len_limit=int(p.get("engine_max_draft_len") or max_draft_len),
+            route_threshold=int(p.get("route_threshold") or 0),
+            draft_logits_available=True,
+            max_seq_len=int(p["max_seq_len"]),
+        )
         kind = p.get("drafter") or "model"  # speculative.drafter: model, ngram (no draft model loaded), hybrid
         pool = p.get("ngram_pool") or None  # ngram_pool.npz; none: prompt lookup only
         target = load_model(p["model_dir"], p.get("dtype") or "float32")
@@ -126,13 +129,21 @@ class TritonPythonModel:
         vocab = int(target.get_output_embeddings().weight.shape[0])
         drafter = make_drafter(kind, draft_model=draft, pool=pool, vocab=vocab, slots=slots, capacity=capacity)
         self.engine = InflightEngine(
-            target, drafter=drafter, max_batch_size=int(p["max_batch_size"]), slots=slots, capacity=capacity,
+            target,
+            drafter=drafter,
+            max_batch_size=int(p["max_batch_size"]),
+            slots=slots,
+            capacity=capacity,
             max_queue_delay_s=int(p.get("max_queue_delay_microseconds") or 0) / 1e6,
-            name=args["model_name"]).start()
+            name=args["model_name"],
+        ).start()
         self.control = ModelControl(pb_utils, args["model_name"])  # drain, cancellation (trtspec.triton_repo.control)
         source = f"draft {p['draft_model_dir']}" if kind == "model" else f"{kind} drafter (pool {pool or 'none'})"
-        print(f"[trtspec] {args['model_name']}: target {p['model_dir']} + {source}, "
-              f"pid {os.getpid()}, {torch.get_num_threads()} threads", flush=True)
+        print(
+            f"[trtspec] {args['model_name']}: target {p['model_dir']} + {source}, "
+            f"pid {os.getpid()}, {torch.get_num_threads()} threads",
+            flush=True,
+        )
 
     def execute(self, requests):
         states = []
@@ -148,12 +159,18 @@ class TritonPythonModel:
                 rows = parse_request(request_inputs(request), exclude_input_default=self.exclude_default)
                 plans = [plan_request(row, self.deployment) for row in rows]  # all rows are valid before any starts
                 if not self.decoupled and any(r.stream for r in rows):
-                    raise GenerationError("streaming needs the decoupled transaction policy",
-                                          hint="set triton.decoupled: true in the spec and rewrite the repository")
+                    raise GenerationError(
+                        "streaming needs the decoupled transaction policy",
+                        hint="set triton.decoupled: true in the spec and rewrite the repository",
+                    )
                 state = _Request(tracked, rows, self.context)
                 for b, (row, plan) in enumerate(zip(rows, plans)):
-                    job = job_from_row(row, lambda new, lg, final, b=b, s=state: s.tokens(b, new, lg, final),
-                                       state.error, num_draft_tokens=plan.k)
+                    job = job_from_row(
+                        row,
+                        lambda new, lg, final, b=b, s=state: s.tokens(b, new, lg, final),
+                        state.error,
+                        num_draft_tokens=plan.k,
+                    )
                     job.stats = state.state.stats[b]
                     job.stats.routed_to_target = plan.routed
                     self.engine.validate(job)

@@ -59,8 +59,9 @@ class _Request:
                     self.pending -= 1
                 last = final and self.pending == 0
                 if new or last:
-                    self._send(format_output(new, logits=logits_np, batch_index=b if len(self.rows) > 1 else None),
-                               last)
+                    self._send(
+                        format_output(new, logits=logits_np, batch_index=b if len(self.rows) > 1 else None), last
+                    )
                 return
             prev = self.results[b] or ([], [])
             self.results[b] = (prev[0] + new, prev[1] + ([logits_np] if logits_np is not None else []))
@@ -114,13 +115,19 @@ class TritonPythonModel:
         self.log = logging.getLogger(args["model_name"])
         model = load_model(p["model_dir"], p.get("dtype") or "float32")
         self.engine = InflightEngine(
-            model, max_batch_size=int(p["max_batch_size"]), slots=int(p["kv_cache_slots"]),
+            model,
+            max_batch_size=int(p["max_batch_size"]),
+            slots=int(p["kv_cache_slots"]),
             capacity=int(p["max_seq_len"]),
             max_queue_delay_s=int(p.get("max_queue_delay_microseconds") or 0) / 1e6,
-            name=args["model_name"]).start()
+            name=args["model_name"],
+        ).start()
         self.control = ModelControl(pb_utils, args["model_name"])  # drain, cancellation (trtspec.triton_repo.control)
-        print(f"[trtspec] {args['model_name']}: {p['model_dir']} ({p.get('dtype')}), pid {os.getpid()}, "
-              f"{torch.get_num_threads()} threads", flush=True)
+        print(
+            f"[trtspec] {args['model_name']}: {p['model_dir']} ({p.get('dtype')}), pid {os.getpid()}, "
+            f"{torch.get_num_threads()} threads",
+            flush=True,
+        )
 
     def execute(self, requests):
         for request in requests:
@@ -130,8 +137,10 @@ class TritonPythonModel:
             try:
                 rows = parse_request(request_inputs(request), exclude_input_default=self.exclude_default)
                 state = _Request(sender, rows)
-                jobs = [job_from_row(row, lambda new, lg, final, b=b, s=state: s.tokens(b, new, lg, final),
-                                     state.error) for b, row in enumerate(rows)]
+                jobs = [
+                    job_from_row(row, lambda new, lg, final, b=b, s=state: s.tokens(b, new, lg, final), state.error)
+                    for b, row in enumerate(rows)
+                ]
                 for job in jobs:  # all rows are valid before any starts
                     self.engine.validate(job)
                 # Cancelled or cut: the engine stops a cancelled job at its next pass and frees its slot.
@@ -139,8 +148,7 @@ class TritonPythonModel:
                 for job in jobs:
                     self.engine.submit(job)
             except Exception as exc:  # noqa: BLE001 - answer this request, keep serving the others
-                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error_message(exc))),
-                            flags=FINAL)
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error_message(exc))), flags=FINAL)
         return None
 
     def finalize(self):
