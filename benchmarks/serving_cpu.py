@@ -66,6 +66,7 @@ def write_repo(root: Path, pair: str, orchestration: str, trtspec_root: Path | N
     """A repository written by the given checkout of trtspec (this one by default), in a child process."""
     env = dict(os.environ, PYTHONPATH=str(trtspec_root or ROOT))
     # cwd=root: python -c puts the cwd first on sys.path, ahead of PYTHONPATH (run from a checkout, it would win).
+    root.mkdir(parents=True, exist_ok=True)
     out = subprocess.run(
         [sys.executable, "-c", WRITE, str(root), pair, orchestration],
         capture_output=True,
