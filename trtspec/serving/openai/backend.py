@@ -85,14 +85,20 @@ class TritonBackend:
                 if payload is not None:
                     yield payload
         except grpc.aio.AioRpcError as exc:
-            if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                self._ready_at = 0.0
-                raise TritonUnavailable(exc.details() or str(exc.code())) from None
-            if exc.code() == grpc.StatusCode.CANCELLED:
-                raise asyncio.CancelledError() from None
-            raise TritonRequestError(exc.details() or str(exc.code())) from None
+            raise self._rpc_error(exc) from None
         finally:
             stream.cancel()  # a no-op for a finished call; otherwise Triton cancels the request
+
+    def _rpc_error(self, exc: Any) -> BaseException:
+        """What a failed gRPC call means to the frontend: unavailable (retry later), cancelled, or a request error."""
+        import grpc
+
+        if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            self._ready_at = 0.0
+            return TritonUnavailable(exc.details() or str(exc.code()))
+        if exc.code() == grpc.StatusCode.CANCELLED:
+            return asyncio.CancelledError()
+        return TritonRequestError(exc.details() or str(exc.code()))
 
 
 def _message(error: Any) -> str:
@@ -194,11 +200,6 @@ class DirectBackend(TritonBackend):
                         stats[name] = float(v.reshape(-1)[0]) if name == "acceptance_rate" else int(v.reshape(-1)[0])
                 yield text, stats
         except grpc.aio.AioRpcError as exc:
-            if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                self._ready_at = 0.0
-                raise TritonUnavailable(exc.details() or str(exc.code())) from None
-            if exc.code() == grpc.StatusCode.CANCELLED:
-                raise asyncio.CancelledError() from None
-            raise TritonRequestError(exc.details() or str(exc.code())) from None
+            raise self._rpc_error(exc) from None
         finally:
             stream.cancel()
