@@ -13,7 +13,15 @@ import time
 import pytest
 
 from trtspec.serving.lifecycle import ControlDir, drain
-from trtspec.triton_repo.control import CANCELLED, FINAL_FLAG, INTERNAL_PARAMETERS, REFUSED, ModelControl, is_internal
+from trtspec.triton_repo.control import (
+    CANCELLED,
+    FINAL_FLAG,
+    INTERNAL_CUT_GRACE_S,
+    INTERNAL_PARAMETERS,
+    REFUSED,
+    ModelControl,
+    is_internal,
+)
 
 
 class FakePbUtils:
@@ -142,6 +150,24 @@ def test_the_deadline_cuts_running_requests_with_a_final_error(control_dir):
         assert stopped.is_set()
         resp, flags = req.sender.sent[-1]
         assert flags == FINAL_FLAG and resp.error.code_ == "UNAVAILABLE" and "drain deadline" in resp.error.msg
+    finally:
+        model.close()
+
+
+def test_at_the_deadline_clients_are_cut_first_and_engine_requests_only_after_a_grace(control_dir):
+    # Cut first, an engine request's error would reach the client through the orchestrator as a plain failure and
+    # the drain would count no cut request (CI, --drain-timeout 0).
+    model = ModelControl(FakePbUtils, "tensorrt_llm", directory=control_dir.path, poll_s=0.02)
+    try:
+        client, engine = FakeRequest(), FakeRequest(parameters=INTERNAL_PARAMETERS)
+        model.admit(client)
+        model.admit(engine)
+        control_dir.start_drain(timeout_s=0)
+        assert _wait(lambda: client.sender.closed)
+        assert not engine.sender.closed and model.cut == 1  # inside the grace
+        assert _wait(lambda: engine.sender.closed, timeout=INTERNAL_CUT_GRACE_S + 5)
+        resp, flags = engine.sender.sent[-1]
+        assert flags == FINAL_FLAG and "drain deadline" in resp.error.msg and model.cut == 1
     finally:
         model.close()
 

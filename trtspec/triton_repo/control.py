@@ -49,6 +49,7 @@ INTERNAL_PARAMETER = "trtspec_internal"
 # Parameters of the requests the orchestrator sends to the engine models on behalf of an admitted request.
 INTERNAL_PARAMETERS = {INTERNAL_PARAMETER: True}
 POLL_S = 0.1
+INTERNAL_CUT_GRACE_S = 1.0  # after the drain deadline: engine requests the orchestrator did not stop
 FINAL_FLAG = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 REFUSED = (
@@ -264,12 +265,18 @@ class ModelControl:
             self._drain = self._read_drain()
         with self._lock:
             active = list(self._tracked.values())
-        if self._drain is not None and time.time() >= float(self._drain.get("deadline_unix", 0)):
-            message = CUT.format(timeout=float(self._drain.get("timeout_s", 0)))
-            for t in active:
-                t.close_with_error(message, self.pb_utils.TritonError.UNAVAILABLE)
-                self.cut += 0 if t.internal else 1
-            active = []
+        if self._drain is not None:
+            late = time.time() - float(self._drain.get("deadline_unix", 0))
+            if late >= 0:
+                # The orchestrator cuts its own clients; the engines cut its engine requests only after a grace, as
+                # a backstop. Cut first, an engine error would reach the client through the orchestrator as an
+                # ordinary failure, and the drain would count no cut request (seen in CI at --drain-timeout 0).
+                message = CUT.format(timeout=float(self._drain.get("timeout_s", 0)))
+                due = [t for t in active if not t.internal or late >= INTERNAL_CUT_GRACE_S]
+                for t in due:
+                    t.close_with_error(message, self.pb_utils.TritonError.UNAVAILABLE)
+                    self.cut += 0 if t.internal else 1
+                active = [t for t in active if t not in due]
         for t in active:
             if t.internal or t.cancelled:
                 continue  # the orchestrator's engine requests cannot be cancelled by a client
