@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from trtspec.engines.distill.pack import pack_draft  # noqa: E402
+from trtspec.distill.pack import pack_draft  # noqa: E402
 from trtspec.example import example_target  # noqa: E402
 
 

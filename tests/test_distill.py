@@ -28,7 +28,7 @@ def prompt_file(tmp_path_factory) -> Path:
 
 
 def tiny_settings(prompt_file: Path, **train):
-    from trtspec.engines.distill.settings import DistillSettings, TrainSettings
+    from trtspec.distill.settings import DistillSettings, TrainSettings
 
     return DistillSettings(
         prompts=prompt_file,
@@ -47,7 +47,7 @@ def tiny_settings(prompt_file: Path, **train):
 
 @pytest.fixture(scope="module")
 def distilled(tiny_pair, prompt_file, tmp_path_factory):
-    from trtspec.engines.distill.pipeline import distill
+    from trtspec.distill.pipeline import distill
 
     out = tmp_path_factory.mktemp("distill") / "draft"
     return distill(tiny_pair[0], out, tiny_settings(prompt_file)), prompt_file
@@ -56,9 +56,9 @@ def distilled(tiny_pair, prompt_file, tmp_path_factory):
 def test_distilled_draft_beats_untrained_draft_of_same_shape(tiny_pair, distilled):
     import torch
 
-    from trtspec.engines.distill.data import encode_prompt, load_prompts, split_prompts
-    from trtspec.engines.distill.model import draft_from_target
-    from trtspec.engines.distill.report import measure
+    from trtspec.distill.data import encode_prompt, load_prompts, split_prompts
+    from trtspec.distill.model import draft_from_target
+    from trtspec.distill.report import measure
     from trtspec.engines.torch_runtime.loading import load_model, load_tokenizer
 
     result, prompt_file = distilled
@@ -87,7 +87,7 @@ def test_distilled_draft_beats_untrained_draft_of_same_shape(tiny_pair, distille
 
 def test_output_directory_is_complete_and_rerun_is_skipped(tiny_pair, distilled):
     from trtspec.build.artifacts import read_manifest
-    from trtspec.engines.distill.pipeline import distill
+    from trtspec.distill.pipeline import distill
 
     result, prompt_file = distilled
     names = {p.name for p in result.out.iterdir()}
@@ -104,10 +104,10 @@ def test_output_directory_is_complete_and_rerun_is_skipped(tiny_pair, distilled)
 def test_killed_training_resumes_to_the_same_weights(tiny_pair, tmp_path):
     import torch
 
-    from trtspec.engines.distill.data import generate_teacher_data, select_head_tokens, token_counts
-    from trtspec.engines.distill.model import draft_from_target
-    from trtspec.engines.distill.settings import TrainSettings
-    from trtspec.engines.distill.train import train
+    from trtspec.distill.data import generate_teacher_data, select_head_tokens, token_counts
+    from trtspec.distill.model import draft_from_target
+    from trtspec.distill.settings import TrainSettings
+    from trtspec.distill.train import train
     from trtspec.engines.torch_runtime.loading import load_model, load_tokenizer
 
     target, tok = load_model(tiny_pair[0]), load_tokenizer(tiny_pair[0])
@@ -151,8 +151,8 @@ def test_killed_training_resumes_to_the_same_weights(tiny_pair, tmp_path):
 def test_pack_unpack_round_trip_and_wrong_target(tiny_pair, distilled, tmp_path):
     import torch
 
-    from trtspec.engines.distill import DistillError
-    from trtspec.engines.distill.pack import pack_draft, unpack_draft
+    from trtspec.distill import DistillError
+    from trtspec.distill.pack import pack_draft, unpack_draft
     from trtspec.engines.torch_runtime.loading import load_model
 
     result, _ = distilled
@@ -228,7 +228,7 @@ def test_sampled_answers_add_contexts_but_keep_the_target_s_own_labels(tiny_pair
     label is the target's own distribution at that context (its top-1 is the target's greedy choice there)."""
     import torch
 
-    from trtspec.engines.distill.data import encode_prompt, generate_teacher_data
+    from trtspec.distill.data import encode_prompt, generate_teacher_data
     from trtspec.engines.torch_runtime.loading import load_model, load_tokenizer
 
     target, tok = load_model(tiny_pair[0]), load_tokenizer(tiny_pair[0])
@@ -266,7 +266,7 @@ def test_distilled_draft_is_a_standard_checkpoint_that_proposes_as_its_frequent_
     import torch
     from transformers import AutoModelForCausalLM
 
-    from trtspec.engines.distill.data import encode_prompt, load_prompts
+    from trtspec.distill.data import encode_prompt, load_prompts
     from trtspec.engines.torch_runtime.loading import load_model, load_tokenizer
 
     result, prompt_file = distilled

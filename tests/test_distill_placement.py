@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from trtspec.engines.distill import DistillError
-from trtspec.engines.distill.placement import Machine, plan_placement
+from trtspec.distill import DistillError
+from trtspec.distill.placement import Machine, plan_placement
 
 
 def test_gpus_take_the_teacher_across_all_of_them_in_bf16_and_the_draft_on_the_first():

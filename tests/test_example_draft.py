@@ -26,7 +26,8 @@ def test_distilled_draft_is_lossless_and_accepts_more_than_the_truncated_one(exa
     from trtspec.engines.torch_runtime.decoder import SpeculativeDecoder
     from trtspec.engines.torch_runtime.loading import load_model
     from trtspec.engines.torch_runtime.session import TorchSession
-    from trtspec.example import DRAFT_LAYERS, TARGET_NAME, _atomic_build, _truncate, cache_dir
+    from trtspec.example import DRAFT_LAYERS, TARGET_NAME, _atomic_build, _truncate
+    from trtspec.paths import cache_dir
 
     session = TorchSession(example_paths.target, example_paths.draft, max_draft_len=4)
     # a standard LlamaForCausalLM on disk; trtspec's loader applies its frequent head

@@ -227,8 +227,8 @@ def test_a_distilled_draft_serves_packed_batches_like_a_llama(tiny_pair, target)
     give what it gives one sequence at a time (it once sliced with the tensor as a count: wrong rows, or an error)."""
     import copy
 
-    from trtspec.engines.distill.data import select_head_tokens
-    from trtspec.engines.distill.model import draft_from_target
+    from trtspec.distill.data import select_head_tokens
+    from trtspec.distill.model import draft_from_target
 
     draft = draft_from_target(target, [0, 1], select_head_tokens(torch.ones(512, dtype=torch.long), 256)).eval()
     expected = [reference(draft, p, 6) for p in PROMPTS[:4]]  # before the engine takes the model over

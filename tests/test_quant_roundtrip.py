@@ -80,7 +80,7 @@ def calibrated(request, tiny_pair, tmp_path_factory, probe):
 
 def test_hf_export_reloads_with_the_calibrated_numbers(calibrated, tmp_path, probe):
     from trtspec.build.ptq import export_calibrated
-    from trtspec.build.quantized_loader import is_modelopt_checkpoint, load_modelopt_checkpoint
+    from trtspec.engines.torch_runtime.quantized_loader import is_modelopt_checkpoint, load_modelopt_checkpoint
 
     fmt, spec, c, ref = calibrated
     out = tmp_path / "hf"
@@ -98,8 +98,8 @@ def test_hf_export_reloads_with_the_calibrated_numbers(calibrated, tmp_path, pro
 
 
 def test_trtllm_export_reads_back_with_the_calibrated_numbers(calibrated, tmp_path, probe, tiny_pair):
+    from tests.trtllm_checkpoint import load_trtllm_checkpoint
     from trtspec.build.ptq import export_calibrated
-    from trtspec.build.trtllm_checkpoint import load_trtllm_checkpoint
 
     fmt, _, c, ref = calibrated
     spec = _spec(tiny_pair[0], tmp_path, runtime="trtllm-engine", quantization=fmt)
@@ -128,7 +128,7 @@ def test_naive_from_pretrained_of_an_fp8_export_is_wrong_and_the_loader_fixes_it
     """Plain from_pretrained ignores the *_scale tensors. This is why the torch runtime needs the loader."""
     from transformers import AutoModelForCausalLM
 
-    from trtspec.build.quantized_loader import load_modelopt_checkpoint
+    from trtspec.engines.torch_runtime.quantized_loader import load_modelopt_checkpoint
 
     out = fp8_kv_export
     assert json.loads((out / "hf_quant_config.json").read_text())["quantization"]["kv_cache_quant_algo"] == "FP8"
@@ -146,7 +146,7 @@ def test_fp8_kv_cache_model_decodes_over_a_cache_exactly_like_a_full_pass(fp8_kv
     (a custom attention implementation gets none from transformers unless its mask builder is registered too)."""
     from transformers import DynamicCache
 
-    from trtspec.build.quantized_loader import load_modelopt_checkpoint
+    from trtspec.engines.torch_runtime.quantized_loader import load_modelopt_checkpoint
 
     model = load_modelopt_checkpoint(fp8_kv_export)
     with torch.no_grad():
@@ -160,8 +160,8 @@ def test_fp8_kv_cache_model_decodes_over_a_cache_exactly_like_a_full_pass(fp8_kv
 def test_unquantized_trtllm_checkpoint_is_a_plain_conversion(tiny_pair, tmp_path, probe):
     from transformers import AutoModelForCausalLM
 
+    from tests.trtllm_checkpoint import load_trtllm_checkpoint
     from trtspec.build.quantize import quantize_into
-    from trtspec.build.trtllm_checkpoint import load_trtllm_checkpoint
 
     spec = _spec(tiny_pair[0], tmp_path, runtime="trtllm-engine", quantization="none")
     out = tmp_path / "out"

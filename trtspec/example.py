@@ -15,20 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trtspec.errors import MissingDependencyError, ModelLoadError
+from trtspec.paths import cache_dir
 from trtspec.spec import BuildSpec, spec_from_dict
 
 TARGET_NAME = "smollm2-135m-instruct"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DRAFT_LAYERS = 4  # the truncated draft keeps the target's first layers, embeddings and head
 _FORMAT_VERSION = "1"  # bump to invalidate caches written by older trtspec versions
-
-
-def cache_dir() -> Path:
-    """trtspec's cache directory: ``$TRTSPEC_CACHE``, else ``$XDG_CACHE_HOME/trtspec``, else ``~/.cache/trtspec``."""
-    if os.environ.get("TRTSPEC_CACHE"):
-        return Path(os.environ["TRTSPEC_CACHE"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base).expanduser() / "trtspec"
 
 
 def _gguf_path() -> Path:
@@ -130,7 +123,7 @@ def shipped_draft() -> Path | None:
 
 def _unpack(packed: Path, target_dir: Path):
     def build(out: Path) -> None:
-        from trtspec.engines.distill.pack import unpack_draft
+        from trtspec.distill.pack import unpack_draft
 
         unpack_draft(packed, target_dir, out)
 

@@ -40,7 +40,7 @@ class _DigestCache:
 
     @property
     def path(self) -> Path:
-        from trtspec.example import cache_dir
+        from trtspec.paths import cache_dir
 
         return cache_dir() / "digests.json"
 

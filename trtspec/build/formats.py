@@ -17,6 +17,18 @@ from trtspec.spec import KVCacheFormat, Quantization
 FP8_FAST_CC = (8, 9)  # FP8 tensor cores: Ada (8.9), Hopper (9.0), Blackwell
 
 
+# The torch runtime's QuantLinear (trtspec.engines.torch_runtime.qlinear): TRT-LLM QuantAlgo of a layer -> how its
+# inputs are quantized (weights are dequantized once at load time). Here so that build's checks need no torch.
+TORCH_ACTIVATION_KIND: dict[str, str | None] = {
+    "FP8": "fp8",
+    "W8A8_SQ_PER_CHANNEL": "int8",
+    "W8A16": None,
+    "W4A16_AWQ": None,
+    "W4A8_AWQ": "fp8",
+}
+TORCH_SUPPORTED_ALGOS = tuple(TORCH_ACTIVATION_KIND)
+
+
 @dataclass(frozen=True)
 class QuantFormat:
     """One spec quantization value, mapped to ModelOpt and TensorRT-LLM."""

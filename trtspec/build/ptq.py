@@ -72,8 +72,8 @@ def _fp8_capabilities(spec: BuildSpec, cuda: bool) -> list[tuple[str, tuple[int,
 def preflight(spec: BuildSpec, role: str, cuda: bool) -> tuple[dict[str, Any], list[str]]:
     """Guards that need no weights (format vs. machine and export, model files, family); the raw source config and
     warnings (FP8 below compute capability 8.9)."""
+    from trtspec.build.formats import TORCH_SUPPORTED_ALGOS as SUPPORTED_ALGOS
     from trtspec.build.formats import check_machine, fp8_capability_warning
-    from trtspec.build.qlinear import SUPPORTED_ALGOS
     from trtspec.families import get_family, read_config
 
     model = getattr(spec, role)

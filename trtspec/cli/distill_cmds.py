@@ -1,4 +1,4 @@
-"""`trtspec distill`: train a small draft on the target's own answers (see trtspec.engines.distill)."""
+"""`trtspec distill`: train a small draft on the target's own answers (see trtspec.distill)."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def _report_table(report: dict, k: int) -> Table:
 
 
 def _parse_layers(text: str | None) -> tuple[int, ...] | None:
-    from trtspec.engines.distill import DistillError
+    from trtspec.distill import DistillError
 
     if text is None:
         return None
@@ -162,9 +162,9 @@ def distill(
     as_json: JsonOpt = False,
 ) -> None:
     """Distill a draft for TARGET: the target answers prompts, the draft learns its next-token distributions."""
-    from trtspec.engines.distill import DistillError
-    from trtspec.engines.distill.pipeline import check_dirs
-    from trtspec.engines.distill.settings import DistillSettings, TrainSettings
+    from trtspec.distill import DistillError
+    from trtspec.distill.pipeline import check_dirs
+    from trtspec.distill.settings import DistillSettings, TrainSettings
 
     k = k_alias if k_alias is not None else k
     if threads < 1:
@@ -201,7 +201,7 @@ def distill(
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
     from trtspec.cli._progress import make_progress
-    from trtspec.engines.distill.pipeline import distill as run_distill
+    from trtspec.distill.pipeline import distill as run_distill
 
     torch.set_num_threads(threads)
     quiet_transformers()

@@ -92,7 +92,7 @@ def tune(
                 f"--costs {costs}: {exc}", hint='JSON like {"c": 0.1, "v": {"1": 1.05, "2": 1.1}}'
             ) from None
     spec = resolve_spec(spec_path)
-    from trtspec.engines.distill.data import load_prompts
+    from trtspec.distill.data import load_prompts
     from trtspec.engines.tune import default_prompts, tune_in_process, tune_url
 
     texts = (load_prompts(prompts) if prompts is not None else default_prompts(n_prompts))[:n_prompts]

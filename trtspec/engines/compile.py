@@ -14,9 +14,7 @@ import json
 import os
 import shlex
 import shutil
-import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -28,6 +26,7 @@ from trtspec.engines.engine_dir import serving_image, verify_engine
 from trtspec.engines.trtllm_build import trtllm_build_command
 from trtspec.engines.trtllm_versions import normalize_version
 from trtspec.errors import EngineBuildError, SpecError
+from trtspec.procs import die_with_parent
 from trtspec.spec import BuildSpec, Runtime
 
 LOG_NAME = "trtllm-build.log"
@@ -108,24 +107,6 @@ def _log_path(spec: BuildSpec, role: str) -> Path:
     return spec.engines_dir / "logs" / f"{role}.{LOG_NAME}"
 
 
-def _parent_death_signal_setter():
-    """A pre-exec hook making the child die with us even on SIGKILL (Linux PR_SET_PDEATHSIG), or None.
-
-    libc is loaded here, in the parent: between fork and exec the child only calls the resolved function, so it
-    takes no loader or import lock that another thread (e.g. the progress display's) might hold at fork time.
-    """
-    if sys.platform != "linux":
-        return None
-    try:
-        import ctypes
-
-        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    kill = int(signal.SIGKILL)
-    return lambda: prctl(1, kill)  # 1 = PR_SET_PDEATHSIG
-
-
 def run_trtllm_build(cmd: list[str], log_path: Path, on_line=None) -> float:
     """Run trtllm-build, teeing its output to ``log_path``; raise EngineBuildError with the stderr tail on failure."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -141,7 +122,7 @@ def run_trtllm_build(cmd: list[str], log_path: Path, on_line=None) -> float:
             stderr=subprocess.PIPE,
             text=True,
             errors="replace",
-            preexec_fn=_parent_death_signal_setter(),
+            preexec_fn=die_with_parent(),
         )
 
         def pump(stream, is_err: bool) -> None:

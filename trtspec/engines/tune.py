@@ -60,8 +60,8 @@ class TuneResult:
 
 def default_prompts(n: int) -> list[str]:
     """Held-out prompts of the shipped distillation set (the ones `trtspec distill` never trains on)."""
-    from trtspec.engines.distill.data import load_prompts, split_prompts
-    from trtspec.engines.distill.settings import DistillSettings
+    from trtspec.distill.data import load_prompts, split_prompts
+    from trtspec.distill.settings import DistillSettings
 
     return split_prompts(load_prompts(None), DistillSettings().held_out)[1][:n]
 
@@ -102,7 +102,7 @@ def tune_in_process(
     progress: Any = None,
 ) -> TuneResult:
     """Tune on the spec's models loaded by the torch runtime (see module docstring)."""
-    from trtspec.engines.distill.data import encode_prompt
+    from trtspec.distill.data import encode_prompt
     from trtspec.engines.torch_runtime.costs import measure_step_costs
     from trtspec.engines.torch_runtime.decoder import SpeculativeDecoder
     from trtspec.engines.torch_runtime.profiling import Reference, loop_costs, time_decoder

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.errors import ServerError
+from trtspec.procs import die_with_parent
 
 READY_PATH = "/v2/health/ready"
 
@@ -137,7 +138,7 @@ def python_backend_dir(cache: Path | None = None) -> Path:
             hint="use Python 3.8-3.13, or a tritonserver on PATH with its own Python backend",
         )
     if cache is None:
-        from trtspec.example import cache_dir
+        from trtspec.paths import cache_dir
 
         cache = cache_dir()
     final = cache / "triton-backends" / f"pytriton-{version('nvidia-pytriton')}-py{pyver}"
@@ -186,17 +187,6 @@ def server_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
     # parallel region steal the other model's CPU (measured: a 10-token speculative request 4.5x slower).
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     return env
-
-
-def _set_pdeathsig() -> None:
-    """In the child before exec: die with the parent (SIGKILL on Linux when the parent thread exits)."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:  # not Linux: the context manager still stops it
-        pass
 
 
 @dataclass
@@ -322,7 +312,7 @@ class TritonServer:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env=env,
-            preexec_fn=_set_pdeathsig,
+            preexec_fn=die_with_parent(),
             cwd=self.repo,
             start_new_session=True,
         )  # own process group: we stop it and its stubs

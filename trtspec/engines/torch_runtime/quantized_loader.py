@@ -3,7 +3,7 @@
 ``AutoModelForCausalLM.from_pretrained`` ignores the ``*_scale`` tensors of a ModelOpt export (FP8 weights come back
 unscaled, INT4 weights do not even fit), so a quantized model loaded that way is garbage. This loader builds the model
 from its config, loads the unquantized tensors (embeddings, norms, LM head) normally, and replaces every quantized
-linear layer with a :class:`~trtspec.build.qlinear.QuantLinear` that computes what the calibrated model computed.
+linear layer with a ``qlinear.QuantLinear`` that computes what the calibrated model computed.
 It needs torch and transformers only, not ModelOpt.
 """
 
@@ -86,7 +86,13 @@ def load_modelopt_checkpoint(path: Path, dtype: str = "float32") -> Any:
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.initialization import no_init_weights
 
-    from trtspec.build.qlinear import FP8_MAX, QuantLinear, dequantize_weight, enable_kv_fake_quant, set_submodule
+    from trtspec.engines.torch_runtime.qlinear import (
+        FP8_MAX,
+        QuantLinear,
+        dequantize_weight,
+        enable_kv_fake_quant,
+        set_submodule,
+    )
 
     path = Path(path)
     qc = read_quant_config(path)

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from trtspec.engines.distill import DistillError
+from trtspec.distill import DistillError
 
 EMBEDDINGS = "model.embed_tokens.weight"
 PACK_FILE = "packed.json"

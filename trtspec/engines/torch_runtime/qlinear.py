@@ -17,20 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trtspec.build.formats import TORCH_ACTIVATION_KIND as ACTIVATION_KIND
+from trtspec.build.formats import TORCH_SUPPORTED_ALGOS as SUPPORTED_ALGOS
 from trtspec.errors import QuantizationError
 
 FP8_MAX = 448.0
 _EPS = 1.0 / (1 << 24)
-
-# TRT-LLM QuantAlgo of a layer -> how its inputs are quantized (weights are dequantized once at load time).
-ACTIVATION_KIND: dict[str, str | None] = {
-    "FP8": "fp8",
-    "W8A8_SQ_PER_CHANNEL": "int8",
-    "W8A16": None,
-    "W4A16_AWQ": None,
-    "W4A8_AWQ": "fp8",
-}
-SUPPORTED_ALGOS = tuple(ACTIVATION_KIND)
 
 
 def fake_quant_fp8(x: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from trtspec.engines.distill import DistillError
+from trtspec.distill import DistillError
 
 
 @dataclass
@@ -146,7 +146,7 @@ def answer_batch(
     leave the float32 target's after ~30 tokens (median, SmolLM2) but stay the target's kind of text, and its labels
     agree with float32's top-1 at 98 % of positions; the report measures the draft against the target as it serves.
     ``target`` may sit on GPUs: its inputs move there (``placement.OnDevice``), samples come back on the CPU."""
-    from trtspec.engines.distill.placement import on_device
+    from trtspec.distill.placement import on_device
     from trtspec.engines.torch_runtime.state import ModelState
 
     state = ModelState(on_device(target), len(prompts), pad_id)

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtspec.engines.distill import DistillError
+from trtspec.distill import DistillError
 
 LOSSES = ("fkl", "tvd", "fkl+ce")
 

@@ -1,9 +1,10 @@
 """Read a TensorRT-LLM checkpoint (decoder ``llama``) back into a transformers model, to verify an export on a CPU.
 
-trtllm-build cannot run here, so this reader is how trtspec checks that a TRT-LLM checkpoint written by ModelOpt holds
-the calibrated model: it maps the checkpoint's tensors (``transformer.layers.N.attention.qkv`` ...) and config fields
-(``rotary_base``, ``quantization``) to a LlamaForCausalLM with :class:`~trtspec.build.qlinear.QuantLinear` layers,
-using TRT-LLM's own defaults where a field is missing (so a dropped ``rotary_base`` shows up as rope theta 10000).
+trtllm-build cannot run here, so this reader (used by tests only) is how trtspec checks that a TRT-LLM checkpoint
+written by ModelOpt holds the calibrated model: it maps the checkpoint's tensors (``transformer.layers.N.attention.qkv``
+...) and config fields (``rotary_base``, ``quantization``) to a LlamaForCausalLM with ``QuantLinear`` layers
+(trtspec.engines.torch_runtime.qlinear), using TRT-LLM's own defaults where a field is missing (so a dropped
+``rotary_base`` shows up as rope theta 10000).
 """
 
 from __future__ import annotations
@@ -69,7 +70,13 @@ def load_trtllm_checkpoint(ckpt_dir: Path, dtype: str = "float32") -> Any:
     from transformers import LlamaForCausalLM
     from transformers.initialization import no_init_weights
 
-    from trtspec.build.qlinear import FP8_MAX, QuantLinear, dequantize_weight, enable_kv_fake_quant, set_submodule
+    from trtspec.engines.torch_runtime.qlinear import (
+        FP8_MAX,
+        QuantLinear,
+        dequantize_weight,
+        enable_kv_fake_quant,
+        set_submodule,
+    )
 
     ckpt_dir = Path(ckpt_dir)
     cfg = read_trtllm_config(ckpt_dir)

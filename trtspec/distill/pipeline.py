@@ -19,8 +19,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from trtspec.engines.distill import DistillError
-from trtspec.engines.distill.settings import DistillSettings
+from trtspec.distill import DistillError
+from trtspec.distill.settings import DistillSettings
 
 REPORT_FILE = "distill_report.json"
 
@@ -81,7 +81,7 @@ def distill(
     """Distill a draft for the target in ``target_dir`` into ``out`` (a loadable HF directory + report); ``machine``
     (default: detected) decides the placement, ``traffic`` (texts) replaces the teacher answers as the n-gram pool."""
     from trtspec.build.artifacts import hash_dir, is_up_to_date
-    from trtspec.engines.distill.data import (
+    from trtspec.distill.data import (
         encode_prompt,
         generate_teacher_data,
         load_prompts,
@@ -90,10 +90,10 @@ def distill(
         split_prompts,
         token_counts,
     )
-    from trtspec.engines.distill.model import draft_from_target, register, source_weights
-    from trtspec.engines.distill.placement import Machine, plan_placement
-    from trtspec.engines.distill.report import measure
-    from trtspec.engines.distill.train import train
+    from trtspec.distill.model import draft_from_target, register, source_weights
+    from trtspec.distill.placement import Machine, plan_placement
+    from trtspec.distill.report import measure
+    from trtspec.distill.train import train
     from trtspec.engines.torch_runtime.loading import load_model, load_tokenizer
     from trtspec.engines.torch_runtime.session import eos_ids_of
 
@@ -224,7 +224,7 @@ def distill(
 
 def to_standard_cpu(draft: Any, target_config: Any) -> Any:
     """The trained draft as a standard checkpoint of the target's family, in float32 on the CPU."""
-    from trtspec.engines.distill.model import to_standard
+    from trtspec.distill.model import to_standard
 
     return to_standard(draft.float().cpu(), target_config)
 
@@ -238,7 +238,7 @@ def build_pool(samples: Any, tokenizer: Any, target_dir: Path, vocab: int, traff
     # the fingerprint `trtspec check` compares (its tokenizer reader, not transformers')
     meta = {"tokenizer_sha256": vocab_fingerprint(read_tokenizer(target_dir).vocab)}
     if traffic is not None:
-        from trtspec.engines.distill.data import load_texts
+        from trtspec.distill.data import load_texts
 
         texts = load_texts(Path(traffic))
         seqs = [tokenizer.encode(t, add_special_tokens=False) for t in texts]

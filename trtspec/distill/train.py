@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from trtspec.engines.distill.data import Sample
-from trtspec.engines.distill.settings import TrainSettings
+from trtspec.distill.data import Sample
+from trtspec.distill.settings import TrainSettings
 
 
 @dataclass
