@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 
@@ -36,3 +40,51 @@ def torch_spec_dict(target: Path, draft: Path, **overrides) -> dict:
         else:
             data[section] = values
     return data
+
+
+def serve_argv(repo: Path, *args: str) -> list[str]:
+    """`trtspec serve REPO` on free ports (0: the server picks them and prints them), as a user or a pod runs it."""
+    return [
+        sys.executable,
+        "-m",
+        "trtspec",
+        "serve",
+        str(repo),
+        "--http-port",
+        "0",
+        "--grpc-port",
+        "0",
+        "--metrics-port",
+        "0",
+        *args,
+    ]
+
+
+class Serve:
+    """`trtspec serve` as a subprocess (what a user or a pod runs), its URLs read from its output."""
+
+    def __init__(self, repo, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            serve_argv(repo, *args),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": os.getcwd(), "COLUMNS": "300"},
+        )
+        line = ""
+        while "ready:" not in line:
+            line = self.proc.stdout.readline()
+            assert line or self.proc.poll() is None, self.proc.stderr.read()
+        self.grpc_url = line.split("gRPC ")[1].split(",")[0]
+        self.stderr = ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 120) -> int:
+        self.proc.send_signal(sig)
+        rc = self.proc.wait(timeout)
+        self.stderr = self.proc.stderr.read()
+        return rc
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)

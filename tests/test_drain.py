@@ -6,16 +6,13 @@ so the stream is cut mid-way; then the process does not exit after --exit-timeou
 
 from __future__ import annotations
 
-import os
 import re
 import signal
-import subprocess
-import sys
 import threading
 
 import pytest
 
-from tests.serving_helpers import torch_spec_dict
+from tests.serving_helpers import Serve, torch_spec_dict
 from trtspec.errors import GenerationError
 from trtspec.serving.client import TritonLLMClient
 from trtspec.spec import spec_from_dict
@@ -36,49 +33,6 @@ def repo(request, tiny_pair, tmp_path_factory):
         environ={},
     )
     return write_repo(spec)["path"]
-
-
-class Serve:
-    """`trtspec serve` as a subprocess (what a user or a pod runs), its URLs read from its output."""
-
-    def __init__(self, repo, *args: str) -> None:
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "trtspec",
-                "serve",
-                str(repo),
-                "--http-port",
-                "0",
-                "--grpc-port",
-                "0",
-                "--metrics-port",
-                "0",
-                *args,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "PYTHONPATH": os.getcwd(), "COLUMNS": "300"},
-        )
-        line = ""
-        while "ready:" not in line:
-            line = self.proc.stdout.readline()
-            assert line or self.proc.poll() is None, self.proc.stderr.read()
-        self.grpc_url = line.split("gRPC ")[1].split(",")[0]
-        self.stderr = ""
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 120) -> int:
-        self.proc.send_signal(sig)
-        rc = self.proc.wait(timeout)
-        self.stderr = self.proc.stderr.read()
-        return rc
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(30)
 
 
 def _stream(url: str, n: int, out: dict, started: threading.Event) -> None:

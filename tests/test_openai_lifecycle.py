@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from tests.openai_helpers import Served, with_chat_template
-from tests.serving_helpers import torch_spec_dict
+from tests.serving_helpers import serve_argv, torch_spec_dict
 
 pytestmark = pytest.mark.triton
 
@@ -89,21 +89,7 @@ def test_taken_openai_port_fails_before_triton_starts(repo, tmp_path):
         busy.listen(1)
         port = busy.getsockname()[1]
         r = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "trtspec",
-                "serve",
-                str(repo),
-                "--http-port",
-                "0",
-                "--grpc-port",
-                "0",
-                "--metrics-port",
-                "0",
-                "--openai-port",
-                str(port),
-            ],
+            serve_argv(repo, "--openai-port", str(port)),
             capture_output=True,
             text=True,
             timeout=120,

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.serving_helpers import serve_argv
 from trtspec.errors import ServerError
 from trtspec.serving.server import Ports, TritonServer, free_port
 
@@ -155,21 +156,7 @@ def test_a_non_decoupled_repository_answers_and_refuses_streaming(tiny_pair, tmp
 def test_cli_serve_runs_until_ctrl_c_or_sigterm_and_takes_the_server_down(tmp_path, sig):
     repo = echo_repo(tmp_path)
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "trtspec",
-            "serve",
-            str(repo),
-            "--http-port",
-            "0",
-            "--grpc-port",
-            "0",
-            "--metrics-port",
-            "0",
-            "--log-file",
-            str(tmp_path / "s.log"),
-        ],
+        serve_argv(repo, "--log-file", str(tmp_path / "s.log")),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -12,8 +12,7 @@ import time
 
 import pytest
 
-from tests.serving_helpers import torch_spec_dict
-from tests.test_drain import Serve
+from tests.serving_helpers import Serve, torch_spec_dict
 from trtspec.serving.client import TritonLLMClient
 from trtspec.serving.stubs import StubWatch, expected_stubs, stub_processes
 from trtspec.spec import spec_from_dict

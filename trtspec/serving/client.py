@@ -135,16 +135,20 @@ class TritonLLMClient:
         except Exception:  # noqa: BLE001
             return []
 
-    def model_parameters(self, model: str) -> dict[str, str]:
-        """The string parameters of a served model's config; empty when the server has no such model."""
+    def model_config(self, model: str) -> dict[str, Any] | None:
+        """A served model's config as JSON (Triton's ``/v2/models/<model>/config``); None when the server has no
+        such model or cannot say."""
         try:
             if self.protocol == "http":
-                config = self._get_json(f"/v2/models/{model}/config")
-            else:
-                config = self._grpc_client().get_model_config(model, as_json=True).get("config", {})
-            return {k: str(v.get("string_value", "")) for k, v in (config.get("parameters") or {}).items()}
-        except Exception:  # noqa: BLE001
-            return {}
+                return self._get_json(f"/v2/models/{model}/config")
+            return self._grpc_client().get_model_config(model, as_json=True).get("config", {})
+        except Exception:  # noqa: BLE001 - an unknown model is tritonclient's InferenceServerException or HTTP 400
+            return None
+
+    def model_parameters(self, model: str) -> dict[str, str]:
+        """The string parameters of a served model's config; empty when the server has no such model."""
+        config = self.model_config(model) or {}
+        return {k: str(v.get("string_value", "")) for k, v in (config.get("parameters") or {}).items()}
 
     def deployment_parameters(self) -> dict[str, str]:
         """The draft-target settings of the served repository (max_draft_len, route_threshold ...), from the

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from trtspec.serving.server import trtspec_import_root
+from trtspec.paths import trtspec_import_root
 
 
 def docker_command(

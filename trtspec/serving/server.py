@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.errors import ServerError
+from trtspec.paths import trtspec_import_root
 from trtspec.procs import die_with_parent
 
 READY_PATH = "/v2/health/ready"
@@ -157,13 +158,6 @@ def python_backend_dir(cache: Path | None = None) -> Path:
     except OSError:  # another process won the race
         shutil.rmtree(tmp, ignore_errors=True)
     return final
-
-
-def trtspec_import_root() -> Path:
-    """The directory that holds this ``trtspec`` package (what the backend stubs must import)."""
-    import trtspec
-
-    return Path(trtspec.__file__).resolve().parent.parent
 
 
 def server_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:

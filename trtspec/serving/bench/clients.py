@@ -96,22 +96,13 @@ class TritonRequester:
 
     def _config(self, model: str) -> dict[str, Any] | None:
         try:
-            if self.protocol == "http":
-                with urllib.request.urlopen(f"http://{self._host()}/v2/models/{model}/config", timeout=10) as r:
-                    return json.loads(r.read().decode("utf-8"))
-            import tritonclient.grpc as grpcclient
-
-            client = grpcclient.InferenceServerClient(self._host())
-            try:
-                return client.get_model_config(model, as_json=True).get("config")
-            finally:
-                client.close()
-        except (OSError, ValueError, KeyError):  # an unknown model (HTTP 400): nothing to describe
-            return None
-        except Exception as exc:  # noqa: BLE001 - tritonclient's InferenceServerException for an unknown model
-            if type(exc).__name__ == "InferenceServerException":
-                return None
-            raise
+            client = self._pool.get_nowait()
+        except queue.Empty:
+            client = self._make()
+        try:
+            return client.model_config(model)
+        finally:
+            self._pool.put(client)
 
     def _host(self) -> str:
         return self._address
