@@ -338,9 +338,9 @@ def _check_dtype(report: CheckReport, spec: BuildSpec) -> None:
 def _check_calibration(report: CheckReport, spec: BuildSpec) -> None:
     """The calibration file is read only when something is quantized; then it must be there and hold text."""
     from trtspec.build.calibration import read_documents
-    from trtspec.build.ptq import needs_calibration
+    from trtspec.build.layout import ROLES, is_quantized
 
-    used = [r for r in ("target", "draft") if needs_calibration(spec, r)]
+    used = [r for r in ROLES if is_quantized(spec, r)]
     file = spec.calibration.file
     if not used:
         detail = "not used: nothing is quantized" + (f" ({file} is ignored)" if file else "")
