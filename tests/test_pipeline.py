@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from tests.engine_helpers import TinyStageBodies, engine_spec
+from trtspec.build.layout import engine_dir
 from trtspec.build.pipeline import StageBodies, run_pipeline
-from trtspec.build.plan import engine_dir
 from trtspec.errors import EngineBuildError, MissingDependencyError, SpecError
 
 OUTPUT_STAGES = ["quantize:target", "quantize:draft", "quality", "compile:target", "compile:draft", "repo"]
