@@ -9,7 +9,6 @@ command wrote it. ``StageResult`` is what any stage did, in one vocabulary: ``ST
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import time
 from collections.abc import Callable, Iterable
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.build.artifacts import atomic_dir, hash_inputs, read_manifest, tool_versions, write_manifest
+from trtspec.procs import pid_alive
 
 Inputs = tuple[dict[str, Path | None], dict]
 InputsFn = Callable[[], Inputs]
@@ -135,16 +135,6 @@ def run_stage(stage: Stage, force: bool = False, progress: Any = None) -> StageR
     return StageResult(stage.name, BUILT, str(stage.output), time.monotonic() - t0, "", manifest)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process
-    return True
-
-
 def clean_stale_temporaries(outputs: Iterable[Path]) -> list[Path]:
     """Remove the ``.tmp-<name>-<pid>-*`` / ``.old-<name>-<pid>-*`` siblings (``atomic_dir``'s) that killed runs left
     next to these outputs; never those of a process still running. Returns what was removed."""
@@ -158,7 +148,7 @@ def clean_stale_temporaries(outputs: Iterable[Path]) -> list[Path]:
                 if not p.name.startswith(prefix):
                     continue
                 pid = p.name[len(prefix) :].split("-")[0]
-                if pid.isdigit() and not _alive(int(pid)):
+                if pid.isdigit() and not pid_alive(int(pid)):
                     if p.is_dir():
                         shutil.rmtree(p, ignore_errors=True)
                     else:
