@@ -27,6 +27,17 @@ from trtspec.errors import EngineBuildError, MissingDependencyError, SpecError
 OUTPUT_STAGES = ["quantize:target", "quantize:draft", "quality", "compile:target", "compile:draft", "repo"]
 
 
+TARGET_ENGINE_AND_REPO_REBUILT = {
+    "check": "passed",
+    "quantize:target": "skipped",
+    "quantize:draft": "skipped",
+    "quality": "skipped",
+    "compile:target": "built",
+    "compile:draft": "skipped",
+    "repo": "built",
+}
+
+
 def _statuses(report):
     return {s.name: s.status for s in report.stages}
 
@@ -58,15 +69,7 @@ def test_deleting_one_output_reruns_that_stage_and_the_ones_after(
     run_pipeline(spec, bodies=bodies.bodies())
     shutil.rmtree(engine_dir(spec, "target"))
     report = run_pipeline(spec, bodies=bodies.bodies())
-    assert _statuses(report) == {
-        "check": "passed",
-        "quantize:target": "skipped",
-        "quantize:draft": "skipped",
-        "quality": "skipped",
-        "compile:target": "built",
-        "compile:draft": "skipped",
-        "repo": "built",
-    }
+    assert _statuses(report) == TARGET_ENGINE_AND_REPO_REBUILT
 
 
 def test_changing_the_draft_length_rebuilds_only_the_target_engine_and_the_repo(
@@ -76,15 +79,7 @@ def test_changing_the_draft_length_rebuilds_only_the_target_engine_and_the_repo(
     run_pipeline(engine_spec(tmp_path, tiny_pair), bodies=bodies.bodies())
     spec = engine_spec(tmp_path, tiny_pair, speculative={"max_draft_len": 8})
     report = run_pipeline(spec, bodies=bodies.bodies())
-    assert _statuses(report) == {
-        "check": "passed",
-        "quantize:target": "skipped",
-        "quantize:draft": "skipped",
-        "quality": "skipped",
-        "compile:target": "built",
-        "compile:draft": "skipped",
-        "repo": "built",
-    }
+    assert _statuses(report) == TARGET_ENGINE_AND_REPO_REBUILT
     manifest = json.loads((engine_dir(spec, "target") / "manifest.json").read_text())
     assert manifest["engine"]["max_draft_len"] == 8
 
