@@ -59,3 +59,22 @@ def test_large_file_digest_is_cached_by_size_and_mtime(tmp_path, monkeypatch):
     f.write_bytes(b"abcdefgX")
     os.utime(f, ns=(1, 1))
     assert artifacts.hash_file(f) == "recomputed" and reads == [f]
+
+
+def test_stale_temporaries_of_dead_runs_are_removed_and_a_live_process_s_kept(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from trtspec.build.stages import clean_stale_temporaries
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    out = tmp_path / "target"
+    leftovers = [tmp_path / f".tmp-target-{dead_pid}-1", tmp_path / f".old-target-{dead_pid}-2"]
+    live = tmp_path / f".tmp-target-{os.getpid()}-3"  # a run still writing this output
+    other = tmp_path / f".tmp-draft-{dead_pid}-4"  # another output's: not asked about
+    for d in (*leftovers, live, other):
+        d.mkdir()
+    assert sorted(clean_stale_temporaries([out])) == sorted(leftovers)
+    assert live.is_dir() and other.is_dir() and not any(d.exists() for d in leftovers)

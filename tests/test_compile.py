@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from tests.engine_helpers import engine_spec
+from trtspec.build.layout import checkpoint_dir, engine_dir
 from trtspec.build.pipeline import run_pipeline
-from trtspec.build.plan import checkpoint_dir, engine_dir
 from trtspec.engines.compile import compile_into, docker_command
 from trtspec.engines.trtllm_build import trtllm_build_command
 from trtspec.errors import EngineBuildError

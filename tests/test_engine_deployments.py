@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from tests.engine_helpers import engine_spec
 from tests.upstream import facts
-from trtspec.build.plan import checkpoint_dir, engine_dir
+from trtspec.build.layout import checkpoint_dir, engine_dir
 from trtspec.engines.trtllm_build import trtllm_build_command
 from trtspec.engines.trtllm_versions import ngc_image
 

@@ -1,7 +1,8 @@
 """`trtspec build` orchestration: resume, partial rebuilds, kills mid-stage, the version guard before the repo.
 
-The compile stage is the real one (running the trtllm-build STAND-IN); quantize and repo are small stand-in bodies
-from tests/engine_helpers.py (tests/test_build_cli.py runs the real ones).
+The compile stage is the real one (running the trtllm-build STAND-IN); in most tests quantize and repo are small
+stand-in bodies from tests/engine_helpers.py. The ``test_real_stages_*`` tests run every real stage on the tiny pair,
+one per runtime (the stand-in builds only the engines; what they check is what quantize and repo wrote).
 """
 
 from __future__ import annotations
@@ -19,11 +20,22 @@ import pytest
 import yaml
 
 from tests.engine_helpers import TinyStageBodies, engine_spec
+from trtspec.build.layout import engine_dir
 from trtspec.build.pipeline import StageBodies, run_pipeline
-from trtspec.build.plan import engine_dir
 from trtspec.errors import EngineBuildError, MissingDependencyError, SpecError
 
 OUTPUT_STAGES = ["quantize:target", "quantize:draft", "quality", "compile:target", "compile:draft", "repo"]
+
+
+TARGET_ENGINE_AND_REPO_REBUILT = {
+    "check": "passed",
+    "quantize:target": "skipped",
+    "quantize:draft": "skipped",
+    "quality": "skipped",
+    "compile:target": "built",
+    "compile:draft": "skipped",
+    "repo": "built",
+}
 
 
 def _statuses(report):
@@ -57,15 +69,7 @@ def test_deleting_one_output_reruns_that_stage_and_the_ones_after(
     run_pipeline(spec, bodies=bodies.bodies())
     shutil.rmtree(engine_dir(spec, "target"))
     report = run_pipeline(spec, bodies=bodies.bodies())
-    assert _statuses(report) == {
-        "check": "passed",
-        "quantize:target": "skipped",
-        "quantize:draft": "skipped",
-        "quality": "skipped",
-        "compile:target": "built",
-        "compile:draft": "skipped",
-        "repo": "built",
-    }
+    assert _statuses(report) == TARGET_ENGINE_AND_REPO_REBUILT
 
 
 def test_changing_the_draft_length_rebuilds_only_the_target_engine_and_the_repo(
@@ -75,15 +79,7 @@ def test_changing_the_draft_length_rebuilds_only_the_target_engine_and_the_repo(
     run_pipeline(engine_spec(tmp_path, tiny_pair), bodies=bodies.bodies())
     spec = engine_spec(tmp_path, tiny_pair, speculative={"max_draft_len": 8})
     report = run_pipeline(spec, bodies=bodies.bodies())
-    assert _statuses(report) == {
-        "check": "passed",
-        "quantize:target": "skipped",
-        "quantize:draft": "skipped",
-        "quality": "skipped",
-        "compile:target": "built",
-        "compile:draft": "skipped",
-        "repo": "built",
-    }
+    assert _statuses(report) == TARGET_ENGINE_AND_REPO_REBUILT
     manifest = json.loads((engine_dir(spec, "target") / "manifest.json").read_text())
     assert manifest["engine"]["max_draft_len"] == 8
 
@@ -291,3 +287,86 @@ def test_a_second_build_or_quantize_of_the_same_spec_is_refused_while_one_runs(t
         with pytest.raises(SpecError, match="another trtspec build of this spec is running"):
             quantize_models(spec)
     assert _statuses(run_pipeline(spec, only=["check"])) == {"check": "passed"}  # released
+
+
+# -- the real quantize and repo stages, one runtime each -------------------------------------------------------------
+REAL_RUNTIMES = {
+    # runtime: (target quantization, draft quantization, dtype); formats ModelOpt quantizes on a CPU
+    "torch": ("fp8", "int8_wo", "float32"),
+    "trtllm-llmapi": ("fp8", "int8_wo", "float32"),
+    "trtllm-engine": ("fp8", "fp8", "float16"),
+}
+
+
+def _quant_algo(spec, role) -> str | None:
+    from trtspec.build.layout import checkpoint_dir
+    from trtspec.spec import Runtime
+
+    ckpt = checkpoint_dir(spec, role)
+    if spec.runtime is Runtime.TRTLLM_ENGINE:  # a TensorRT-LLM checkpoint
+        return json.loads((ckpt / "config.json").read_text())["quantization"]["quant_algo"]
+    return json.loads((ckpt / "hf_quant_config.json").read_text())["quantization"]["quant_algo"]
+
+
+@pytest.mark.parametrize("runtime", sorted(REAL_RUNTIMES))  # about 5-7 s each on a CPU
+def test_real_stages_build_then_skip(tmp_path, tiny_pair, runtime, request):
+    from trtspec.build.formats import get_format
+    from trtspec.build.layout import ROLES, checkpoint_dir
+    from trtspec.spec import Quantization
+    from trtspec.triton_repo.definitions import repository_models
+    from trtspec.triton_repo.pbtxt import parse
+    from trtspec.triton_repo.validate import validate_repo
+
+    if runtime == "trtllm-engine":
+        request.getfixturevalue("with_standin")  # trtllm-build cannot run here: the stand-in builds the engines
+    target_q, draft_q, dtype = REAL_RUNTIMES[runtime]
+    spec = engine_spec(
+        tmp_path,
+        tiny_pair,
+        runtime=runtime,
+        target={"quantization": target_q, "dtype": dtype},
+        draft={"quantization": draft_q, "dtype": dtype},
+    )
+    first = run_pipeline(spec)  # every body the real one
+    engines = runtime == "trtllm-engine"
+    compiled = "built" if engines else "not needed"
+    assert _statuses(first) == {
+        "check": "passed",
+        "quantize:target": "built",
+        "quantize:draft": "built",
+        "quality": "built",
+        "compile:target": compiled,
+        "compile:draft": compiled,
+        "repo": "built",
+    }
+    for role, q in zip(ROLES, (target_q, draft_q)):  # ModelOpt's checkpoints, with the spec's quantization
+        manifest = json.loads((checkpoint_dir(spec, role) / "manifest.json").read_text())
+        assert manifest["stage"] == f"quantize:{role}" and manifest["format"] == q
+        assert manifest["export"] == ("trtllm-checkpoint" if engines else "hf-checkpoint")
+        assert _quant_algo(spec, role) == get_format(Quantization(q)).trtllm_algo
+    quality = json.loads((spec.build_dir / "quality.json").read_text())
+    assert set(quality["models"]) == {"target", "draft"}
+    repo_manifest = json.loads((spec.repo_dir / "manifest.json").read_text())
+    models = [m.name for m in repository_models(spec)]
+    assert repo_manifest["stage"] == "repo" and repo_manifest["models"] == models
+    assert sorted(p.name for p in spec.repo_dir.iterdir() if p.is_dir()) == sorted(models)
+    configs = validate_repo(spec.repo_dir)  # parses and cross-checks every config.pbtxt
+    assert set(configs) == set(models)
+    for name in models:
+        assert parse((spec.repo_dir / name / "config.pbtxt").read_text()).name == name
+    target_cfg = (spec.repo_dir / "tensorrt_llm" / "config.pbtxt").read_text()
+    if engines:
+        assert 'backend: "tensorrtllm"' in target_cfg and 'string_value: "/engines/target"' in target_cfg
+    elif runtime == "trtllm-llmapi":
+        assert models == ["tensorrt_llm"]
+        assert "model: /checkpoints/target" in (spec.repo_dir / "tensorrt_llm" / "1" / "model.yaml").read_text()
+        mounts = dict(map(tuple, repo_manifest["container_mounts"]))
+        assert mounts[str(checkpoint_dir(spec, "target"))] == "/checkpoints/target"  # the quantized checkpoint
+    else:
+        assert f'string_value: "{checkpoint_dir(spec, "target")}"' in target_cfg  # the quantized checkpoint
+    manifests = {p: p.read_text() for p in sorted(tmp_path.rglob("manifest.json"))}
+    second = run_pipeline(spec)
+    assert {n: s for n, s in _statuses(second).items() if s not in ("passed", "not needed")} == {
+        n: "skipped" for n, s in _statuses(first).items() if s == "built"
+    }
+    assert {p: p.read_text() for p in sorted(tmp_path.rglob("manifest.json"))} == manifests  # nothing rewritten

@@ -204,7 +204,7 @@ def test_engine_runtime_swaps_only_the_two_engine_models(tiny_pair, tmp_path):
     """runtime trtllm-engine: backend tensorrtllm definitions (engines branch) for tensorrt_llm / tensorrt_llm_draft,
     everything else identical. The writer only references the engines and the checkpoint, and reads the release an
     engine was built by (the version guard): a config.json and an empty rank0.engine stand in for each engine."""
-    from trtspec.build.plan import checkpoint_dir, engine_dir
+    from trtspec.build.layout import checkpoint_dir, engine_dir
 
     data = torch_spec_dict(*tiny_pair, runtime="trtllm-engine")
     data["target"]["dtype"] = data["draft"]["dtype"] = "bfloat16"

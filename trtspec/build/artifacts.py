@@ -165,19 +165,6 @@ def atomic_dir(final: Path) -> Iterator[Path]:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def clean_stale_temporaries(parent: Path) -> list[Path]:
-    """Remove ``.tmp-*`` / ``.old-*`` leftovers of killed runs in ``parent``; return what was removed."""
-    removed: list[Path] = []
-    parent = Path(parent)
-    if not parent.is_dir():
-        return removed
-    for p in parent.iterdir():
-        if p.name.startswith((".tmp-", ".old-")):
-            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
-            removed.append(p)
-    return removed
-
-
 def tool_versions(*packages: str) -> dict[str, str | None]:
     """Installed versions of Python packages (None when absent), without importing them."""
     from importlib.metadata import PackageNotFoundError, version

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 
+from trtspec.build.layout import ROLES
 from trtspec.build.memory import GIB, HostMemoryPlan, MemoryPlan, plan_host_memory, plan_memory
 from trtspec.build.tokenizers import TokenizerInfo, first_vocab_difference, read_tokenizer
 from trtspec.build.toolchain import Toolchain, detect_toolchain
@@ -324,7 +325,7 @@ def _check_host_memory(report: CheckReport, spec: BuildSpec, t: NormalizedConfig
 def _check_dtype(report: CheckReport, spec: BuildSpec) -> None:
     if spec.runtime is Runtime.TORCH:
         return
-    for role in ("target", "draft"):
+    for role in ROLES:
         dtype = getattr(spec, role).dtype
         if dtype.value == "float32":
             report.add(
@@ -338,9 +339,9 @@ def _check_dtype(report: CheckReport, spec: BuildSpec) -> None:
 def _check_calibration(report: CheckReport, spec: BuildSpec) -> None:
     """The calibration file is read only when something is quantized; then it must be there and hold text."""
     from trtspec.build.calibration import read_documents
-    from trtspec.build.ptq import needs_calibration
+    from trtspec.build.layout import is_quantized
 
-    used = [r for r in ("target", "draft") if needs_calibration(spec, r)]
+    used = [r for r in ROLES if is_quantized(spec, r)]
     file = spec.calibration.file
     if not used:
         detail = "not used: nothing is quantized" + (f" ({file} is ignored)" if file else "")

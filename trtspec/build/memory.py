@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from trtspec.build.layout import ROLES
 from trtspec.families import NormalizedConfig
 from trtspec.spec import BuildSpec, DType, KVCacheFormat, ModelSpec, Quantization
 
@@ -176,11 +177,11 @@ def plan_host_memory(
 ) -> HostMemoryPlan:
     """The torch runtime's memory on this machine (``machine``: (total, available) bytes, default: measured)."""
     total, available = machine or host_memory()
-    as_served = {
+    as_served: dict[str, ModelSpec] = {
         role: spec.target.model_copy(update={"quantization": Quantization.NONE})
         if role == "target"
         else spec.draft.model_copy(update={"quantization": Quantization.NONE})
-        for role in ("target", "draft")
+        for role in ROLES
     }
     wt = weight_bytes(target_cfg, as_served["target"])
     wd = weight_bytes(draft_cfg, as_served["draft"])

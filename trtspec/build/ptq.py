@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 from trtspec.build.artifacts import hash_dir, tool_versions
 from trtspec.build.formats import get_format
+from trtspec.build.layout import is_quantized
 from trtspec.build.quiet import quiet_libraries
 from trtspec.errors import ModelLoadError, QuantizationError
-from trtspec.spec import BuildSpec, DType, KVCacheFormat, Quantization, Runtime
+from trtspec.spec import BuildSpec, DType, Quantization, Runtime
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -31,12 +32,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("trtspec.quantize")
 MODELOPT_LOG = "modelopt.log"
 _WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
-
-
-def needs_calibration(spec: BuildSpec, role: str) -> bool:
-    """True when the role's weights or KV cache are quantized."""
-    model = getattr(spec, role)
-    return model.quantization is not Quantization.NONE or model.kv_cache is not KVCacheFormat.AUTO
 
 
 def export_kind(spec: BuildSpec) -> str:
@@ -195,7 +190,7 @@ def calibrate(spec: BuildSpec, role: str, progress: Progress | None = None) -> C
     src = spec.model_path(role)
     cuda = torch.cuda.is_available()
     raw_cfg, warnings_out = preflight(spec, role, cuda)
-    calibrating = needs_calibration(spec, role)
+    calibrating = is_quantized(spec, role)
     data = load_calibration(spec, AutoTokenizer.from_pretrained(src)) if calibrating else None
     check_blocks(src, q, cuda)
     # CPUs calibrate in float32 (bfloat16 matmuls are slow there); GPUs in the spec's dtype, as ModelOpt's examples do.

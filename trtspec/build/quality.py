@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtspec.build.artifacts import read_manifest
-from trtspec.build.plan import ROLES, checkpoint_dir
+from trtspec.build.layout import QUALITY_REPORT, ROLES, checkpoint_dir
 from trtspec.spec import BuildSpec, Quantization
 
 if TYPE_CHECKING:
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from rich.progress import Progress
 
 EVAL_FILE = Path("quality") / "eval.npz"
-REPORT = "quality.json"
+REPORT = QUALITY_REPORT
 SOURCE_EVAL_CACHE = ".quality"  # under build/: evaluations of unquantized sources
 
 

@@ -1,23 +1,21 @@
 """The quantize stage: ModelOpt post-training quantization of the target or the draft, and its export.
 
 ``quantize_into`` is the stage body the pipeline calls inside an atomic output directory (the work itself is in
-:mod:`trtspec.build.ptq`); ``quantize_stage`` wraps it with the directory, the manifest and skip-if-up-to-date, for
-``trtspec quantize``.
+:mod:`trtspec.build.ptq`); ``quantize_stage`` runs the pipeline's quantize stage of one role through the one runner
+(:mod:`trtspec.build.stages`), for ``trtspec quantize``.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trtspec.build.artifacts import atomic_dir, hash_inputs, is_up_to_date, read_manifest, tool_versions, write_manifest
+from trtspec.build.artifacts import tool_versions
 from trtspec.build.calibration import calibration_source
-from trtspec.build.plan import ROLES, checkpoint_dir
-from trtspec.build.ptq import export_kind, needs_calibration
+from trtspec.build.layout import ROLES, is_quantized, needs_checkpoint
+from trtspec.build.ptq import export_kind
+from trtspec.build.stages import NOT_NEEDED, PlanEntry, StageResult, run_stage
 from trtspec.errors import QuantizationError
 from trtspec.spec import BuildSpec, Runtime
 
@@ -27,15 +25,10 @@ if TYPE_CHECKING:
 STAGE_VERSION = 1  # bump when quantize_into's output changes for the same inputs
 
 
-def stage_needed(spec: BuildSpec, role: str) -> bool:
-    """False when the role is served from its source directory (no quantization, no engine checkpoint)."""
-    return spec.runtime is Runtime.TRTLLM_ENGINE or needs_calibration(spec, role)
-
-
 def quantize_inputs(spec: BuildSpec, role: str) -> tuple[dict[str, Path | None], dict]:
     """The paths and settings whose hash decides whether a role's quantized checkpoint is up to date."""
     model = getattr(spec, role)
-    calibrate = needs_calibration(spec, role)
+    calibrate = is_quantized(spec, role)
     paths: dict[str, Path | None] = {
         "model": spec.model_path(role),
         "calibration": calibration_source(spec) if calibrate else None,
@@ -69,7 +62,7 @@ def quantize_into(spec: BuildSpec, role: str, out_dir: Path, progress: Progress 
 
     if role not in ROLES:
         raise QuantizationError(f"unknown role {role!r}", hint="use target or draft")
-    if not stage_needed(spec, role):
+    if not needs_checkpoint(spec, role):
         raise QuantizationError(
             f"{role}: quantization none on runtime {spec.runtime.value}: nothing to write",
             hint="the source directory is served as is",
@@ -81,66 +74,31 @@ def quantize_into(spec: BuildSpec, role: str, out_dir: Path, progress: Progress 
     return extra
 
 
-def _clean_stale(out: Path) -> None:
-    """Remove temporaries of this output left by killed runs (never those of a process still running)."""
-    if not out.parent.is_dir():
-        return
-    for p in out.parent.iterdir():
-        for prefix in (f".tmp-{out.name}-", f".old-{out.name}-"):
-            pid = p.name[len(prefix) :].split("-")[0] if p.name.startswith(prefix) else ""
-            if pid.isdigit() and not _alive(int(pid)):
-                shutil.rmtree(p, ignore_errors=True)
+def quantize_plan(spec: BuildSpec, role: str) -> PlanEntry:
+    """The quantize stage's entry in `trtspec plan`."""
+    model = getattr(spec, role)
+    src = str(spec.model_path(role, weights=False))  # the plan names the directory; it never needs the weights
+    fmt = "TRT-LLM checkpoint" if spec.runtime is Runtime.TRTLLM_ENGINE else "unified HF checkpoint"
+    if not is_quantized(spec, role):
+        return PlanEntry(f"convert to {fmt} ({model.dtype.value})", [src])
+    return PlanEntry(
+        f"ModelOpt PTQ {model.quantization.value} (KV cache {model.kv_cache.value}) -> {fmt}", [src, "calibration data"]
+    )
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def quantize_stage(spec: BuildSpec, role: str, progress: Progress | None = None, force: bool = False) -> StageResult:
+    """Run the quantize stage for one role into ``build/<role>/`` (the pipeline's stage, through the one runner)."""
+    from trtspec.build.pipeline import stage_named
 
-
-@dataclass
-class StageOutcome:
-    """What ``quantize_stage`` did for one role."""
-
-    role: str
-    path: Path
-    status: str  # "built", "up to date", "not needed"
-    manifest: dict | None
-
-
-def quantize_stage(spec: BuildSpec, role: str, progress: Progress | None = None, force: bool = False) -> StageOutcome:
-    """Run the quantize stage for one role into ``build/<role>/`` atomically, unless its output is up to date."""
-    out = checkpoint_dir(spec, role)
-    if not stage_needed(spec, role):
-        return StageOutcome(role, spec.model_path(role), "not needed", None)
-    paths, settings = quantize_inputs(spec, role)
-    inputs_hash = hash_inputs(paths, settings)
-    if not force and is_up_to_date(out, inputs_hash):
-        return StageOutcome(role, out, "up to date", read_manifest(out))
-    _clean_stale(out)
-    started = time.time()
-    with atomic_dir(out) as tmp:
-        extra = quantize_into(spec, role, tmp, progress)
-        manifest = {
-            "stage": f"quantize:{role}",
-            "inputs_hash": inputs_hash,
-            "settings": settings,
-            "inputs": {k: str(v) if v is not None else None for k, v in paths.items()},
-            "started_at": started,
-            "finished_at": time.time(),
-            **extra,
-        }
-        write_manifest(tmp, manifest)
-    return StageOutcome(role, out, "built", manifest)
+    result = run_stage(stage_named(spec, f"quantize:{role}"), force, progress)
+    if result.status == NOT_NEEDED:
+        result.output = str(spec.model_path(role))  # what is served instead
+    return result
 
 
 def quantize_models(
     spec: BuildSpec, roles: tuple[str, ...] = ROLES, progress: Progress | None = None, force: bool = False
-) -> list[StageOutcome]:
+) -> list[StageResult]:
     """``trtspec quantize``: each role's stage under the build lock; a failure leaves no new build directory behind."""
     from trtspec.build.artifacts import build_lock
 

@@ -76,7 +76,7 @@ def quantize(
         placed = f", calibrated on {m['device']}" if m.get("device") else ""  # where the model went
         console.print(
             f"{o.role}: {m.get('format')} (KV {m.get('kv_cache')}) -> {m.get('export')} {o.path} "
-            f"({o.status}{took}){placed}",
+            f"({o.words}{took}){placed}",
             markup=False,
             highlight=False,
         )

@@ -17,10 +17,13 @@ import shutil
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtspec.distill import DistillError
 from trtspec.distill.settings import DistillSettings
+
+if TYPE_CHECKING:
+    from trtspec.distill.placement import Placement
 
 REPORT_FILE = "distill_report.json"
 
@@ -80,22 +83,10 @@ def distill(
 ) -> DistillResult:
     """Distill a draft for the target in ``target_dir`` into ``out`` (a loadable HF directory + report); ``machine``
     (default: detected) decides the placement, ``traffic`` (texts) replaces the teacher answers as the n-gram pool."""
-    from trtspec.build.artifacts import hash_dir, is_up_to_date
-    from trtspec.distill.data import (
-        encode_prompt,
-        generate_teacher_data,
-        load_prompts,
-        select_head_tokens,
-        shipped_prompts,
-        split_prompts,
-        token_counts,
-    )
-    from trtspec.distill.model import draft_from_target, register, source_weights
+    from trtspec.build.artifacts import hash_dir
+    from trtspec.build.stages import SKIPPED, Stage, run_stage
+    from trtspec.distill.data import load_prompts, shipped_prompts
     from trtspec.distill.placement import Machine, plan_placement
-    from trtspec.distill.report import measure
-    from trtspec.distill.train import train
-    from trtspec.engines.torch_runtime.loading import load_model, load_tokenizer
-    from trtspec.engines.torch_runtime.session import eos_ids_of
 
     target_dir, out = Path(target_dir), Path(out)
     check_dirs(target_dir, out)
@@ -108,12 +99,58 @@ def distill(
     settings = replace(settings, train=replace(settings.train, bf16=placement.train_bf16))
     prompts_path = settings.prompts or shipped_prompts()
     prompts = load_prompts(prompts_path)
-    hashes = {"target": hash_dir(target_dir), "prompts": hash_dir(prompts_path)}
+    paths: dict[str, Path | None] = {"target": target_dir, "prompts": Path(prompts_path)}
     if traffic is not None:
-        hashes["traffic"] = hash_dir(Path(traffic))
-    inputs_hash = _combine(hashes, {**settings.to_dict(), "placement": placement.to_dict()})
-    if is_up_to_date(out, inputs_hash) and (out / REPORT_FILE).is_file():
+        paths["traffic"] = Path(traffic)
+    hashes = {name: hash_dir(p) for name, p in paths.items() if p is not None}  # hashed once, used twice
+    stage_settings = {**settings.to_dict(), "placement": placement.to_dict()}
+    made: dict[str, Any] = {}
+
+    def body(tmp: Path, progress: Any) -> dict:
+        made["report"] = _distill_into(
+            tmp, target_dir, settings, placement, prompts, hashes, work_dir, progress, traffic, out
+        )
+        return {"target": str(target_dir), "report": made["report"]}
+
+    stage = Stage(
+        "distill",
+        out,
+        inputs=lambda: (paths, stage_settings),
+        body=body,
+        inputs_hash=_combine(hashes, stage_settings),  # artifacts.hash_inputs of the same, from the hashes above
+        complete=lambda d: (d / REPORT_FILE).is_file(),
+    )
+    result = run_stage(stage, progress=progress)
+    if result.status == SKIPPED:
         return DistillResult(out, json.loads((out / REPORT_FILE).read_text()), skipped=True)
+    return DistillResult(out, made["report"])
+
+
+def _distill_into(
+    tmp: Path,
+    target_dir: Path,
+    settings: DistillSettings,
+    placement: Placement,
+    prompts: list[str],
+    hashes: dict[str, str],
+    work_dir: Path | None,
+    progress: Any,
+    traffic: Path | None,
+    out: Path,
+) -> dict[str, Any]:
+    """Everything after the up-to-date test: teacher data, training, the held-out report, the output in ``tmp``."""
+    from trtspec.distill.data import (
+        encode_prompt,
+        generate_teacher_data,
+        select_head_tokens,
+        split_prompts,
+        token_counts,
+    )
+    from trtspec.distill.model import draft_from_target, register, source_weights
+    from trtspec.distill.report import measure
+    from trtspec.distill.train import train
+    from trtspec.engines.torch_runtime.loading import load_model, load_tokenizer
+    from trtspec.engines.torch_runtime.session import eos_ids_of
 
     register()
     target = load_model(target_dir, placement.teacher_dtype, device_map=placement.teacher_device_map)
@@ -217,9 +254,9 @@ def distill(
         }
     )
     standard = to_standard_cpu(draft, eval_target.config)
-    _write_output(out, standard, tokenizer, target_dir, report, inputs_hash, settings, pool)
+    _write_output(tmp, standard, tokenizer, target_dir, report, pool)
     ckpt.unlink(missing_ok=True)  # the teacher shards stay: another draft shape can reuse them
-    return DistillResult(out, report)
+    return report
 
 
 def to_standard_cpu(draft: Any, target_config: Any) -> Any:
@@ -256,35 +293,16 @@ def build_pool(samples: Any, tokenizer: Any, target_dir: Path, vocab: int, traff
 
 
 def _write_output(
-    out: Path,
-    draft: Any,
-    tokenizer: Any,
-    target_dir: Path,
-    report: dict[str, Any],
-    inputs_hash: str,
-    settings: DistillSettings,
-    pool: Any | None,
+    tmp: Path, draft: Any, tokenizer: Any, target_dir: Path, report: dict[str, Any], pool: Any | None
 ) -> None:
-    """The draft as an HF directory (weights, config, tokenizer, generation config), its pool, report and manifest."""
-    from trtspec.build.artifacts import atomic_dir, tool_versions, write_manifest
+    """The draft as an HF directory (weights, config, tokenizer, generation config), its pool and report, written
+    into the stage's temporary directory (the runner adds the manifest and renames it into place)."""
     from trtspec.engines.drafters.ngram import POOL_FILE
 
-    with atomic_dir(out) as tmp:
-        draft.save_pretrained(tmp, safe_serialization=True)
-        if pool is not None:
-            pool.save(tmp / POOL_FILE)
-        tokenizer.save_pretrained(tmp)
-        if (target_dir / "generation_config.json").is_file():
-            shutil.copy2(target_dir / "generation_config.json", tmp / "generation_config.json")
-        (tmp / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
-        write_manifest(
-            tmp,
-            {
-                "stage": "distill",
-                "inputs_hash": inputs_hash,
-                "target": str(target_dir),
-                "settings": settings.to_dict(),
-                "report": report,
-                "tools": tool_versions("torch", "transformers"),
-            },
-        )
+    draft.save_pretrained(tmp, safe_serialization=True)
+    if pool is not None:
+        pool.save(tmp / POOL_FILE)
+    tokenizer.save_pretrained(tmp)
+    if (target_dir / "generation_config.json").is_file():
+        shutil.copy2(target_dir / "generation_config.json", tmp / "generation_config.json")
+    (tmp / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")

@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trtspec.build.plan import checkpoint_dir, engine_dir
+from trtspec.build.layout import checkpoint_dir, engine_dir
+from trtspec.build.stages import PlanEntry
 from trtspec.engines.container import DOCKER_GPU_FLAGS
 from trtspec.engines.engine_dir import serving_image, verify_engine
 from trtspec.engines.trtllm_build import trtllm_build_command
@@ -44,6 +45,16 @@ def compile_inputs(spec: BuildSpec, role: str) -> tuple[dict[str, Path | None], 
         "trtllm_version": normalize_version(spec.engine.trtllm_version),
         "argv": cmd[1:],
     }
+
+
+def compile_plan(spec: BuildSpec, role: str) -> PlanEntry:
+    """The compile stage's entry in `trtspec plan`: the trtllm-build command line it runs."""
+    ckpt, out = checkpoint_dir(spec, role), engine_dir(spec, role)
+    return PlanEntry(
+        f"trtllm-build (TensorRT-LLM {spec.engine.trtllm_version})",
+        [str(ckpt)],
+        [trtllm_build_command(spec, role, ckpt, out)],
+    )
 
 
 def read_checkpoint_config(spec: BuildSpec, role: str) -> dict[str, Any]:

@@ -9,12 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from trtspec.build.layout import ROLES, engine_dir, serving_model_dir
 from trtspec.spec import BuildSpec, Runtime
 
 REPO_MOUNT = "/models"  # the Triton model repository (--model-repository)
 ENGINES_MOUNT = "/engines"  # engines/<role>
 CHECKPOINTS_MOUNT = "/checkpoints"  # checkpoints/<role> for runtime trtllm-llmapi
-ROLES = ("target", "draft")
 
 # GPU access and the shared-memory / locked-memory limits NVIDIA documents for TensorRT-LLM containers.
 DOCKER_GPU_FLAGS = ["--gpus", "all", "--ipc=host", "--ulimit", "memlock=-1", "--ulimit", "stack=67108864"]
@@ -42,8 +42,6 @@ class Mount:
 
 def serving_mounts(spec: BuildSpec) -> list[Mount]:
     """The volumes `serve --docker` needs so that the repository's paths resolve inside the container."""
-    from trtspec.build.plan import engine_dir, serving_model_dir
-
     mounts = [Mount(spec.repo_dir, REPO_MOUNT)]
     if spec.runtime is Runtime.TRTLLM_ENGINE:
         mounts += [Mount(engine_dir(spec, r), engine_path_in_container(r)) for r in ROLES]

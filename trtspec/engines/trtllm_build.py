@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from trtspec.build.layout import ROLES
 from trtspec.engines.trtllm_versions import (
     RELEASES,
     Flag,
@@ -29,7 +30,7 @@ def trtllm_build_command(
     spec: BuildSpec, role: str, checkpoint_dir: Path, output_dir: Path, program: str = "trtllm-build"
 ) -> list[str]:
     """The `trtllm-build` argument list for the target or the draft of a draft-target pair."""
-    if role not in ("target", "draft"):
+    if role not in ROLES:
         raise ValueError(role)
     model = getattr(spec, role)
     eng = spec.engine

@@ -155,3 +155,29 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def serve_plan(spec: Any) -> Any:
+    """`trtspec plan`'s serve entry: the command that serves the repository (and, for engines, the launch it runs
+    in the container)."""
+    from trtspec.build.stages import PlanEntry
+    from trtspec.engines.container import REPO_MOUNT
+    from trtspec.engines.trtllm_build import ngc_image
+    from trtspec.spec import Runtime
+
+    repo = str(spec.repo_dir)
+    if spec.runtime is Runtime.TORCH:
+        serve = ["trtspec", "serve", repo]
+    else:
+        image = spec.triton.image or ngc_image(spec.engine.trtllm_version)
+        serve = ["trtspec", "serve", repo, "--docker", image]
+    commands = [serve]
+    if spec.runtime is Runtime.TRTLLM_ENGINE:
+        launch = launch_command(launch_settings(spec), REPO_MOUNT)
+        commands.append(["env", *(f"{k}={v}" for k, v in sorted(launch.env.items())), *launch.argv])
+    return PlanEntry(
+        "tritonserver on gRPC :8001, HTTP :8000, metrics :8002"
+        + (" (in the container: upstream's multi-model launch)" if len(commands) > 1 else ""),
+        [repo],
+        commands,
+    )

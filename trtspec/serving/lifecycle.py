@@ -20,23 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trtspec.procs import pid_alive
 from trtspec.triton_repo.control import CONTROL_DIR_ENV, DRAIN_FILE, INFLIGHT_DIR, POLL_S, read_json, write_json
 
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
 CUT_GRACE_S = 3.0  # after the deadline: time for the models to send the cut requests' final errors
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 @dataclass
@@ -89,7 +77,7 @@ class ControlDir:
             data = read_json(path)
             if data is None:
                 continue
-            if not _alive(int(data.get("pid", 0))):
+            if not pid_alive(int(data.get("pid", 0))):
                 with contextlib.suppress(OSError):
                     path.unlink()
                 continue

@@ -1,17 +1,19 @@
 """``trtspec repo``: write the Triton model repository for a spec, atomically, with a manifest.
 
 The pipeline's repo stage calls ``repo_inputs`` (what to hash) and ``write_repo_into`` (write into a temporary
-directory it renames); ``write_repo`` does both for the standalone command and skips an up-to-date repository.
+directory it renames); ``write_repo`` runs that same stage for the standalone command (skipping an up-to-date
+repository), and ``repo_plan`` is its entry in `trtspec plan`.
 """
 
 from __future__ import annotations
 
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
-from trtspec.build.artifacts import MANIFEST, atomic_dir, hash_inputs, is_up_to_date, tool_versions, write_manifest
+from trtspec.build.artifacts import MANIFEST
+from trtspec.build.layout import ROLES, serving_model_dir
+from trtspec.build.stages import SKIPPED, PlanEntry, run_stage
 from trtspec.errors import SpecError
 from trtspec.spec import BuildSpec
 from trtspec.triton_repo.definitions import ENSEMBLE, MODELS_DIR, ModelDefinition, repository_models
@@ -29,25 +31,24 @@ def repo_inputs(spec: BuildSpec) -> tuple[dict[str, Path | None], dict]:
     changed (the image is an input too).
     """
     from trtspec import __version__
-    from trtspec.build.plan import serving_model_dir
 
     settings: dict[str, Any] = {
         "trtspec": __version__,
         "name": spec.name,  # the served model's id (the OpenAI frontend's /v1/models)
         "runtime": spec.runtime.value,
-        "model_dirs": {r: str(serving_model_dir(spec, r)) for r in ("target", "draft")},
-        "dtypes": {r: getattr(spec, r).dtype.value for r in ("target", "draft")},
+        "model_dirs": {r: str(serving_model_dir(spec, r)) for r in ROLES},
+        "dtypes": {r: getattr(spec, r).dtype.value for r in ROLES},
         "speculative": spec.speculative.model_dump(mode="json"),
         "engine": spec.engine.model_dump(mode="json"),
         "triton": spec.triton.model_dump(mode="json"),
         "gpu": spec.gpu.model_dump(mode="json"),  # the memory plan sizes the engines' KV caches
-        "parallel": {r: getattr(spec, r).tp_size for r in ("target", "draft")},
+        "parallel": {r: getattr(spec, r).tp_size for r in ROLES},
     }
     from trtspec.engines.engine_dir import version_guard_settings
 
     settings.update(version_guard_settings(spec))
     paths: dict[str, Path | None] = {"model_sources": MODELS_DIR}
-    for role in ("target", "draft"):
+    for role in ROLES:
         manifest = serving_model_dir(spec, role) / MANIFEST
         paths[f"{role}_manifest"] = manifest if manifest.is_file() else None
     return paths, settings
@@ -107,25 +108,26 @@ def write_repo_into(spec: BuildSpec, out_dir: Path) -> dict:
     }
 
 
-def write_repo(spec: BuildSpec, force: bool = False) -> dict[str, Any]:
-    """Write ``spec.repo_dir`` unless an up-to-date one is there; return {"path", "skipped", "manifest"}."""
-    paths, settings = repo_inputs(spec)
-    inputs_hash = hash_inputs(paths, settings)
-    final = spec.repo_dir
-    if not force and is_up_to_date(final, inputs_hash):
-        from trtspec.build.artifacts import read_manifest
-
-        return {"path": final, "skipped": True, "manifest": read_manifest(final)}
-    t0 = time.perf_counter()
-    with atomic_dir(final) as tmp:
-        extra = write_repo_into(spec, tmp)
-        manifest = {
-            "stage": "repo",
-            "inputs_hash": inputs_hash,
-            "settings": settings,
-            "tools": tool_versions("trtspec", "tritonclient", "nvidia-pytriton"),
-            "seconds": round(time.perf_counter() - t0, 3),
-            **extra,
+def repo_plan(spec: BuildSpec) -> PlanEntry:
+    """The repo stage's entry in `trtspec plan`: the models this runtime's repository holds (``repository_models``,
+    on the model directories as the plan names them: a hub id's weights are never fetched to plan)."""
+    planned = spec.model_copy(
+        update={
+            str(role): getattr(spec, role).model_copy(update={"model": str(spec.model_path(role, weights=False))})
+            for role in ROLES
         }
-        write_manifest(tmp, manifest)
-    return {"path": final, "skipped": False, "manifest": manifest}
+    )
+    names = [m.name for m in repository_models(planned)]
+    return PlanEntry(
+        f"Triton model repository ({spec.runtime.value}): {', '.join(names)}",
+        [str(serving_model_dir(spec, r, weights=False)) for r in ROLES],
+    )
+
+
+def write_repo(spec: BuildSpec, force: bool = False) -> dict[str, Any]:
+    """``trtspec repo``: the pipeline's repo stage through the one runner (:mod:`trtspec.build.stages`): write
+    ``spec.repo_dir`` unless an up-to-date one is there; return {"path", "skipped", "manifest"}."""
+    from trtspec.build.pipeline import repo_stage
+
+    result = run_stage(repo_stage(spec), force)
+    return {"path": spec.repo_dir, "skipped": result.status == SKIPPED, "manifest": result.manifest}

@@ -105,7 +105,7 @@ class TorchSession:
         """Load the models the torch runtime serves for this spec (quantized checkpoints once built) and its drafter
         (``speculative.drafter``; the n-gram pool for ngram and hybrid). ``with_draft=False``: target only.
         ``load_draft`` (default: unless the drafter is ngram, which drafts without it) loads the draft model."""
-        from trtspec.build.plan import serving_model_dir
+        from trtspec.build.layout import serving_model_dir
         from trtspec.engines.drafters.ngram import pool_for_spec
         from trtspec.families import read_config
         from trtspec.spec import Runtime

@@ -1,0 +1,57 @@
+"""`trtspec plan` describes the stage list `trtspec build` runs (``pipeline_stages``): the same stages, outputs and
+not-needed stages for every runtime, with and without quantization, and the repository's real model list."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.engine_helpers import engine_spec
+from trtspec.build.layout import ROLES, checkpoint_dir, engine_dir
+from trtspec.build.pipeline import pipeline_stages
+from trtspec.build.plan import build_plan
+from trtspec.triton_repo.definitions import repository_models
+
+RUNTIMES = ["torch", "trtllm-engine", "trtllm-llmapi"]
+
+
+def _spec(tmp_path, tiny_pair, runtime: str, quantization: str):
+    q = {"quantization": quantization}
+    if runtime == "torch" and quantization == "none":
+        q["dtype"] = "float32"
+    return engine_spec(tmp_path, tiny_pair, runtime=runtime, target=q, draft=dict(q))
+
+
+@pytest.mark.parametrize("quantization", ["fp8", "none"])
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_plan_and_pipeline_agree(tmp_path, tiny_pair, runtime, quantization):
+    spec = _spec(tmp_path, tiny_pair, runtime, quantization)
+    stages = pipeline_stages(spec)
+    plan = build_plan(spec)
+    assert [s.name for s in plan] == [s.name for s in stages] + ["serve"]
+    planned = {s.name: s for s in plan}
+    for stage in stages:
+        entry = planned[stage.name]
+        if stage.not_needed is not None or stage.output is None:
+            assert entry.outputs == [], stage.name
+            assert entry.action.startswith("none:") is (stage.not_needed is not None), stage.name
+        else:
+            assert entry.outputs == [str(stage.output)] and not entry.action.startswith("none:"), stage.name
+    not_needed = {s.name for s in stages if s.not_needed is not None}
+    assert {s.name for s in plan if s.action.startswith("none:")} == not_needed
+    # what each runtime needs, as the layout rules say
+    engines = runtime == "trtllm-engine"
+    quantized = quantization != "none"
+    for role in ROLES:
+        assert (f"quantize:{role}" in not_needed) is not (engines or quantized)
+        assert (f"compile:{role}" in not_needed) is not engines
+        if f"quantize:{role}" not in not_needed:
+            assert planned[f"quantize:{role}"].outputs == [str(checkpoint_dir(spec, role))]
+        if engines:
+            assert planned[f"compile:{role}"].outputs == [str(engine_dir(spec, role))]
+            assert planned[f"compile:{role}"].commands[0][0] == "trtllm-build"
+    assert ("quality" in not_needed) is not (engines or quantized)
+    models = [m.name for m in repository_models(spec)]
+    assert planned["repo"].action.endswith(": " + ", ".join(models))
+    assert planned["repo"].outputs == [str(spec.repo_dir)]
+    if runtime == "trtllm-llmapi":
+        assert models == ["tensorrt_llm"]  # the LLM API model alone

@@ -1,0 +1,63 @@
+"""Where each stage's output lives, and which roles a stage has work for: the one home of these rules.
+
+Imports only the trtspec top level (the spec), so that build, engines, triton_repo and serving can all use it.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+
+from trtspec.spec import BuildSpec, KVCacheFormat, Quantization, Runtime
+
+
+class Role(str, Enum):
+    """A model of the pair. A ``str`` whose value is the spec's field name: ``getattr(spec, role)``, dict keys,
+    f-strings and paths see ``"target"`` / ``"draft"``."""
+
+    TARGET = "target"
+    DRAFT = "draft"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, format_spec: str) -> str:
+        return format(self.value, format_spec)
+
+
+ROLES: tuple[Role, ...] = (Role.TARGET, Role.DRAFT)
+QUALITY_REPORT = "quality.json"  # in the build directory: what quantization cost each model
+
+
+def is_quantized(spec: BuildSpec, role: str) -> bool:
+    """True when the role's weights or KV cache are quantized (and so calibrated)."""
+    model = getattr(spec, role)
+    return model.quantization is not Quantization.NONE or model.kv_cache is not KVCacheFormat.AUTO
+
+
+def needs_checkpoint(spec: BuildSpec, role: str) -> bool:
+    """Whether the quantize stage writes a checkpoint for the role: engines always need one (the TRT-LLM checkpoint
+    trtllm-build reads); the other runtimes serve an unquantized role from its source directory."""
+    return spec.runtime is Runtime.TRTLLM_ENGINE or is_quantized(spec, role)
+
+
+def checkpoint_dir(spec: BuildSpec, role: str) -> Path:
+    """Where the quantize stage writes a model's checkpoint."""
+    return spec.build_dir / str(role)
+
+
+def engine_dir(spec: BuildSpec, role: str) -> Path:
+    """Where the compile stage writes a model's TensorRT-LLM engine."""
+    return spec.engines_dir / str(role)
+
+
+def quality_report_path(spec: BuildSpec) -> Path:
+    return spec.build_dir / QUALITY_REPORT
+
+
+def serving_model_dir(spec: BuildSpec, role: str, *, weights: bool = True) -> Path:
+    """The directory the serving runtime loads for a model: its engine, quantized checkpoint, or the source when
+    unquantized (``weights=False``: a hub id's snapshot without fetching its weights, for display)."""
+    if spec.runtime is Runtime.TRTLLM_ENGINE:
+        return engine_dir(spec, role)
+    return checkpoint_dir(spec, role) if is_quantized(spec, role) else spec.model_path(str(role), weights=weights)
