@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from trtspec.cli._common import console, err_console, print_json
-from trtspec.cli._options import JsonOpt, ProtocolOpt
+from trtspec.cli._options import JsonOpt, MaxTokensOpt, ProtocolOpt, RawOpt, UrlOpt
 
 
 def _numbers(flag: str, text: str, cast: type, minimum: float) -> list:
@@ -24,7 +24,7 @@ def _numbers(flag: str, text: str, cast: type, minimum: float) -> list:
 
 
 def bench(
-    url: Annotated[Optional[str], typer.Option("--url", help="Triton, HOST:PORT (see --protocol)")] = None,
+    url: UrlOpt = None,
     openai: Annotated[
         Optional[str], typer.Option("--openai", metavar="URL", help="an OpenAI-compatible server, http://HOST:PORT/v1")
     ] = None,
@@ -49,7 +49,7 @@ def bench(
     request_rate: Annotated[
         Optional[str], typer.Option("--request-rate", help="open-loop Poisson arrivals per second, e.g. 2 or 1,2,4")
     ] = None,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="tokens per request")] = 64,
+    max_tokens: MaxTokensOpt = 64,
     requests: Annotated[
         int,
         typer.Option("--requests", help="requests per level and mode (default: 2x concurrency, or 10 s of arrivals)"),
@@ -59,7 +59,7 @@ def bench(
         typer.Option("--draft-len", "-k", help="sweep K per request, e.g. 1,2,4,8 (default: the deployment's)"),
     ] = None,
     no_baseline: Annotated[bool, typer.Option("--no-baseline", help="skip the target-only run")] = False,
-    raw: Annotated[bool, typer.Option("--raw", help="do not apply the chat template")] = False,
+    raw: RawOpt = False,
     seed: Annotated[int, typer.Option("--seed", help="seed of synthetic prompts and arrivals")] = 0,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="write a PNG of the results")] = None,
     as_json: JsonOpt = False,

@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from trtspec.cli._common import console, err_console, print_json, quiet_transformers
-from trtspec.cli._options import JsonOpt
+from trtspec.cli._options import JsonOpt, ThreadsOpt
 
 _REPORT_ROWS = [
     ("acceptance_rate", "held-out greedy acceptance (accepted / proposed)"),
@@ -122,9 +122,7 @@ def distill(
             "--work-dir", help="teacher data and checkpoints (default: a hidden sibling of --out); rerun to resume"
         ),
     ] = None,
-    threads: Annotated[
-        int, typer.Option(help="torch threads (1 is fastest on a shared CPU: OpenMP threads spin on each other)")
-    ] = 1,
+    threads: ThreadsOpt = 1,
     bf16: Annotated[
         Optional[bool],
         typer.Option(

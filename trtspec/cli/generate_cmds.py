@@ -10,7 +10,17 @@ import typer
 from rich.table import Table
 
 from trtspec.cli._common import console, err_console, print_json, quiet_transformers, resolve_spec
-from trtspec.cli._options import DraftLenAlias, JsonOpt, NumDraftTokensOpt, Protocol, ProtocolOpt, SpecOpt
+from trtspec.cli._options import (
+    DraftLenAlias,
+    JsonOpt,
+    MaxTokensOpt,
+    NumDraftTokensOpt,
+    Protocol,
+    ProtocolOpt,
+    RawOpt,
+    SpecOpt,
+    UrlOpt,
+)
 
 
 def _stats_table(stats: dict, title: str) -> Table:
@@ -33,7 +43,7 @@ def _stats_table(stats: dict, title: str) -> Table:
 def generate(
     prompt: Annotated[str, typer.Argument(help="the prompt (the chat template is applied when the model has one)")],
     spec_path: SpecOpt = None,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="tokens to generate at most")] = 128,
+    max_tokens: MaxTokensOpt = 128,
     temperature: Annotated[float, typer.Option(help="0 = greedy")] = 0.0,
     top_k: Annotated[int, typer.Option("--top-k", help="0 = no top-k filtering")] = 0,
     top_p: Annotated[float, typer.Option("--top-p", help="1.0 = no nucleus filtering")] = 1.0,
@@ -41,16 +51,9 @@ def generate(
     num_draft_tokens: NumDraftTokensOpt = None,
     draft_len: DraftLenAlias = None,
     no_draft: Annotated[bool, typer.Option("--no-draft", help="target-only decoding, same code path")] = False,
-    raw: Annotated[bool, typer.Option("--raw", help="do not apply the chat template")] = False,
+    raw: RawOpt = False,
     stream: Annotated[bool, typer.Option("--stream", help="print text as it is generated")] = False,
-    url: Annotated[
-        Optional[str],
-        typer.Option(
-            "--url",
-            help="a served model: [grpc://|http://]HOST[:PORT] "
-            "(default ports: gRPC 8001, HTTP 8000), instead of --spec",
-        ),
-    ] = None,
+    url: UrlOpt = None,
     protocol: ProtocolOpt = None,
     as_json: JsonOpt = False,
 ) -> None:

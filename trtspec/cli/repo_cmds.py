@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
 
 import typer
 from rich.table import Table
 
 from trtspec.cli._common import console, print_json, resolve_spec
-from trtspec.cli._options import JsonOpt, SpecArg
+from trtspec.cli._options import ForceOpt, JsonOpt, SpecArg
 
 
 def repo(
     spec_path: SpecArg = None,
-    force: Annotated[bool, typer.Option("--force", help="rewrite even when up to date")] = False,
+    force: ForceOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Write the Triton model repository (ensemble, pre/postprocessing, orchestrator, target and draft models)."""
