@@ -128,3 +128,50 @@ def test_commands_without_spec_use_the_trtspec_yaml_in_the_working_directory(tmp
     )
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["spec"]["runtime"] == "trtllm-engine" and "using ./trtspec.yaml" in r.stderr
+
+
+def test_distill_flags_are_the_settings_fields_and_reach_them(monkeypatch, tmp_path):
+    """`trtspec distill`'s flags come from DistillSettings/TrainSettings (trtspec.distill.settings): the defaults are
+    the classes' own, and every flag lands in its field (the hidden --k, the older name, wins over --max-draft-len)."""
+    from pathlib import Path
+
+    import trtspec.distill.pipeline as pipeline
+    from trtspec.cli.main import main
+    from trtspec.distill.settings import DistillSettings, TrainSettings
+
+    seen: dict = {}
+
+    class Called(BaseException):  # not an Exception: main would turn that into "unexpected" and exit 1
+        pass
+
+    def fake_distill(target, out, settings, **kwargs):
+        seen.update(settings=settings, **kwargs)
+        raise Called
+
+    monkeypatch.setattr(pipeline, "distill", fake_distill)
+    monkeypatch.setattr(pipeline, "check_dirs", lambda target, out: None)
+
+    def settings(*args: str):
+        with pytest.raises(Called):
+            main(["distill", "--target", str(tmp_path / "t"), "--out", str(tmp_path / "o"), *args])
+        return seen["settings"]
+
+    assert settings() == DistillSettings() and seen["work_dir"] is None and seen["traffic"] is None
+    flags = {
+        "--prompts": "p.txt", "--layers": "3", "--init-layers": "0,2,4", "--head-tokens": "100",
+        "--intermediate-size": "64", "--tokens": "500", "--max-new-tokens": "16", "--gen-batch-size": "4",
+        "--answers-per-prompt": "3", "--sample-temperature": "0.5", "--top-k": "7", "--steps": "9",
+        "--batch-size": "2", "--lr": "0.01", "--seed": "5", "--max-draft-len": "6", "--eval-prompts": "3",
+        "--eval-max-tokens": "10", "--held-out": "0.2", "--work-dir": "W", "--loss": "tvd", "--device": "cpu",
+        "--teacher-dtype": "float32",
+    }  # fmt: skip
+    got = settings(*[x for kv in flags.items() for x in kv], "--no-bf16", "--no-ngram-pool")
+    assert got == DistillSettings(
+        prompts=Path("p.txt"), layers=3, init_layers=(0, 2, 4), head_tokens=100, intermediate_size=64, tokens=500,
+        max_new_tokens=16, gen_batch_size=4, answers_per_prompt=3, sample_temperature=0.5, top_k=7, held_out=0.2,
+        eval_prompts=3, eval_max_tokens=10, k=6, device="cpu", teacher_dtype="float32", ngram_pool=False,
+        train=TrainSettings(steps=9, batch_size=2, lr=0.01, seed=5, bf16=False, loss="tvd"),
+    )  # fmt: skip
+    assert seen["work_dir"] == Path("W")
+    got = settings("--k", "3", "--max-draft-len", "5", "--bf16")
+    assert got.k == 3 and got.train.bf16 is True

@@ -12,8 +12,16 @@ _SPEC_HELP = "build spec; omitted: ./trtspec.yaml if there is one, else the embe
 SpecArg = Annotated[Optional[Path], typer.Argument(help=_SPEC_HELP, show_default=False)]
 SpecOpt = Annotated[Optional[Path], typer.Option("--spec", "-s", help=_SPEC_HELP, show_default=False)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print machine-readable JSON instead of tables")]
-OutputOpt = Annotated[Path, typer.Option("--output", "-o", help="file to write")]
+# --force of the stage commands (quantize, compile, build, repo); init's --force (overwrite the spec file) is another
+# option that happens to share the name.
 ForceOpt = Annotated[bool, typer.Option("--force", help="rebuild even when the inputs are unchanged")]
+OverwriteOpt = Annotated[bool, typer.Option("--force", help="overwrite an existing file")]
+RawOpt = Annotated[bool, typer.Option("--raw", help="do not apply the chat template")]
+MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", "-n", help="tokens to generate per answer, at most")]
+ThreadsOpt = Annotated[
+    int,
+    typer.Option("--threads", help="torch threads (1 is fastest on a shared CPU: OpenMP threads spin on each other)"),
+]
 
 
 class Role(str, Enum):
@@ -53,11 +61,8 @@ ProtocolOpt = Annotated[
         "--protocol", help="with --url: default the URL's scheme (grpc://, http://), else grpc", show_default=False
     ),
 ]
+# Triton's address, for every command that talks to a server (generate, bench, tune, probe).
 UrlOpt = Annotated[
-    str,
-    typer.Option(
-        "--url",
-        help="a served model: [grpc://|http://]HOST[:PORT] (default ports: gRPC 8001, HTTP 8000)",
-        show_default=False,
-    ),
+    Optional[str],
+    typer.Option("--url", help="a served model: [grpc://|http://]HOST[:PORT] (default ports: gRPC 8001, HTTP 8000)"),
 ]

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import inspect
+from dataclasses import fields
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional, get_type_hints
 
 import typer
 from rich.table import Table
 
 from trtspec.cli._common import console, err_console, print_json, quiet_transformers
-from trtspec.cli._options import JsonOpt
+from trtspec.cli._options import JsonOpt, ThreadsOpt
+from trtspec.distill.settings import DistillSettings, TrainSettings
 
 _REPORT_ROWS = [
     ("acceptance_rate", "held-out greedy acceptance (accepted / proposed)"),
@@ -51,101 +54,57 @@ def _report_table(report: dict, k: int) -> Table:
     return table
 
 
-def _parse_layers(text: str | None) -> tuple[int, ...] | None:
-    from trtspec.distill import DistillError
+def _options(cls: type, panel: str) -> list[inspect.Parameter]:
+    """The flags of ``cls``'s fields that have ``cli(...)`` metadata (trtspec.distill.settings): name, type, default
+    and help as the settings class declares them."""
+    hints = get_type_hints(cls)
+    params = []
+    for f in fields(cls):
+        if "help" not in f.metadata:
+            continue
+        meta, dashed = f.metadata, f.name.replace("_", "-")
+        kind = Optional[str] if meta["parse"] is not None else hints[f.name]
+        is_bool = hints[f.name] in (bool, Optional[bool])
+        flag = meta["flag"] or (f"--{dashed}/--no-{dashed}" if is_bool else f"--{dashed}")
+        option = typer.Option(flag, help=meta["help"], rich_help_panel=panel)
+        params.append(
+            inspect.Parameter(
+                f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=Annotated[kind, option]
+            )
+        )
+    return params
 
-    if text is None:
-        return None
-    try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise DistillError(
-            f"--init-layers {text!r} is not a comma-separated list of layer indices", hint="e.g. --init-layers 0,1"
-        ) from None
+
+def _settings(values: dict[str, Any]) -> DistillSettings:
+    """DistillSettings from the flags' values (a flag's text parsed as its field says)."""
+
+    def pick(cls: type) -> dict[str, Any]:
+        out = {}
+        for f in fields(cls):
+            if "help" in f.metadata:
+                value = values.pop(f.name)
+                parse = f.metadata["parse"]
+                out[f.name] = parse(value) if parse is not None and value is not None else value
+        return out
+
+    return DistillSettings(**pick(DistillSettings), train=TrainSettings(**pick(TrainSettings)))
 
 
-def distill(
+def _cli(
     target: Annotated[
         Path, typer.Option("--target", "-t", help="the target model directory (local HF model)", show_default=False)
     ],
     out: Annotated[
         Path, typer.Option("--out", "-o", help="where to write the draft (an HF model directory)", show_default=False)
     ],
-    prompts: Annotated[
-        Optional[Path],
-        typer.Option(
-            help="prompts the target answers (one per line, or JSONL with 'prompt'); default: the shipped set"
-        ),
-    ] = None,
-    layers: Annotated[int, typer.Option(help="draft depth (decoder layers)")] = 2,
-    init_layers: Annotated[
-        Optional[str],
-        typer.Option("--init-layers", help="target layers to start from, e.g. 0,1 (default: the first --layers)"),
-    ] = None,
-    head_tokens: Annotated[
-        int,
-        typer.Option(
-            "--head-tokens",
-            help="head width: the most frequent tokens of the target's answers that the draft can propose",
-        ),
-    ] = 8192,
-    intermediate_size: Annotated[
-        Optional[int], typer.Option("--intermediate-size", help="MLP width (default: the target's)")
-    ] = None,
-    tokens: Annotated[
-        int, typer.Option(help="answer tokens of training data the target generates (at most)")
-    ] = 110_000,
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="answer length per prompt")] = 128,
-    gen_batch_size: Annotated[int, typer.Option("--gen-batch-size", help="prompts answered per batch")] = 64,
-    answers_per_prompt: Annotated[
-        int, typer.Option("--answers-per-prompt", help="answers per prompt: the first greedy, the others sampled")
-    ] = 2,
-    sample_temperature: Annotated[
-        float, typer.Option("--sample-temperature", help="temperature of the sampled answers")
-    ] = 0.8,
-    top_k: Annotated[int, typer.Option("--top-k", help="teacher distribution: the target's top-k")] = 20,
-    steps: Annotated[int, typer.Option(help="training steps")] = 600,
-    batch_size: Annotated[int, typer.Option("--batch-size", help="answers per training step")] = 16,
-    lr: Annotated[float, typer.Option(help="peak learning rate (AdamW, cosine decay)")] = 1e-3,
-    seed: Annotated[int, typer.Option(help="seed of the training order")] = 0,
-    k: Annotated[
-        int,
-        typer.Option("--max-draft-len", help="K the report measures at (the deployment's speculative.max_draft_len)"),
-    ] = 4,
-    k_alias: Annotated[Optional[int], typer.Option("--k", hidden=True)] = None,  # the older name
-    eval_prompts: Annotated[int, typer.Option("--eval-prompts", help="held-out prompts in the report")] = 12,
-    eval_max_tokens: Annotated[int, typer.Option("--eval-max-tokens", help="answer length in the report")] = 96,
-    held_out: Annotated[float, typer.Option("--held-out", help="fraction of prompts held out")] = 0.06,
+    k_alias: Annotated[Optional[int], typer.Option("--k", hidden=True)] = None,  # the older name of --max-draft-len
     work_dir: Annotated[
         Optional[Path],
         typer.Option(
             "--work-dir", help="teacher data and checkpoints (default: a hidden sibling of --out); rerun to resume"
         ),
     ] = None,
-    threads: Annotated[
-        int, typer.Option(help="torch threads (1 is fastest on a shared CPU: OpenMP threads spin on each other)")
-    ] = 1,
-    bf16: Annotated[
-        Optional[bool],
-        typer.Option(
-            "--bf16/--no-bf16", help="bfloat16 autocast while training (default: where the device supports it)"
-        ),
-    ] = None,
-    loss: Annotated[
-        str, typer.Option(help="fkl (target's top-k), tvd (total variation) or fkl+ce (plus the greedy label)")
-    ] = "fkl",
-    device: Annotated[
-        str,
-        typer.Option(
-            help="auto (the GPUs when there are any: teacher device_map=auto, draft on the first), cpu or cuda"
-        ),
-    ] = "auto",
-    teacher_dtype: Annotated[
-        str,
-        typer.Option(
-            "--teacher-dtype", help="auto (bfloat16 where the hardware has it), float32, bfloat16, float16 (GPU)"
-        ),
-    ] = "auto",
+    threads: ThreadsOpt = 1,
     ngram_traffic: Annotated[
         Optional[Path],
         typer.Option(
@@ -155,41 +114,25 @@ def distill(
             "'response') instead of the teacher answers",
         ),
     ] = None,
-    ngram_pool: Annotated[
-        bool,
-        typer.Option("--ngram-pool/--no-ngram-pool", help="write ngram_pool.npz for the n-gram and hybrid drafters"),
-    ] = True,
     as_json: JsonOpt = False,
 ) -> None:
+    """The flags of `trtspec distill` that are no setting (the settings' flags come from trtspec.distill.settings)."""
+
+
+def distill(**values: Any) -> None:
     """Distill a draft for TARGET: the target answers prompts, the draft learns its next-token distributions."""
     from trtspec.distill import DistillError
     from trtspec.distill.pipeline import check_dirs
-    from trtspec.distill.settings import DistillSettings, TrainSettings
 
-    k = k_alias if k_alias is not None else k
+    target, out, work_dir, threads, ngram_traffic, as_json = (  # _cli's flags; what stays is the settings'
+        values.pop(name) for name in ("target", "out", "work_dir", "threads", "ngram_traffic", "as_json")
+    )
+    k_alias = values.pop("k_alias")
+    if k_alias is not None:  # --k, the older name, wins as it always did
+        values["k"] = k_alias
     if threads < 1:
         raise DistillError(f"--threads {threads} must be >= 1", hint="1 is fastest on a shared CPU")
-    settings = DistillSettings(
-        prompts=prompts,
-        layers=layers,
-        init_layers=_parse_layers(init_layers),
-        head_tokens=head_tokens,
-        intermediate_size=intermediate_size,
-        tokens=tokens,
-        max_new_tokens=max_new_tokens,
-        gen_batch_size=gen_batch_size,
-        answers_per_prompt=answers_per_prompt,
-        sample_temperature=sample_temperature,
-        top_k=top_k,
-        held_out=held_out,
-        eval_prompts=eval_prompts,
-        eval_max_tokens=eval_max_tokens,
-        k=k,
-        device=device,
-        teacher_dtype=teacher_dtype,
-        ngram_pool=ngram_pool,
-        train=TrainSettings(steps=steps, batch_size=batch_size, lr=lr, seed=seed, bf16=bf16, loss=loss),
-    )
+    settings = _settings(values)
     settings.validate()  # what needs no model: fail before importing torch or loading anything
     check_dirs(target, out)
     if ngram_traffic is not None and not ngram_traffic.is_file():
@@ -213,8 +156,17 @@ def distill(
         return
     if result.skipped:
         err_console.print(f"{out} is up to date (same target, prompts and settings); kept as it is")
-    console.print(_report_table(result.report, k))
+    console.print(_report_table(result.report, settings.k))
     console.print(f"draft written to {result.out}")
+
+
+# The command's flags: _cli's, then every setting (DistillSettings, then TrainSettings), each class in its help panel.
+_own = [
+    p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in inspect.signature(_cli, eval_str=True).parameters.values()
+]
+distill.__signature__ = inspect.Signature(  # type: ignore[attr-defined]  # what typer reads the flags from
+    [*_own, *_options(DistillSettings, "Distillation settings"), *_options(TrainSettings, "Training settings")]
+)
 
 
 def register(app: typer.Typer) -> None:

@@ -1,4 +1,5 @@
-"""`trtspec generate`: one prompt through the speculative decoder, in process (the torch runtime)."""
+"""`trtspec generate`: one prompt through the speculative decoder, in process (the torch runtime) or from a served
+model (``--url``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,17 @@ import typer
 from rich.table import Table
 
 from trtspec.cli._common import console, err_console, print_json, quiet_transformers, resolve_spec
-from trtspec.cli._options import DraftLenAlias, JsonOpt, NumDraftTokensOpt, ProtocolOpt, SpecOpt
+from trtspec.cli._options import (
+    DraftLenAlias,
+    JsonOpt,
+    MaxTokensOpt,
+    NumDraftTokensOpt,
+    Protocol,
+    ProtocolOpt,
+    RawOpt,
+    SpecOpt,
+    UrlOpt,
+)
 
 
 def _stats_table(stats: dict, title: str) -> Table:
@@ -32,7 +43,7 @@ def _stats_table(stats: dict, title: str) -> Table:
 def generate(
     prompt: Annotated[str, typer.Argument(help="the prompt (the chat template is applied when the model has one)")],
     spec_path: SpecOpt = None,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="tokens to generate at most")] = 128,
+    max_tokens: MaxTokensOpt = 128,
     temperature: Annotated[float, typer.Option(help="0 = greedy")] = 0.0,
     top_k: Annotated[int, typer.Option("--top-k", help="0 = no top-k filtering")] = 0,
     top_p: Annotated[float, typer.Option("--top-p", help="1.0 = no nucleus filtering")] = 1.0,
@@ -40,16 +51,9 @@ def generate(
     num_draft_tokens: NumDraftTokensOpt = None,
     draft_len: DraftLenAlias = None,
     no_draft: Annotated[bool, typer.Option("--no-draft", help="target-only decoding, same code path")] = False,
-    raw: Annotated[bool, typer.Option("--raw", help="do not apply the chat template")] = False,
+    raw: RawOpt = False,
     stream: Annotated[bool, typer.Option("--stream", help="print text as it is generated")] = False,
-    url: Annotated[
-        Optional[str],
-        typer.Option(
-            "--url",
-            help="a served model: [grpc://|http://]HOST[:PORT] "
-            "(default ports: gRPC 8001, HTTP 8000), instead of --spec",
-        ),
-    ] = None,
+    url: UrlOpt = None,
     protocol: ProtocolOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -68,8 +72,6 @@ def generate(
     if url is not None:
         if spec_path is not None:
             raise GenerationError("--url and --spec exclude each other", hint="the server was built from its spec")
-        from trtspec.cli.serve_cmds import generate_remote
-
         generate_remote(
             prompt, url, protocol, max_tokens, num_draft_tokens=k, raw=raw, stream=stream, as_json=as_json, **sampling
         )
@@ -105,6 +107,64 @@ def generate(
         return
     console.print(result.text, highlight=False, markup=False)
     err_console.print(_stats_table(result.stats, title))
+
+
+def generate_remote(
+    prompt: str,
+    url: str,
+    protocol: Protocol | None,
+    max_tokens: int,
+    *,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    seed: int | None,
+    num_draft_tokens: int | None,
+    raw: bool,
+    stream: bool,
+    as_json: bool,
+) -> None:
+    """`trtspec generate --url`: one prompt through a served ensemble (the request is validated before it is sent)."""
+    from trtspec.serving.client import TritonLLMClient
+
+    options = {
+        "temperature": temperature,
+        "top_k": top_k,
+        "top_p": top_p,
+        "seed": seed,
+        "num_draft_tokens": num_draft_tokens,
+        "apply_chat_template": not raw,
+    }
+    with TritonLLMClient(url, protocol=protocol.value if protocol else None) as client:
+        from trtspec.serving.client import request_inputs
+
+        request_inputs(prompt, max_tokens, stream, options)  # every rule, before the first byte goes out
+        client.check_ready()
+        bound = client.max_draft_len()
+        if bound is not None:
+            from trtspec.validation import validate_num_draft_tokens
+
+            validate_num_draft_tokens(num_draft_tokens, bound)  # the deployment's max_draft_len, as in process
+        show = stream and not as_json
+
+        def on_text(t: str) -> None:
+            sys.stdout.write(t)
+            sys.stdout.flush()
+
+        result = client.generate(prompt, max_tokens, stream=stream, on_text=on_text if show else None, **options)
+    if as_json:
+        print_json(result.to_dict())
+        return
+    if show:
+        sys.stdout.write("\n")
+    else:
+        console.print(result.text, highlight=False, markup=False)
+    mode = "target only" if num_draft_tokens == 0 else "speculative"
+    table = Table(title=f"{mode}, served by {client.endpoint.url}", show_header=False)
+    for key, value in result.stats.items():
+        table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
+    table.add_row("latency_s", f"{result.latency_s:.3f}")
+    err_console.print(table)
 
 
 def register(app: typer.Typer) -> None:

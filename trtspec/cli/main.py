@@ -9,11 +9,14 @@ import typer
 
 from trtspec import __version__
 from trtspec.cli import (
+    bench_cmds,
     build_cmds,
+    compile_cmds,
     distill_cmds,
     generate_cmds,
     probe_cmds,
-    quant_cmds,
+    quantize_cmds,
+    repo_cmds,
     serve_cmds,
     spec_cmds,
     tune_cmds,
@@ -64,11 +67,16 @@ def _root(
     """Draft-target speculative decoding toolchain."""
 
 
+# One module per command (spec_cmds: init, check and plan, the commands on a spec file); registered in the order
+# `trtspec --help` lists them.
 spec_cmds.register(app)
+compile_cmds.register(app)
 build_cmds.register(app)
 generate_cmds.register(app)
-quant_cmds.register(app)
+quantize_cmds.register(app)
+repo_cmds.register(app)
 serve_cmds.register(app)
+bench_cmds.register(app)
 distill_cmds.register(app)
 probe_cmds.register(app)
 tune_cmds.register(app)

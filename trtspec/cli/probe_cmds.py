@@ -7,11 +7,11 @@ from typing import Annotated
 import typer
 
 from trtspec.cli._common import console, print_json
-from trtspec.cli._options import JsonOpt, ProtocolOpt
+from trtspec.cli._options import JsonOpt, ProtocolOpt, UrlOpt
 
 
 def probe(
-    url: Annotated[str, typer.Option("--url", help="server, [grpc://|http://]HOST[:PORT]")] = "127.0.0.1:8001",
+    url: UrlOpt = "127.0.0.1:8001",
     protocol: ProtocolOpt = None,
     model: Annotated[
         str, typer.Option("--model", help="model to ask (ensemble, or tensorrt_llm for an LLM API repository)")
@@ -22,6 +22,7 @@ def probe(
     """Check that the server generates: one 1-token request within --timeout, else exit 1 with why."""
     from trtspec.serving.probe import probe as run_probe
 
+    assert url is not None  # --url has a default here
     result = run_probe(url, protocol=protocol.value if protocol else None, model=model, timeout_s=timeout)
     if as_json:
         print_json(

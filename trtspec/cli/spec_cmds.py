@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from trtspec.cli._common import console, print_json, resolve_spec
-from trtspec.cli._options import JsonOpt, SpecArg
+from trtspec.cli._options import JsonOpt, OverwriteOpt, SpecArg
 from trtspec.errors import SpecError
 from trtspec.spec import Runtime
 
@@ -36,7 +36,7 @@ def init(
     ] = None,
     runtime: Annotated[Runtime, typer.Option(help="where the models run")] = Runtime.TORCH,
     output: Annotated[Path, typer.Option("--output", "-o", help="spec file to write")] = Path("trtspec.yaml"),
-    force: Annotated[bool, typer.Option("--force", help="overwrite an existing file")] = False,
+    force: OverwriteOpt = False,
 ) -> None:
     """Write a commented spec: every field, its default and why. GPU runtimes get bfloat16 and, for each model, the
     best quantization format its shapes allow."""

@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from trtspec.cli._common import console, err_console, print_json, quiet_transformers, resolve_spec
-from trtspec.cli._options import JsonOpt, SpecArg
+from trtspec.cli._options import JsonOpt, MaxTokensOpt, SpecArg, ThreadsOpt, UrlOpt
 
 
 def _table(result) -> Table:
@@ -47,12 +47,9 @@ def tune(
             "default: the held-out shipped distillation prompts"
         ),
     ] = None,
-    url: Annotated[
-        Optional[str],
-        typer.Option(help="tune through a served endpoint (host:port of Triton gRPC) instead of in process"),
-    ] = None,
+    url: UrlOpt = None,
     n_prompts: Annotated[int, typer.Option("--n-prompts", help="prompts used")] = 8,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", help="answer length per prompt")] = 64,
+    max_tokens: MaxTokensOpt = 64,
     k_max: Annotated[int, typer.Option("--k-max", help="largest K considered (1..16)")] = 16,
     measure: Annotated[
         int, typer.Option(help="time the decoder at this many of the best predicted K (0: predict only)")
@@ -66,10 +63,11 @@ def tune(
         ),
     ] = None,
     write: Annotated[bool, typer.Option("--write", help="write the choice into SPEC (else show the diff)")] = False,
-    threads: Annotated[int, typer.Option(help="torch threads")] = 1,
+    threads: ThreadsOpt = 1,
     as_json: JsonOpt = False,
 ) -> None:
-    """Measure acceptance, c and v on a prompt set; choose K and the route threshold that maximise the speedup."""
+    """Measure acceptance, c and v on a prompt set (in process, or from a server with --url); choose K and the
+    route threshold that maximise the speedup."""
     from trtspec.errors import GenerationError, SpecError
 
     if not 1 <= k_max <= 16:

@@ -1,54 +1,104 @@
-"""Settings of `trtspec distill` (plain dataclasses: validated before anything heavy is imported)."""
+"""Settings of `trtspec distill` (plain dataclasses: validated before anything heavy is imported).
+
+A field with ``cli(...)`` metadata is a flag of `trtspec distill` (trtspec.cli.distill_cmds derives the flags from
+these classes): its name (``--`` + the field name with dashes, or ``flag``), its default and its help are written
+here only. Fields without it (warmup, weight_decay, ...) keep their defaults and have no flag."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from trtspec.distill import DistillError
 
 LOSSES = ("fkl", "tvd", "fkl+ce")
 
 
+def cli(help: str, *, flag: str | None = None, parse: Callable[[str], Any] | None = None) -> dict[str, Any]:
+    """Field metadata that makes a setting a `trtspec distill` flag: its help, its name when it is not the field's
+    (``flag``), and ``parse`` for a setting given as text (the flag then takes a string)."""
+    return {"help": help, "flag": flag, "parse": parse}
+
+
+def parse_layers(text: str) -> tuple[int, ...]:
+    """``--init-layers 0,1`` as layer indices."""
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise DistillError(
+            f"--init-layers {text!r} is not a comma-separated list of layer indices", hint="e.g. --init-layers 0,1"
+        ) from None
+
+
 @dataclass(frozen=True)
 class TrainSettings:
     """Optimization settings (the checkpoint refuses to resume under different ones)."""
 
-    steps: int = 600
-    batch_size: int = 16
-    lr: float = 1e-3
+    steps: int = field(default=600, metadata=cli("training steps"))
+    batch_size: int = field(default=16, metadata=cli("answers per training step"))
+    lr: float = field(default=1e-3, metadata=cli("peak learning rate (AdamW, cosine decay)"))
     warmup: int = 20
     weight_decay: float = 0.0
     teacher_temperature: float = 1.0
-    seed: int = 0
+    seed: int = field(default=0, metadata=cli("seed of the training order"))
     checkpoint_every: int = 25
-    bf16: bool | None = None  # bfloat16 autocast (2-3x faster where the CPU has AVX512-BF16/AMX); None: placement
-    loss: str = "fkl"  # fkl: cross-entropy to the target's top-k; tvd: total variation; fkl+ce: fkl plus greedy CE
+    # bfloat16 autocast: 2-3x faster where the CPU has AVX512-BF16/AMX; None: as the placement decides
+    bf16: bool | None = field(
+        default=None, metadata=cli("bfloat16 autocast while training (default: where the device supports it)")
+    )
+    # fkl: cross-entropy to the target's top-k; tvd: total variation; fkl+ce: fkl plus greedy CE
+    loss: str = field(
+        default="fkl", metadata=cli("fkl (target's top-k), tvd (total variation) or fkl+ce (plus the greedy label)")
+    )
 
 
 @dataclass(frozen=True)
 class DistillSettings:
     """Everything `trtspec distill` needs besides the target and output directories."""
 
-    prompts: Path | None = None  # None: the shipped prompt set
-    layers: int = 2
-    init_layers: tuple[int, ...] | None = None  # the target's layers to start from; None: the first ``layers``
-    head_tokens: int = 8192
-    intermediate_size: int | None = None  # None: the target's MLP width
-    tokens: int = 110_000  # answer tokens of teacher data (at most: the prompts may run out first)
-    max_new_tokens: int = 128
-    gen_batch_size: int = 64
-    answers_per_prompt: int = 2  # the first greedy, the others sampled at sample_temperature
-    sample_temperature: float = 0.8
-    top_k: int = 20
-    held_out: float = 0.06
-    eval_prompts: int = 12
-    eval_max_tokens: int = 96
-    k: int = 4
-    device: str = "auto"  # where the draft trains and the teacher runs: auto (GPUs when there are any), cpu, cuda
-    teacher_dtype: str = "auto"  # auto: bfloat16 where the hardware has it (see placement), else float32
-    ngram_pool: bool = True  # write ngram_pool.npz (the n-gram drafter's pool) from the teacher answers
+    prompts: Path | None = field(
+        default=None,
+        metadata=cli("prompts the target answers (one per line, or JSONL with 'prompt'); default: the shipped set"),
+    )
+    layers: int = field(default=2, metadata=cli("draft depth (decoder layers)"))
+    init_layers: tuple[int, ...] | None = field(
+        default=None,
+        metadata=cli("target layers to start from, e.g. 0,1 (default: the first --layers)", parse=parse_layers),
+    )
+    head_tokens: int = field(
+        default=8192,
+        metadata=cli("head width: the most frequent tokens of the target's answers that the draft can propose"),
+    )
+    intermediate_size: int | None = field(default=None, metadata=cli("MLP width (default: the target's)"))
+    # at most: the prompts may run out first
+    tokens: int = field(default=110_000, metadata=cli("answer tokens of training data the target generates (at most)"))
+    max_new_tokens: int = field(default=128, metadata=cli("answer length per prompt"))
+    gen_batch_size: int = field(default=64, metadata=cli("prompts answered per batch"))
+    answers_per_prompt: int = field(
+        default=2, metadata=cli("answers per prompt: the first greedy, the others sampled")
+    )  # sampled at sample_temperature
+    sample_temperature: float = field(default=0.8, metadata=cli("temperature of the sampled answers"))
+    top_k: int = field(default=20, metadata=cli("teacher distribution: the target's top-k"))
+    held_out: float = field(default=0.06, metadata=cli("fraction of prompts held out"))
+    eval_prompts: int = field(default=12, metadata=cli("held-out prompts in the report"))
+    eval_max_tokens: int = field(default=96, metadata=cli("answer length in the report"))
+    k: int = field(
+        default=4,
+        metadata=cli("K the report measures at (the deployment's speculative.max_draft_len)", flag="--max-draft-len"),
+    )
+    # where the draft trains and the teacher runs
+    device: str = field(
+        default="auto",
+        metadata=cli("auto (the GPUs when there are any: teacher device_map=auto, draft on the first), cpu or cuda"),
+    )
+    teacher_dtype: str = field(  # auto: as the placement decides (bfloat16 where the hardware has it, else float32)
+        default="auto",
+        metadata=cli("auto (bfloat16 where the hardware has it), float32, bfloat16, float16 (GPU)"),
+    )
+    ngram_pool: bool = field(  # the n-gram drafter's pool, from the teacher answers
+        default=True, metadata=cli("write ngram_pool.npz for the n-gram and hybrid drafters")
+    )
     train: TrainSettings = field(default_factory=TrainSettings)
 
     def validate(self, target_layers: int | None = None, vocab: int | None = None) -> None:
