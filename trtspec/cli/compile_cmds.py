@@ -14,7 +14,7 @@ def compile(spec_path: SpecArg = None, only: OnlyOpt = None, force: ForceOpt = F
     import shlex
 
     from trtspec.build.artifacts import MANIFEST
-    from trtspec.build.plan import ROLES, engine_dir
+    from trtspec.build.layout import ROLES, engine_dir
     from trtspec.engines.compile import docker_command, find_trtllm_build
     from trtspec.errors import EngineBuildError, SpecError
     from trtspec.spec import Runtime
