@@ -1,7 +1,7 @@
 """Serving on a CPU through a real Triton server: orchestrations side by side in one run, same prompts, same machine.
 
     python benchmarks/serving_cpu.py [--pair example|self] [--max-tokens 48] [--levels 1,8] [--requests 16]
-        [--old-root DIR] [--json out.json]
+        [--orchestrations in_process,bls] [--drafters model,ngram,hybrid] [--old-root DIR] [--json out.json]
 
 For each served repository, in turn (one server at a time): output tok/s at each concurrency level, with the draft
 and target-only (num_draft_tokens 0), streamed gRPC requests through the ensemble, and the acceptance rate.
@@ -10,6 +10,9 @@ orchestrator over two torch engine models (orchestration bls: the path runtime t
 ``--old-root`` (a checkout of an older trtspec, e.g. ``git worktree add ../old db558e7``), that checkout's repository
 served by that checkout's code. Then Triton's overhead at concurrency 1: the in-process model through Triton against
 the same engine in this process (``trtspec generate``'s decoder), same prompts and settings.
+
+``--drafters`` serves each orchestration once per drafter (``speculative.drafter``: the draft model, n-grams from
+prompt lookup and the example's pool, or the hybrid), so that the drafters are compared through Triton side by side.
 
 ``--pair self`` serves the target as its own draft (acceptance 1): the orchestration overhead with every draft
 accepted. The default is the embedded example (SmolLM2-135M-Instruct and its distilled draft).
@@ -51,8 +54,11 @@ from trtspec.example import example_models, example_spec_dict
 from trtspec.spec import spec_from_dict
 from trtspec.triton_repo.writer import write_repo
 root, pair, orchestration = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+drafter = sys.argv[4] if len(sys.argv) > 4 else "model"
 paths = example_models()
 data = example_spec_dict(paths.target, paths.target if pair == "self" else paths.draft)
+if drafter != "model":
+    data.setdefault("speculative", {})["drafter"] = drafter
 data["triton"] = {"orchestrator_instances": 1}
 if orchestration != "default":
     data["triton"]["orchestration"] = orchestration
@@ -62,13 +68,15 @@ print(spec.repo_dir, spec.speculative.max_draft_len)
 """
 
 
-def write_repo(root: Path, pair: str, orchestration: str, trtspec_root: Path | None) -> tuple[Path, int]:
+def write_repo(
+    root: Path, pair: str, orchestration: str, trtspec_root: Path | None, drafter: str = "model"
+) -> tuple[Path, int]:
     """A repository written by the given checkout of trtspec (this one by default), in a child process."""
     env = dict(os.environ, PYTHONPATH=str(trtspec_root or ROOT))
     # cwd=root: python -c puts the cwd first on sys.path, ahead of PYTHONPATH (run from a checkout, it would win).
     root.mkdir(parents=True, exist_ok=True)
     out = subprocess.run(
-        [sys.executable, "-c", WRITE, str(root), pair, orchestration],
+        [sys.executable, "-c", WRITE, str(root), pair, orchestration, *([drafter] if drafter != "model" else [])],
         capture_output=True,
         text=True,
         env=env,
@@ -115,6 +123,8 @@ def main() -> None:
     ap.add_argument("--levels", default="1,8")
     ap.add_argument("--requests", type=int, default=16, help="requests per level and mode")
     ap.add_argument("--repeats", type=int, default=3, help="concurrency-1 overhead runs")
+    ap.add_argument("--orchestrations", default="in_process,bls", help="of in_process, bls")
+    ap.add_argument("--drafters", default="model", help="of model, ngram, hybrid (speculative.drafter)")
     ap.add_argument("--old-root", type=Path, help="a checkout of an older trtspec to serve side by side")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -133,15 +143,19 @@ def main() -> None:
         f"{args.requests} requests per level; levels {levels}"
     )
     root = Path(tempfile.mkdtemp(prefix="trtspec-bench-"))
-    configs = [("in_process", "in_process", None), ("bls", "bls", None)]
+    drafters = args.drafters.split(",")
+    configs = [
+        (o if d == "model" else f"{o} {d}", o, None, d) for d in drafters for o in args.orchestrations.split(",")
+    ]
     if args.old_root:
-        configs.append((f"old BLS ({args.old_root.name})", "default", args.old_root.resolve()))
+        configs.append((f"old BLS ({args.old_root.name})", "default", args.old_root.resolve(), "model"))
     results: dict = {"pair": args.pair, "max_tokens": args.max_tokens, "levels": levels, "servers": {}}
     c1_triton: list[float] = []
-    for name, orchestration, code in configs:
-        repo, k = write_repo(root / name.split()[0], args.pair, orchestration, code)
+    for name, orchestration, code, drafter in configs:
+        slug = name.split(" (")[0].replace(" ", "-")
+        repo, k = write_repo(root / slug, args.pair, orchestration, code, drafter)
         env = {"TRTSPEC_PYTHONPATH": str(code)} if code else {}
-        with TritonServer(repo, log_file=root / f"{name.split()[0]}.log", env=env) as server:
+        with TritonServer(repo, log_file=root / f"{slug}.log", env=env) as server:
             measure(server.grpc_url, QUESTIONS[:2], 1, 2, 8, False)  # warm up both paths
             measure(server.grpc_url, QUESTIONS[:2], 1, 2, 8, True)
             rows = {}
@@ -154,24 +168,25 @@ def main() -> None:
                     "target_only": base_r,
                     "speedup": round(spec_r["tok_s"] / base_r["tok_s"], 3) if base_r["tok_s"] else None,
                 }
-            if orchestration == "in_process":
+            if name == "in_process":
                 for _ in range(args.repeats):
                     c1_triton.append(measure(server.grpc_url, QUESTIONS[:4], 1, 4, args.max_tokens, False)["tok_s"])
         results["servers"][name] = {"k": k, "levels": rows}
 
-    paths = example_models()
-    session = TorchSession(
-        paths.target,
-        paths.target if args.pair == "self" else paths.draft,
-        max_draft_len=results["servers"]["in_process"]["k"],
-    )
-    session_c1(session, QUESTIONS[:1], 8, True)
-    in_proc = [session_c1(session, QUESTIONS[:4], args.max_tokens, True) for _ in range(args.repeats)]
-    results["overhead_c1"] = {
-        "triton_in_process_model_tok_s": c1_triton,
-        "in_process_decoder_tok_s": in_proc,
-        "overhead": round(1 - statistics.median(c1_triton) / statistics.median(in_proc), 3),
-    }
+    if c1_triton:  # the Triton overhead: the in-process model with the draft model against the same decoder
+        paths = example_models()
+        session = TorchSession(
+            paths.target,
+            paths.target if args.pair == "self" else paths.draft,
+            max_draft_len=results["servers"]["in_process"]["k"],
+        )
+        session_c1(session, QUESTIONS[:1], 8, True)
+        in_proc = [session_c1(session, QUESTIONS[:4], args.max_tokens, True) for _ in range(args.repeats)]
+        results["overhead_c1"] = {
+            "triton_in_process_model_tok_s": c1_triton,
+            "in_process_decoder_tok_s": in_proc,
+            "overhead": round(1 - statistics.median(c1_triton) / statistics.median(in_proc), 3),
+        }
 
     t = Table(
         title=f"output tok/s through Triton ({args.pair}, max_tokens {args.max_tokens}, load {os.getloadavg()[0]:.2f})"
@@ -190,11 +205,12 @@ def main() -> None:
                 str(row["speculative"]["errors"] + row["target_only"]["errors"]),
             )
     console.print(t)
-    o = results["overhead_c1"]
-    console.print(
-        f"concurrency 1, speculative: Triton (in-process model) median {statistics.median(c1_triton):.1f} "
-        f"tok/s vs in process {statistics.median(in_proc):.1f} tok/s: overhead {o['overhead']:.1%}"
-    )
+    if c1_triton:
+        o = results["overhead_c1"]
+        console.print(
+            f"concurrency 1, speculative: Triton (in-process model) median {statistics.median(c1_triton):.1f} "
+            f"tok/s vs in process {statistics.median(in_proc):.1f} tok/s: overhead {o['overhead']:.1%}"
+        )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2, default=str))
 
