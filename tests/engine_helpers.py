@@ -68,11 +68,12 @@ class TinyStageBodies:
 
         self.calls.append("repo")
         if spec.runtime is Runtime.TRTLLM_ENGINE:
-            from trtspec.triton_repo.engine_definitions import config_text, engine_model_configs
+            from trtspec.triton_repo.engine_definitions import engine_model_configs
+            from trtspec.triton_repo.pbtxt import serialize
 
             for name, cfg in engine_model_configs(spec).items():
                 (out_dir / name / "1").mkdir(parents=True)
-                (out_dir / name / "config.pbtxt").write_text(config_text(cfg))
+                (out_dir / name / "config.pbtxt").write_text(serialize(cfg))
         else:
             (out_dir / "README").write_text("test repo body\n")
         return {"models": sorted(p.name for p in out_dir.iterdir())}

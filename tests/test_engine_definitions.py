@@ -8,7 +8,8 @@ from tritonclient.grpc import model_config_pb2 as pb
 from tests.engine_helpers import engine_spec
 from trtspec.build.memory import plan_memory
 from trtspec.families import read_config
-from trtspec.triton_repo.engine_definitions import config_text, engine_model_configs, serving_layout
+from trtspec.triton_repo.engine_definitions import engine_model_configs, serving_layout
+from trtspec.triton_repo.pbtxt import serialize
 
 # What TensorRT-LLM's tensorrt_llm/config.pbtxt template needs filled (tests/upstream/tensorrt_llm_template.json),
 # as they appear in the written config.
@@ -33,7 +34,7 @@ def test_both_engine_models_parse_and_have_every_mandatory_value(tmp_path, tiny_
     configs = engine_model_configs(spec)
     assert set(configs) == {"tensorrt_llm", "tensorrt_llm_draft"}
     for name, role in (("tensorrt_llm", "target"), ("tensorrt_llm_draft", "draft")):
-        text = config_text(configs[name])
+        text = serialize(configs[name])
         assert "${" not in text
         cfg = _parse(text)
         assert cfg.name == name and cfg.backend == "tensorrtllm"
@@ -71,8 +72,8 @@ def test_tensor_parallel_target_gets_fast_logits_participants_and_world_size(tmp
     assert d["participant_ids"] == "1" and t["participant_ids"] == "2,3,4,5"
     assert t["speculative_decoding_fast_logits"] == d["speculative_decoding_fast_logits"] == "1"
     for cfg in configs.values():
-        assert "${" not in config_text(cfg)
-        _parse(config_text(cfg))
+        assert "${" not in serialize(cfg)
+        _parse(serialize(cfg))
 
 
 def test_kv_fraction_overrides_from_the_spec_are_used(tmp_path, tiny_pair):

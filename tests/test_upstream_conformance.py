@@ -14,7 +14,8 @@ from tests.standin.trtllm_build_standin import make_parser
 from tests.upstream import facts
 from trtspec.engines.trtllm_build import trtllm_build_command
 from trtspec.engines.trtllm_versions import NGC_TAGS, RELEASES, normalize_version
-from trtspec.triton_repo.engine_definitions import config_text, engine_model_configs
+from trtspec.triton_repo.engine_definitions import engine_model_configs
+from trtspec.triton_repo.pbtxt import serialize
 
 VERSIONS = {"0.20": "0.20.0", "0.21": "0.21.0", "1.0": "1.0.0", "1.1": "1.1.0", "1.2": "1.2.1"}
 _DTYPES = {"float16": "TYPE_FP16", "bfloat16": "TYPE_BF16", "float32": "TYPE_FP32"}
@@ -75,7 +76,7 @@ def _configs(tmp_path, tiny_pair, **overrides) -> dict[str, pb.ModelConfig]:
 
     spec = engine_spec(tmp_path, tiny_pair, **overrides)
     return spec, {
-        name: text_format.Parse(config_text(cfg), pb.ModelConfig()) for name, cfg in engine_model_configs(spec).items()
+        name: text_format.Parse(serialize(cfg), pb.ModelConfig()) for name, cfg in engine_model_configs(spec).items()
     }
 
 

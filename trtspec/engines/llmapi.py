@@ -15,7 +15,6 @@ from trtspec.engines.trtllm_versions import get_release
 from trtspec.errors import SpecError
 from trtspec.spec import BuildSpec
 
-MODEL_NAME = "tensorrt_llm"  # the upstream llmapi model's name
 # NGramDecodingConfig (tensorrt_llm/llmapi/llm_args.py; tests/upstream/ngram_decoding.json): its pool is built at run
 # time from the requests served (is_public_pool: one pool for all of them); it cannot be pre-seeded from a file.
 NGRAM_DECODING_TYPE = "NGram"

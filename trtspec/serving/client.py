@@ -23,7 +23,6 @@ from typing import Any
 from trtspec.errors import GenerationError, ServerError
 from trtspec.serving.contract import (
     LLMAPI_FIELDS,
-    LLMAPI_MODEL,
     LLMAPI_STATS,
     STAT_NAMES,
     contract_of,
@@ -36,13 +35,13 @@ from trtspec.serving.contract import (
     translate,
 )
 from trtspec.serving.endpoints import PROTOCOLS, parse_url, probe, stream_error
+from trtspec.triton_repo.names import ENSEMBLE, LLMAPI
 
 # Re-exported: the translation lives in trtspec.serving.contract, shared with the OpenAI frontend and the bench.
 __all__ = [
     "STAT_NAMES",
     "LLMAPI_FIELDS",
     "LLMAPI_STATS",
-    "LLMAPI_MODEL",
     "PROTOCOLS",
     "GenerateResult",
     "TritonLLMClient",
@@ -80,9 +79,7 @@ class TritonLLMClient:
     """Send prompts to ``model`` (default ``ensemble``) at ``url`` (host:port), one request at a time per client
     (use one client per thread for concurrent requests)."""
 
-    def __init__(
-        self, url: str, protocol: str | None = None, model: str = "ensemble", timeout_s: float = 600.0
-    ) -> None:
+    def __init__(self, url: str, protocol: str | None = None, model: str = ENSEMBLE, timeout_s: float = 600.0) -> None:
         self.endpoint = parse_url(url, protocol)
         self.url = self.endpoint.address
         self.protocol = self.endpoint.protocol
@@ -210,8 +207,8 @@ class TritonLLMClient:
     def _resolve_contract(self) -> str:
         if self.contract is None:
             found = contract_of(self._model_inputs(self.model))
-            if found is None and self.model == "ensemble" and contract_of(self._model_inputs(LLMAPI_MODEL)) == "llmapi":
-                self.model, found = LLMAPI_MODEL, "llmapi"  # an llmapi repository has no ensemble
+            if found is None and self.model == ENSEMBLE and contract_of(self._model_inputs(LLMAPI)) == "llmapi":
+                self.model, found = LLMAPI, "llmapi"  # an llmapi repository has no ensemble
             self.contract = found or "ensemble"
         return self.contract
 

@@ -12,8 +12,6 @@ from typing import Any
 
 from trtspec.errors import GenerationError
 
-ENSEMBLE_MODEL = "ensemble"
-LLMAPI_MODEL = "tensorrt_llm"
 CONTRACTS = ("ensemble", "llmapi")
 STAT_NAMES = (
     "acceptance_rate",

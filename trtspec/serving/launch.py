@@ -49,7 +49,8 @@ def launch_settings(spec: Any) -> dict[str, Any]:
 
     if spec.runtime is not Runtime.TRTLLM_ENGINE:
         return {}
-    from trtspec.triton_repo.engine_definitions import MODEL_NAMES, serving_layout
+    from trtspec.triton_repo.engine_definitions import serving_layout
+    from trtspec.triton_repo.names import ROLE_MODELS
 
     layout = serving_layout(spec)
     gpus = max(spec.gpu.count, *(max(ids) + 1 for ids in layout.gpu_device_ids.values()))
@@ -58,7 +59,7 @@ def launch_settings(spec: Any) -> dict[str, Any]:
         "world_size": layout.world_size,
         "spawn_processes": not layout.fast_logits,
         "gpus": gpus,
-        "engine_models": [MODEL_NAMES["target"], MODEL_NAMES["draft"]],
+        "engine_models": [ROLE_MODELS["target"], ROLE_MODELS["draft"]],
     }
 
 

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 
 from trtspec.errors import ServerError, TrtspecError
+from trtspec.triton_repo.names import ENSEMBLE
 
 PROBE_PROMPT = "ping"
 
@@ -21,7 +22,7 @@ class ProbeResult:
     tokens: int
 
 
-def probe(url: str, *, protocol: str | None = None, model: str = "ensemble", timeout_s: float = 10.0) -> ProbeResult:
+def probe(url: str, *, protocol: str | None = None, model: str = ENSEMBLE, timeout_s: float = 10.0) -> ProbeResult:
     """Generate one token from ``model`` at ``url`` within ``timeout_s``; ServerError (with why) otherwise."""
     from trtspec.serving.client import TritonLLMClient
     from trtspec.serving.endpoints import parse_url

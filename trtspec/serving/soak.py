@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trtspec.triton_repo.names import ENSEMBLE
+
 STATS = ("num_output_tokens", "total_draft_tokens", "total_accepted_draft_tokens")
 MALFORMED_KINDS = ("missing_text_input", "max_tokens_0", "max_tokens_negative", "invalid_utf8", "prompt_too_long")
 STUB_NAME = "triton_python_backend_stub"
@@ -172,7 +174,7 @@ def plan_requests(
 class StreamClient:
     """One gRPC bidirectional stream to the ensemble; one request at a time (one client per worker thread)."""
 
-    def __init__(self, url: str, model: str = "ensemble") -> None:
+    def __init__(self, url: str, model: str = ENSEMBLE) -> None:
         import tritonclient.grpc as grpcclient
 
         self.url, self.model = url, model

@@ -17,8 +17,20 @@ from trtspec.build.plan import serving_model_dir
 from trtspec.engines.speculation import MAX_DRAFT_LEN
 from trtspec.spec import BuildSpec, DrafterKind, Runtime
 from trtspec.triton_repo import tensors as t
-from trtspec.triton_repo.names import BLS, DRAFT, ENSEMBLE, POST, PRE, TARGET
-from trtspec.triton_repo.pbtxt import add_inputs, add_outputs, new_config, set_dynamic_batching
+from trtspec.triton_repo.names import (
+    BLS,
+    DRAFT,
+    ENSEMBLE,
+    LLMAPI,
+    LLMAPI_SOURCE,
+    POST,
+    PRE,
+    ROLE_MODELS,
+    TARGET,
+    TORCH_ENGINE_SOURCE,
+    TORCH_SPEC_SOURCE,
+)
+from trtspec.triton_repo.pbtxt import Batching, new_config
 
 MODELS_DIR = Path(__file__).parent / "models"
 __all__ = ["BLS", "DRAFT", "ENSEMBLE", "POST", "PRE", "TARGET", "ModelDefinition", "repository_models"]
@@ -71,10 +83,10 @@ def preprocessing(spec: BuildSpec) -> ModelDefinition:
             "max_input_len": spec.engine.max_input_len,
             "max_seq_len": spec.engine.max_seq_len,
         },
+        inputs=t.PRE_INPUTS,
+        outputs=t.PRE_OUTPUTS,
+        batching=Batching(spec.triton.max_queue_delay_us),
     )
-    set_dynamic_batching(c, spec.triton.max_queue_delay_us)
-    add_inputs(c, t.PRE_INPUTS)
-    add_outputs(c, t.PRE_OUTPUTS)
     return ModelDefinition(PRE, c, _python_files(PRE), [tokenizer_dir(spec)])
 
 
@@ -88,10 +100,10 @@ def postprocessing(spec: BuildSpec) -> ModelDefinition:
             "tokenizer_dir": tokenizer_dir(spec),
             "skip_special_tokens": True,
         },
+        inputs=t.POST_INPUTS,
+        outputs=t.POST_OUTPUTS,
+        batching=Batching(spec.triton.max_queue_delay_us),
     )
-    set_dynamic_batching(c, spec.triton.max_queue_delay_us)
-    add_inputs(c, t.POST_INPUTS)
-    add_outputs(c, t.POST_OUTPUTS)
     return ModelDefinition(POST, c, _python_files(POST), [tokenizer_dir(spec)])
 
 
@@ -136,9 +148,9 @@ def orchestrator(spec: BuildSpec) -> ModelDefinition:
             "drafter": sp.drafter.value,
             "ngram_pool": pool,
         },
+        inputs=t.BLS_INPUTS,
+        outputs=t.BLS_OUTPUTS,
     )
-    add_inputs(c, t.BLS_INPUTS)
-    add_outputs(c, t.BLS_OUTPUTS)
     return ModelDefinition(BLS, c, files)
 
 
@@ -151,9 +163,13 @@ def _step(c: Any, model: str, inputs: dict[str, str], outputs: dict[str, str]) -
 
 
 def ensemble(spec: BuildSpec) -> ModelDefinition:
-    c = new_config(ENSEMBLE, platform="ensemble", max_batch_size=spec.engine.max_batch_size)
-    add_inputs(c, t.ENSEMBLE_INPUTS)
-    add_outputs(c, t.ENSEMBLE_OUTPUTS)
+    c = new_config(
+        ENSEMBLE,
+        platform="ensemble",
+        max_batch_size=spec.engine.max_batch_size,
+        inputs=t.ENSEMBLE_INPUTS,
+        outputs=t.ENSEMBLE_OUTPUTS,
+    )
     c.ensemble_scheduling.SetInParent()
     _step(
         c,
@@ -222,7 +238,7 @@ def ensemble(spec: BuildSpec) -> ModelDefinition:
 
 # -- the engine-backed pair, per runtime ----------------------------------------------------------------------------
 def _torch_engine(spec: BuildSpec, role: str) -> ModelDefinition:
-    name = TARGET if role == "target" else DRAFT
+    name = ROLE_MODELS[role]
     model = getattr(spec, role)
     model_dir = serving_model_dir(spec, role)
     instances = spec.triton.target_instances if role == "target" else spec.triton.draft_instances
@@ -244,11 +260,11 @@ def _torch_engine(spec: BuildSpec, role: str) -> ModelDefinition:
             "exclude_input_in_output": False,
             "role": role,
         },
+        inputs=t.ENGINE_INPUTS,
+        outputs=t.ENGINE_OUTPUTS,
+        batching=Batching(spec.triton.max_queue_delay_us),
     )
-    set_dynamic_batching(c, spec.triton.max_queue_delay_us)
-    add_inputs(c, t.ENGINE_INPUTS)
-    add_outputs(c, t.ENGINE_OUTPUTS)
-    return ModelDefinition(name, c, _python_files("tensorrt_llm_torch"), [model_dir])
+    return ModelDefinition(name, c, _python_files(TORCH_ENGINE_SOURCE), [model_dir])
 
 
 def torch_engine_models(spec: BuildSpec) -> list[ModelDefinition]:
@@ -291,11 +307,11 @@ def torch_in_process_model(spec: BuildSpec) -> ModelDefinition:
             "drafter": sp.drafter.value,
             "ngram_pool": pool,
         },
+        inputs=t.BLS_INPUTS,
+        outputs=t.BLS_OUTPUTS,
+        batching=Batching(spec.triton.max_queue_delay_us),
     )
-    set_dynamic_batching(c, spec.triton.max_queue_delay_us)
-    add_inputs(c, t.BLS_INPUTS)
-    add_outputs(c, t.BLS_OUTPUTS)
-    return ModelDefinition(TARGET, c, _python_files("tensorrt_llm_spec_torch"), external)
+    return ModelDefinition(TARGET, c, _python_files(TORCH_SPEC_SOURCE), external)
 
 
 def trtllm_engine_models(spec: BuildSpec) -> list[ModelDefinition]:
@@ -307,7 +323,7 @@ def trtllm_engine_models(spec: BuildSpec) -> list[ModelDefinition]:
 
     configs = engine_model_configs(spec, decoupled=True)
     out = []
-    for role, name in (("target", TARGET), ("draft", DRAFT)):
+    for role, name in ROLE_MODELS.items():
         path = engine_dir(spec, role)
         out.append(
             ModelDefinition(
@@ -331,21 +347,21 @@ def llmapi_models(spec: BuildSpec) -> list[ModelDefinition]:
 
     triton = model_yaml(spec)["triton_config"]
     c = new_config(
-        TARGET,
+        LLMAPI,
         backend="python",
         max_batch_size=triton["max_batch_size"],
         decoupled=triton["decoupled"],
         instances=1,
         parameters={"llm_config": "model.yaml"},
+        inputs=t.LLMAPI_INPUTS,
+        outputs=t.LLMAPI_OUTPUTS,
     )
-    add_inputs(c, t.LLMAPI_INPUTS)
-    add_outputs(c, t.LLMAPI_OUTPUTS)
     dirs = {role: serving_model_dir(spec, role) for role in ("target", "draft")}
     return [
         ModelDefinition(
-            TARGET,
+            LLMAPI,
             c,
-            _python_files("tensorrt_llm_llmapi"),
+            _python_files(LLMAPI_SOURCE),
             external_paths=list(dirs.values()),
             texts={"1/model.yaml": model_yaml_text(spec)},
             container_paths={d: checkpoint_path_in_container(r) for r, d in dirs.items()},

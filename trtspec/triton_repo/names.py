@@ -7,6 +7,13 @@ from __future__ import annotations
 
 TARGET, DRAFT = "tensorrt_llm", "tensorrt_llm_draft"
 BLS, PRE, POST, ENSEMBLE = "tensorrt_llm_bls", "preprocessing", "postprocessing", "ensemble"
+ROLE_MODELS = {"target": TARGET, "draft": DRAFT}  # the engine-backed model of each role
+# Runtime trtllm-llmapi's one model (upstream's llmapi model has the target's name); clients call it for the ensemble.
+LLMAPI = TARGET
+# The Python models' sources (trtspec/triton_repo/models/<source>/model.py) not named after the model they serve.
+TORCH_ENGINE_SOURCE = "tensorrt_llm_torch"  # runtime torch: tensorrt_llm and tensorrt_llm_draft (BLS layout)
+TORCH_SPEC_SOURCE = "tensorrt_llm_spec_torch"  # runtime torch, in_process: tensorrt_llm with the draft-target loop
+LLMAPI_SOURCE = "tensorrt_llm_llmapi"  # runtime trtllm-llmapi: tensorrt_llm
 
 # The model between preprocessing and postprocessing, which carries the draft-target settings (max_draft_len,
 # route_threshold): the BLS orchestrator when there is one, else the torch runtime's in-process tensorrt_llm.

@@ -31,6 +31,7 @@ from trtspec.engines.inflight.contract import RowRequest
 from trtspec.engines.inflight.words import hits_stop_word
 from trtspec.engines.speculation import MAX_DRAFT_LEN, SpecStats, accepted_prefix, check_draft_len
 from trtspec.errors import GenerationError
+from trtspec.triton_repo.names import DRAFT, TARGET
 
 
 class EngineClient(Protocol):
@@ -45,8 +46,8 @@ class EngineClient(Protocol):
 class Deployment:
     """The orchestrator's fixed settings (from the repository's config): what the engines were built for."""
 
-    target_model: str = "tensorrt_llm"
-    draft_model: str = "tensorrt_llm_draft"
+    target_model: str = TARGET
+    draft_model: str = DRAFT
     max_draft_len: int = 4  # the deployment's K: what requests get when they do not say
     draft_len_limit: int = 4  # the most draft tokens the target engine accepts per step (its --max_draft_len)
     route_threshold: int = 0

@@ -1,4 +1,5 @@
-"""config.pbtxt through Triton's own schema: build ``ModelConfig`` protobufs, serialize, parse back.
+"""config.pbtxt through Triton's own schema: every model's ``ModelConfig`` is built by ``new_config`` from
+``TensorSpec`` tables (trtspec.triton_repo.tensors), written by ``serialize`` and read by ``parse``.
 
 Never string templates: an unknown field or a wrong type fails here, not at server start (cf. pytriton's
 ``model_config/generator.py``).
@@ -6,11 +7,11 @@ Never string templates: an unknown field or a wrong type fails here, not at serv
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trtspec.errors import TrtspecError
+from trtspec.errors import SpecError, TrtspecError
 
 
 def _pb() -> Any:
@@ -37,29 +38,14 @@ class TensorSpec:
     reshape: Sequence[int] | None = None  # e.g. () for TRT-LLM's `reshape: { shape: [ ] }`
     ragged: bool = False
 
-    def opt(self) -> TensorSpec:
-        return TensorSpec(self.name, self.dtype, self.dims, True, self.reshape, self.ragged)
 
+@dataclass(frozen=True)
+class Batching:
+    """``dynamic_batching``: the queue delay, preferred batch sizes, and a bound on the queue (None: unbounded)."""
 
-def add_inputs(config: Any, specs: Iterable[TensorSpec]) -> None:
-    pb = _pb()
-    for s in specs:
-        t = config.input.add(
-            name=s.name,
-            data_type=pb.DataType.Value(f"TYPE_{s.dtype}"),
-            dims=list(s.dims),
-            optional=s.optional,
-            allow_ragged_batch=s.ragged,
-        )
-        if s.reshape is not None:
-            t.reshape.SetInParent()
-            t.reshape.shape[:] = list(s.reshape)
-
-
-def add_outputs(config: Any, specs: Iterable[TensorSpec]) -> None:
-    pb = _pb()
-    for s in specs:
-        config.output.add(name=s.name, data_type=pb.DataType.Value(f"TYPE_{s.dtype}"), dims=list(s.dims))
+    max_queue_delay_us: int
+    preferred: Sequence[int] = ()
+    max_queue_size: int | None = None
 
 
 def new_config(
@@ -70,9 +56,12 @@ def new_config(
     max_batch_size: int = 0,
     decoupled: bool | None = None,
     instances: int | None = None,
-    parameters: dict[str, Any] | None = None,
+    parameters: Mapping[str, Any] | None = None,
+    inputs: Iterable[TensorSpec] = (),
+    outputs: Iterable[TensorSpec] = (),
+    batching: Batching | None = None,
 ) -> Any:
-    """A ModelConfig with the common fields set."""
+    """A model's ModelConfig: every model of a repository is built here (and written by ``serialize``)."""
     pb = _pb()
     c = pb.ModelConfig(name=name, max_batch_size=max_batch_size)
     if backend:
@@ -81,7 +70,26 @@ def new_config(
         c.platform = platform
     if decoupled is not None:
         c.model_transaction_policy.decoupled = decoupled
-    if instances is not None:
+    if batching is not None:
+        c.dynamic_batching.SetInParent()
+        c.dynamic_batching.max_queue_delay_microseconds = batching.max_queue_delay_us
+        c.dynamic_batching.preferred_batch_size[:] = list(batching.preferred)
+        if batching.max_queue_size is not None:
+            c.dynamic_batching.default_queue_policy.max_queue_size = batching.max_queue_size
+    for s in inputs:
+        t = c.input.add(
+            name=s.name,
+            data_type=pb.DataType.Value(f"TYPE_{s.dtype}"),
+            dims=list(s.dims),
+            optional=s.optional,
+            allow_ragged_batch=s.ragged,
+        )
+        if s.reshape is not None:
+            t.reshape.SetInParent()
+            t.reshape.shape[:] = list(s.reshape)
+    for s in outputs:
+        c.output.add(name=s.name, data_type=pb.DataType.Value(f"TYPE_{s.dtype}"), dims=list(s.dims))
+    if instances is not None:  # a CPU-side instance: GPU placement is the model's own (or the backend's) business
         c.instance_group.add(count=instances, kind=pb.ModelInstanceGroup.KIND_CPU)
     for key, value in (parameters or {}).items():
         c.parameters[key].string_value = _param(value)
@@ -94,16 +102,12 @@ def _param(value: Any) -> str:
     return str(value)
 
 
-def set_dynamic_batching(config: Any, max_queue_delay_us: int, preferred: Sequence[int] = ()) -> None:
-    config.dynamic_batching.SetInParent()
-    config.dynamic_batching.max_queue_delay_microseconds = max_queue_delay_us
-    if preferred:
-        config.dynamic_batching.preferred_batch_size[:] = list(preferred)
-
-
 def serialize(config: Any) -> str:
-    """Text format; ``max_batch_size: 0`` written explicitly (proto3 drops zero values, and Triton's config
-    auto-completion may otherwise fill in a batch size the model was not written for)."""
+    """config.pbtxt text, checked to parse back into the same ModelConfig (what Triton reads is what was built).
+
+    ``max_batch_size: 0`` is written explicitly, after ``backend``/``platform`` as upstream's templates place it (proto3
+    drops zero values, and Triton's config auto-completion may otherwise fill in a batch size the model was not written
+    for)."""
     from google.protobuf import text_format
 
     text = text_format.MessageToString(config)
@@ -112,6 +116,11 @@ def serialize(config: Any) -> str:
         at = next((i + 1 for i, line in enumerate(lines) if line.startswith(("backend:", "platform:"))), 1)
         lines.insert(at, "max_batch_size: 0")
         text = "\n".join(lines) + "\n"
+    source = f"{config.name}/config.pbtxt"
+    if parse(text, source) != config:
+        raise SpecError(
+            f"{source} does not round-trip through the ModelConfig schema", hint="report this as a trtspec bug"
+        )
     return text
 
 

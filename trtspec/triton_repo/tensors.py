@@ -3,15 +3,30 @@
 Mirrors TensorRT-LLM's ``triton_backend/all_models/inflight_batcher_llm/{ensemble,preprocessing,postprocessing,
 tensorrt_llm,tensorrt_llm_bls}/config.pbtxt`` (same names, types and dims) for the fields trtspec implements; inputs it
 does not implement (LoRA, multimodal, beam search, penalties) are left out so that Triton rejects them by name instead
-of them being silently ignored. Additions are marked "trtspec".
+of them being silently ignored. Additions are marked "trtspec". The exception is backend tensorrtllm (runtime
+trtllm-engine), which implements all of its template's tensors. One format: ``TensorSpec`` rows, which
+``pbtxt.new_config`` turns into a model's inputs and outputs.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
 
 from trtspec.triton_repo.pbtxt import TensorSpec as T
 
 SCALAR = (1,)
 NO_SHAPE = ()  # TRT-LLM's `reshape: { shape: [ ] }`
+# Data types filled per model (``with_dtypes``), as upstream's template leaves them: ${encoder_input_features_data_type}
+# and ${prompt_embedding_table_data_type} (the model's dtype), ${logits_datatype}.
+MODEL_DTYPE, LOGITS_DTYPE = "${dtype}", "${logits}"
+
+
+def with_dtypes(specs: Iterable[T], model_dtype: str, logits_dtype: str) -> list[T]:
+    """``specs`` with MODEL_DTYPE and LOGITS_DTYPE replaced by Triton types (``FP16`` ...)."""
+    fill = {MODEL_DTYPE: model_dtype, LOGITS_DTYPE: logits_dtype}
+    return [replace(s, dtype=fill.get(s.dtype, s.dtype)) for s in specs]
+
 
 # -- ensemble (what clients see) -----------------------------------------------------------------------------------
 # text_input and max_tokens are required, but declared optional (trtspec; upstream declares them required): Triton
@@ -78,7 +93,84 @@ POST_INPUTS = [
 ]
 POST_OUTPUTS = [T("OUTPUT", "STRING", (-1,))]
 
-# -- tensorrt_llm / tensorrt_llm_draft (TRT-LLM backend contract) ----------------------------------------------------
+# -- tensorrt_llm / tensorrt_llm_draft for runtime trtllm-engine (backend tensorrtllm) ------------------------------
+# The whole contract of upstream's inflight_batcher_llm/tensorrt_llm/config.pbtxt (tests/upstream/: the template).
+BACKEND_INPUTS = [
+    T("input_ids", "INT32", (-1,), optional=True, ragged=True),
+    T("encoder_input_features", MODEL_DTYPE, (-1, -1), optional=True, ragged=True),
+    T("encoder_output_lengths", "INT32", SCALAR, optional=True, reshape=NO_SHAPE),
+    T("input_lengths", "INT32", SCALAR, reshape=NO_SHAPE),
+    T("request_output_len", "INT32", SCALAR, reshape=NO_SHAPE),
+    T("num_return_sequences", "INT32", SCALAR, optional=True, reshape=NO_SHAPE),
+    T("draft_input_ids", "INT32", (-1,), optional=True, ragged=True),
+    T("decoder_input_ids", "INT32", (-1,), optional=True, ragged=True),
+    T("decoder_input_lengths", "INT32", SCALAR, optional=True, reshape=NO_SHAPE),
+    T("draft_logits", LOGITS_DTYPE, (-1, -1), optional=True, ragged=True),
+    T("draft_acceptance_threshold", "FP32", SCALAR, optional=True, reshape=NO_SHAPE),
+    T("end_id", "INT32", SCALAR, optional=True, reshape=NO_SHAPE),
+    T("pad_id", "INT32", SCALAR, optional=True, reshape=NO_SHAPE),
+    T("stop_words_list", "INT32", (2, -1), optional=True, ragged=True),
+    T("bad_words_list", "INT32", (2, -1), optional=True, ragged=True),
+    T("embedding_bias", "FP32", (-1,), optional=True, ragged=True),
+    T("beam_width", "INT32", SCALAR, optional=True, reshape=NO_SHAPE),
+    T("temperature", "FP32", SCALAR, optional=True, reshape=NO_SHAPE),
+    T("runtime_top_k", "INT32", SCALAR, optional=True, reshape=NO_SHAPE),
+    T("runtime_top_p", "FP32", SCALAR, optional=True, reshape=NO_SHAPE),
+    T("runtime_top_p_min", "FP32", SCALAR, optional=True, reshape=NO_SHAPE),
+    T("runtime_top_p_decay", "FP32", SCALAR, optional=True, reshape=NO_SHAPE),
+    T("runtime_top_p_reset_ids", "INT32", SCALAR, optional=True, reshape=NO_SHAPE),
+    T("len_penalty", "FP32", SCALAR, optional=True, reshape=NO_SHAPE),
+    T("early_stopping", "BOOL", SCALAR, optional=True, reshape=NO_SHAPE),
+    T("repetition_penalty", "FP32", SCALAR, optional=True, reshape=NO_SHAPE),
+    T("min_tokens", "INT32", SCALAR, optional=True, reshape=NO_SHAPE),
+    T("beam_search_diversity_rate", "FP32", SCALAR, optional=True, reshape=NO_SHAPE),
+    T("presence_penalty", "FP32", SCALAR, optional=True, reshape=NO_SHAPE),
+    T("frequency_penalty", "FP32", SCALAR, optional=True, reshape=NO_SHAPE),
+    T("seed", "UINT64", SCALAR, optional=True, reshape=NO_SHAPE),
+    T("return_log_probs", "BOOL", SCALAR, optional=True, reshape=NO_SHAPE),
+    T("return_context_logits", "BOOL", SCALAR, optional=True, reshape=NO_SHAPE),
+    T("return_generation_logits", "BOOL", SCALAR, optional=True, reshape=NO_SHAPE),
+    T("return_perf_metrics", "BOOL", SCALAR, optional=True, reshape=NO_SHAPE),
+    T("return_num_input_tokens", "BOOL", SCALAR, optional=True, reshape=NO_SHAPE),
+    T("return_num_output_tokens", "BOOL", SCALAR, optional=True, reshape=NO_SHAPE),
+    T("exclude_input_in_output", "BOOL", SCALAR, optional=True, reshape=NO_SHAPE),
+    T("stop", "BOOL", SCALAR, optional=True, reshape=NO_SHAPE),
+    T("streaming", "BOOL", SCALAR, optional=True, reshape=NO_SHAPE),
+    T("prompt_embedding_table", MODEL_DTYPE, (-1, -1), optional=True, ragged=True),
+    T("prompt_table_extra_ids", "UINT64", (-1,), optional=True, ragged=True),
+    T("prompt_vocab_size", "INT32", SCALAR, optional=True, reshape=NO_SHAPE),
+    T("lora_task_id", "UINT64", SCALAR, optional=True, reshape=NO_SHAPE),
+    T("lora_weights", "FP16", (-1, -1), optional=True, ragged=True),
+    T("lora_config", "INT32", (-1, 3), optional=True, ragged=True),
+]
+BACKEND_OUTPUTS = [
+    T("output_ids", "INT32", (-1, -1)),
+    T("sequence_length", "INT32", (-1,)),
+    T("cum_log_probs", "FP32", (-1,)),
+    T("output_log_probs", "FP32", (-1, -1)),
+    T("context_logits", LOGITS_DTYPE, (-1, -1)),
+    T("generation_logits", LOGITS_DTYPE, (-1, -1, -1)),
+    T("batch_index", "INT32", SCALAR),
+    T("sequence_index", "INT32", SCALAR),
+    T("context_phase_params", "UINT8", (-1,)),
+    # Written into every response of a request with return_perf_metrics, asked for or not: undeclared, Triton fails the
+    # response ("unexpected inference output").
+    T("kv_cache_alloc_new_blocks", "INT32", SCALAR),
+    T("kv_cache_reused_blocks", "INT32", SCALAR),
+    T("kv_cache_alloc_total_blocks", "INT32", SCALAR),
+    T("arrival_time_ns", "INT64", SCALAR),
+    T("first_scheduled_time_ns", "INT64", SCALAR),
+    T("first_token_time_ns", "INT64", SCALAR),
+    T("last_token_time_ns", "INT64", SCALAR),
+    T("acceptance_rate", "FP32", SCALAR),
+    T("total_accepted_draft_tokens", "INT32", SCALAR),
+    T("total_draft_tokens", "INT32", SCALAR),
+    # return_num_input_tokens / return_num_output_tokens
+    T("num_input_tokens", "INT32", SCALAR),
+    T("num_output_tokens", "INT32", SCALAR),
+]
+
+# -- tensorrt_llm / tensorrt_llm_draft for runtime torch (the subset of the backend contract that it implements) ----
 ENGINE_INPUTS = [
     T("input_ids", "INT32", (-1,), optional=True, ragged=True),
     T("input_lengths", "INT32", SCALAR, reshape=NO_SHAPE),

@@ -72,22 +72,20 @@ class TritonRequester:
 
     def describe(self) -> dict[str, Any]:
         """The deployment as Triton's model configs tell it: runtime, default K, route threshold."""
-        from trtspec.serving.contract import LLMAPI_MODEL
+        from trtspec.triton_repo.names import BLS, ENSEMBLE, LLMAPI, TARGET, draft_target_params
 
         if self.contract == "llmapi":
             return {
-                "model": LLMAPI_MODEL,
+                "model": LLMAPI,
                 "runtime": "trtllm-llmapi",
                 "max_draft_len": None,
                 "route_threshold": 0,
                 "per_request_draft_len": False,
             }
-        from trtspec.triton_repo.names import BLS, TARGET, draft_target_params
-
         engine = self._config(TARGET) or {}
         bls = draft_target_params({BLS: _params(self._config(BLS)), TARGET: _params(engine)})
         return {
-            "model": "ensemble",
+            "model": ENSEMBLE,
             "runtime": "trtllm-engine" if engine.get("backend") == "tensorrtllm" else "torch",
             "max_draft_len": int(bls.get("max_draft_len", 0)) or None,
             "route_threshold": int(bls.get("route_threshold", 0)),

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.errors import ServerError
-from trtspec.serving.contract import ENSEMBLE_MODEL, LLMAPI_MODEL
+from trtspec.triton_repo.names import ENSEMBLE, LLMAPI, PRE, TARGET
 
 
 @dataclass(frozen=True)
@@ -67,8 +67,8 @@ class ServedDeployment:
         settings = manifest.get("settings") or {}
         served = name or settings.get("name") or repo.name
         mounts = {inside: host for host, inside in manifest.get("container_mounts") or []}
-        if ENSEMBLE_MODEL in configs:
-            pre = _params(configs.get("preprocessing"))
+        if ENSEMBLE in configs:
+            pre = _params(configs.get(PRE))
             from trtspec.triton_repo.names import DRAFT_TARGET_MODELS, draft_target_params
 
             params_of = {m: _params(configs.get(m)) for m in DRAFT_TARGET_MODELS}
@@ -79,14 +79,14 @@ class ServedDeployment:
                     f"{repo}: its preprocessing model names no tokenizer_dir",
                     hint="rewrite the repository with `trtspec repo`",
                 )
-            engine = configs.get("tensorrt_llm")
+            engine = configs.get(TARGET)
             runtime = settings.get("runtime") or (
                 "trtllm-engine" if engine is not None and engine.backend == "tensorrtllm" else "torch"
             )
             return cls(
                 name=served,
                 contract="ensemble",
-                entry_model=ENSEMBLE_MODEL,
+                entry_model=ENSEMBLE,
                 runtime=runtime,
                 tokenizer_dir=_local(pre["tokenizer_dir"], mounts),
                 add_special_tokens=pre.get("add_special_tokens", "true").lower() in ("1", "true", "yes"),
@@ -96,17 +96,17 @@ class ServedDeployment:
                 route_threshold=int(bls.get("route_threshold", 0) or 0),
                 draft_target_model=middle,
             )
-        if LLMAPI_MODEL in configs and (repo / LLMAPI_MODEL / "1" / "model.yaml").is_file():
+        if LLMAPI in configs and (repo / LLMAPI / "1" / "model.yaml").is_file():
             import yaml
 
-            data = yaml.safe_load((repo / LLMAPI_MODEL / "1" / "model.yaml").read_text(encoding="utf-8")) or {}
+            data = yaml.safe_load((repo / LLMAPI / "1" / "model.yaml").read_text(encoding="utf-8")) or {}
             spec = data.get("speculative_config") or {}
             engine = settings.get("engine") or {}
             max_seq_len = int(data.get("max_seq_len") or engine.get("max_seq_len") or 0)
             return cls(
                 name=served,
                 contract="llmapi",
-                entry_model=LLMAPI_MODEL,
+                entry_model=LLMAPI,
                 runtime="trtllm-llmapi",
                 tokenizer_dir=_local(str(data.get("tokenizer") or data["model"]), mounts),
                 add_special_tokens=True,  # the LLM API tokenizes text prompts with special tokens
