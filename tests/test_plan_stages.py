@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.engine_helpers import engine_spec
-from trtspec.build.layout import ROLES, checkpoint_dir, engine_dir
+from trtspec.build.layout import NO_DRAFT_MODEL, ROLES, checkpoint_dir, engine_dir
 from trtspec.build.pipeline import pipeline_stages
 from trtspec.build.plan import build_plan
 from trtspec.triton_repo.definitions import repository_models
@@ -55,3 +55,23 @@ def test_plan_and_pipeline_agree(tmp_path, tiny_pair, runtime, quantization):
     assert planned["repo"].outputs == [str(spec.repo_dir)]
     if runtime == "trtllm-llmapi":
         assert models == ["tensorrt_llm"]  # the LLM API model alone
+
+
+@pytest.mark.parametrize(
+    ("runtime", "orchestration"), [("torch", "bls"), ("torch", "in_process"), ("trtllm-engine", None)]
+)
+def test_drafter_ngram_builds_and_serves_no_draft_model(tmp_path, tiny_pair, runtime, orchestration):
+    """The n-gram drafter proposes from prompt lookup and the pool: no draft checkpoint, engine or engine model."""
+    triton = {"orchestration": orchestration} if orchestration else {}
+    spec = engine_spec(tmp_path, tiny_pair, runtime=runtime, speculative={"drafter": "ngram"}, triton=triton)
+    model = engine_spec(tmp_path, tiny_pair, runtime=runtime, triton=triton)  # the same with the draft model
+    stages = {s.name: s for s in pipeline_stages(spec)}
+    assert stages["quantize:draft"].not_needed == stages["compile:draft"].not_needed == NO_DRAFT_MODEL
+    assert stages["quantize:target"].not_needed is None and {s.name for s in pipeline_stages(model)} == set(stages)
+    assert all(s.not_needed != NO_DRAFT_MODEL for s in pipeline_stages(model))
+    names = [m.name for m in repository_models(spec)]
+    with_model = [m.name for m in repository_models(model)]
+    assert "tensorrt_llm_draft" not in names
+    assert names == [n for n in with_model if n != "tensorrt_llm_draft"]
+    planned = {s.name: s for s in build_plan(spec)}
+    assert planned["quantize:draft"].action == f"none: {NO_DRAFT_MODEL}" and planned["quantize:draft"].outputs == []

@@ -8,7 +8,7 @@ from __future__ import annotations
 from enum import Enum
 from pathlib import Path
 
-from trtspec.spec import BuildSpec, KVCacheFormat, Quantization, Runtime
+from trtspec.spec import BuildSpec, DrafterKind, KVCacheFormat, Quantization, Runtime
 
 
 class Role(str, Enum):
@@ -29,6 +29,20 @@ ROLES: tuple[Role, ...] = (Role.TARGET, Role.DRAFT)
 QUALITY_REPORT = "quality.json"  # in the build directory: what quantization cost each model
 
 
+NO_DRAFT_MODEL = "drafter ngram: the draft model never runs (its directory only holds the n-gram pool)"
+
+
+def runs(spec: BuildSpec, role: str) -> bool:
+    """Whether the role's model runs when the deployment serves: the draft does not under ``speculative.drafter:
+    ngram`` (proposals come from prompt lookup and the pool), so nothing is built or loaded for it."""
+    return role == Role.TARGET or spec.speculative.drafter is not DrafterKind.NGRAM
+
+
+def served_roles(spec: BuildSpec) -> tuple[Role, ...]:
+    """The roles whose models are built and served (see :func:`runs`)."""
+    return tuple(r for r in ROLES if runs(spec, r))
+
+
 def is_quantized(spec: BuildSpec, role: str) -> bool:
     """True when the role's weights or KV cache are quantized (and so calibrated)."""
     model = getattr(spec, role)
@@ -37,8 +51,9 @@ def is_quantized(spec: BuildSpec, role: str) -> bool:
 
 def needs_checkpoint(spec: BuildSpec, role: str) -> bool:
     """Whether the quantize stage writes a checkpoint for the role: engines always need one (the TRT-LLM checkpoint
-    trtllm-build reads); the other runtimes serve an unquantized role from its source directory."""
-    return spec.runtime is Runtime.TRTLLM_ENGINE or is_quantized(spec, role)
+    trtllm-build reads); the other runtimes serve an unquantized role from its source directory. None for a role that
+    does not run (:func:`runs`)."""
+    return runs(spec, role) and (spec.runtime is Runtime.TRTLLM_ENGINE or is_quantized(spec, role))
 
 
 def checkpoint_dir(spec: BuildSpec, role: str) -> Path:
@@ -58,6 +73,8 @@ def quality_report_path(spec: BuildSpec) -> Path:
 def serving_model_dir(spec: BuildSpec, role: str, *, weights: bool = True) -> Path:
     """The directory the serving runtime loads for a model: its engine, quantized checkpoint, or the source when
     unquantized (``weights=False``: a hub id's snapshot without fetching its weights, for display)."""
+    if not runs(spec, role):
+        return spec.model_path(str(role), weights=weights)  # nothing built: its source (the n-gram pool's home)
     if spec.runtime is Runtime.TRTLLM_ENGINE:
         return engine_dir(spec, role)
     return checkpoint_dir(spec, role) if is_quantized(spec, role) else spec.model_path(str(role), weights=weights)

@@ -20,11 +20,13 @@ from typing import Any
 
 from trtspec.build.artifacts import MANIFEST, build_lock
 from trtspec.build.layout import (
+    NO_DRAFT_MODEL,
     ROLES,
     checkpoint_dir,
     engine_dir,
     needs_checkpoint,
     quality_report_path,
+    runs,
     serving_model_dir,
 )
 from trtspec.build.stages import (
@@ -125,7 +127,10 @@ def pipeline_stages(spec: BuildSpec, bodies: StageBodies | None = None) -> list[
         )
     ]
     for role in ROLES:
-        if needs_checkpoint(spec, role):
+        if not runs(spec, role):
+            src = lambda r=role: [str(spec.model_path(r, weights=False))]  # noqa: E731
+            stages.append(not_needed(f"quantize:{role}", NO_DRAFT_MODEL, src))
+        elif needs_checkpoint(spec, role):
             stages.append(role_stage("quantize", checkpoint_dir(spec, role), role))
         else:
             src = lambda r=role: [str(spec.model_path(r, weights=False))]  # noqa: E731
@@ -147,7 +152,10 @@ def pipeline_stages(spec: BuildSpec, bodies: StageBodies | None = None) -> list[
     else:
         stages.append(not_needed("quality", "nothing is quantized", lambda: _model_dirs(spec)))
     for role in ROLES:
-        if spec.runtime is Runtime.TRTLLM_ENGINE:
+        if not runs(spec, role):
+            src = lambda r=role: [str(spec.model_path(r, weights=False))]  # noqa: E731
+            stages.append(not_needed(f"compile:{role}", NO_DRAFT_MODEL, src))
+        elif spec.runtime is Runtime.TRTLLM_ENGINE:
             stages.append(role_stage("compile", engine_dir(spec, role), role))
         else:
             src = lambda r=role: [str(serving_model_dir(spec, r, weights=False))]  # noqa: E731

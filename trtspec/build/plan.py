@@ -11,12 +11,9 @@ import importlib
 import shlex
 from dataclasses import asdict, dataclass, field
 
-from trtspec.build.layout import ROLES, checkpoint_dir, engine_dir, serving_model_dir
 from trtspec.build.pipeline import pipeline_stages
 from trtspec.build.stages import PlanEntry
 from trtspec.spec import BuildSpec
-
-__all__ = ["ROLES", "Stage", "build_plan", "checkpoint_dir", "engine_dir", "serving_model_dir"]  # layout re-exported
 
 SERVE_PLAN = ("trtspec.serving.launch", "serve_plan")  # serving is downstream of build: resolved when planned
 

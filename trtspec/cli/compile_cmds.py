@@ -14,7 +14,7 @@ def compile(spec_path: SpecArg = None, only: OnlyOpt = None, force: ForceOpt = F
     import shlex
 
     from trtspec.build.artifacts import MANIFEST
-    from trtspec.build.layout import ROLES, engine_dir
+    from trtspec.build.layout import engine_dir, served_roles
     from trtspec.engines.compile import docker_command, find_trtllm_build
     from trtspec.errors import EngineBuildError, SpecError
     from trtspec.spec import Runtime
@@ -25,7 +25,7 @@ def compile(spec_path: SpecArg = None, only: OnlyOpt = None, force: ForceOpt = F
             f"runtime {spec.runtime.value} has no engines to compile",
             hint="set runtime: trtllm-engine, or go on with `trtspec build`",
         )
-    roles = [only.value] if only is not None else list(ROLES)
+    roles = [only.value] if only is not None else list(served_roles(spec))
     try:
         run_stages(spec, [f"compile:{r}" for r in roles], force, as_json)
     except EngineBuildError:

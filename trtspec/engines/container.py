@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from trtspec.build.layout import ROLES, engine_dir, serving_model_dir
+from trtspec.build.layout import engine_dir, served_roles, serving_model_dir
 from trtspec.spec import BuildSpec, Runtime
 
 REPO_MOUNT = "/models"  # the Triton model repository (--model-repository)
@@ -44,7 +44,7 @@ def serving_mounts(spec: BuildSpec) -> list[Mount]:
     """The volumes `serve --docker` needs so that the repository's paths resolve inside the container."""
     mounts = [Mount(spec.repo_dir, REPO_MOUNT)]
     if spec.runtime is Runtime.TRTLLM_ENGINE:
-        mounts += [Mount(engine_dir(spec, r), engine_path_in_container(r)) for r in ROLES]
+        mounts += [Mount(engine_dir(spec, r), engine_path_in_container(r)) for r in served_roles(spec)]
     elif spec.runtime is Runtime.TRTLLM_LLMAPI:
-        mounts += [Mount(serving_model_dir(spec, r), checkpoint_path_in_container(r)) for r in ROLES]
+        mounts += [Mount(serving_model_dir(spec, r), checkpoint_path_in_container(r)) for r in served_roles(spec)]
     return mounts

@@ -12,7 +12,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from trtspec.build.layout import ROLES, engine_dir
+from trtspec.build.layout import engine_dir, served_roles
 from trtspec.engines.trtllm_versions import (
     SPECULATIVE_MODE_VALUES,
     image_trtllm_version,
@@ -162,7 +162,7 @@ def check_engine_versions(
     Called by the pipeline before the repo stage, and meant for `trtspec repo` and `trtspec serve --docker IMAGE`.
     """
     want = serving_trtllm_version(spec, image)
-    dirs = engine_dirs or {role: engine_dir(spec, role) for role in ROLES}
+    dirs = engine_dirs or {role: engine_dir(spec, role) for role in served_roles(spec)}
     found: dict[str, str] = {}
     for role, path in dirs.items():
         info = read_engine(path)

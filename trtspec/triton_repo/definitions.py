@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtspec.build.plan import serving_model_dir
+from trtspec.build.layout import Role, runs, serving_model_dir
 from trtspec.engines.speculation import MAX_DRAFT_LEN
 from trtspec.spec import BuildSpec, DrafterKind, Runtime
 from trtspec.triton_repo import tensors as t
@@ -63,7 +63,7 @@ def tokenizer_dir(spec: BuildSpec) -> Path:
     """The target's tokenizer is the pair's (check verifies the draft shares it): its serving directory, or for
     engines (which hold no tokenizer) the quantize stage's checkpoint, written with the tokenizer files."""
     if spec.runtime is Runtime.TRTLLM_ENGINE:
-        from trtspec.build.plan import checkpoint_dir
+        from trtspec.build.layout import checkpoint_dir
 
         return checkpoint_dir(spec, "target")
     return serving_model_dir(spec, "target")
@@ -317,7 +317,7 @@ def torch_in_process_model(spec: BuildSpec) -> ModelDefinition:
 def trtllm_engine_models(spec: BuildSpec) -> list[ModelDefinition]:
     """Backend ``tensorrtllm`` on the engines (trtspec.triton_repo.engine_definitions), decoupled so that the
     orchestrator can stream routed requests. The engines are read at their container paths (/engines/<role>)."""
-    from trtspec.build.plan import engine_dir
+    from trtspec.build.layout import engine_dir
     from trtspec.engines.container import engine_path_in_container
     from trtspec.triton_repo.engine_definitions import SERVER_ENV, engine_model_configs
 
@@ -387,4 +387,6 @@ def repository_models(spec: BuildSpec) -> list[ModelDefinition]:
         return engine_models(spec)  # the LLM API model alone (see llmapi_models)
     if spec.in_process:
         return [preprocessing(spec), torch_in_process_model(spec), postprocessing(spec), ensemble(spec)]
-    return [preprocessing(spec), *engine_models(spec), orchestrator(spec), postprocessing(spec), ensemble(spec)]
+    # drafter ngram: the orchestrator never calls a draft engine, so the repository holds none (nothing is built).
+    engines = [m for m in engine_models(spec) if m.name != DRAFT or runs(spec, Role.DRAFT)]
+    return [preprocessing(spec), *engines, orchestrator(spec), postprocessing(spec), ensemble(spec)]
