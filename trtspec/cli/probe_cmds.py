@@ -8,14 +8,15 @@ import typer
 
 from trtspec.cli._common import console, print_json
 from trtspec.cli._options import JsonOpt, ProtocolOpt, UrlOpt
+from trtspec.triton_repo.names import ENSEMBLE, LLMAPI
 
 
 def probe(
     url: UrlOpt = "127.0.0.1:8001",
     protocol: ProtocolOpt = None,
     model: Annotated[
-        str, typer.Option("--model", help="model to ask (ensemble, or tensorrt_llm for an LLM API repository)")
-    ] = "ensemble",
+        str, typer.Option("--model", help=f"model to ask ({ENSEMBLE}, or {LLMAPI} for an LLM API repository)")
+    ] = ENSEMBLE,
     timeout: Annotated[float, typer.Option("--timeout", help="seconds for the whole request")] = 10.0,
     as_json: JsonOpt = False,
 ) -> None:
