@@ -72,3 +72,7 @@ def require(module: str, extra: str) -> None:
             f"this command needs the Python package '{module}', which is not installed",
             hint=f"pip install 'trtspec[{extra}]'",
         )
+
+
+class DistillError(TrtspecError):
+    """A distillation input or setting is invalid."""

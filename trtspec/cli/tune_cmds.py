@@ -90,8 +90,8 @@ def tune(
                 f"--costs {costs}: {exc}", hint='JSON like {"c": 0.1, "v": {"1": 1.05, "2": 1.1}}'
             ) from None
     spec = resolve_spec(spec_path)
-    from trtspec.distill.data import load_prompts
     from trtspec.engines.tune import default_prompts, tune_in_process, tune_url
+    from trtspec.prompts import load_prompts
 
     texts = (load_prompts(prompts) if prompts is not None else default_prompts(n_prompts))[:n_prompts]
     ks = range(1, k_max + 1)

@@ -3,8 +3,6 @@
 Only this module and ``settings`` are light to import (no torch): the CLI validates its input with them first.
 """
 
-from trtspec.errors import TrtspecError
+from trtspec.errors import DistillError
 
-
-class DistillError(TrtspecError):
-    """A distillation input or setting is invalid."""
+__all__ = ["DistillError"]

@@ -85,8 +85,8 @@ def distill(
     (default: detected) decides the placement, ``traffic`` (texts) replaces the teacher answers as the n-gram pool."""
     from trtspec.build.artifacts import hash_dir
     from trtspec.build.stages import SKIPPED, Stage, run_stage
-    from trtspec.distill.data import load_prompts, shipped_prompts
     from trtspec.distill.placement import Machine, plan_placement
+    from trtspec.prompts import load_prompts, shipped_prompts
 
     target_dir, out = Path(target_dir), Path(out)
     check_dirs(target_dir, out)
@@ -275,7 +275,7 @@ def build_pool(samples: Any, tokenizer: Any, target_dir: Path, vocab: int, traff
     # the fingerprint `trtspec check` compares (its tokenizer reader, not transformers')
     meta = {"tokenizer_sha256": vocab_fingerprint(read_tokenizer(target_dir).vocab)}
     if traffic is not None:
-        from trtspec.distill.data import load_texts
+        from trtspec.prompts import load_texts
 
         texts = load_texts(Path(traffic))
         seqs = [tokenizer.encode(t, add_special_tokens=False) for t in texts]

@@ -92,27 +92,3 @@ def plan_placement(
         eval_dtype=teacher_dtype if gpu else "float32",
         gpus=machine.cuda_devices if gpu else 0,
     )
-
-
-class OnDevice:
-    """A causal LM seen through CPU-built inputs: tensors passed to it move to the device of its input embeddings.
-
-    The torch runtime's ``ModelState`` builds ids, positions and masks on the CPU; with this adapter it drives a
-    teacher spread over GPUs (``device_map="auto"``) unchanged. Outputs stay on the model's device."""
-
-    def __init__(self, model: Any) -> None:
-        self.inner = model
-        self.config = model.config
-        self.device = model.get_input_embeddings().weight.device
-
-    def __call__(self, **kwargs: Any) -> Any:
-        import torch
-
-        moved = {k: (v.to(self.device) if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
-        return self.inner(**moved)
-
-
-def on_device(model: Any) -> Any:
-    """``model`` itself on a CPU, else wrapped in :class:`OnDevice`."""
-    device = model.get_input_embeddings().weight.device
-    return model if device.type == "cpu" else OnDevice(model)

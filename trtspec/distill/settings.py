@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trtspec.distill import DistillError
+from trtspec.prompts import HELD_OUT
 
 LOSSES = ("fkl", "tvd", "fkl+ce")
 
@@ -80,7 +81,7 @@ class DistillSettings:
     )  # sampled at sample_temperature
     sample_temperature: float = field(default=0.8, metadata=cli("temperature of the sampled answers"))
     top_k: int = field(default=20, metadata=cli("teacher distribution: the target's top-k"))
-    held_out: float = field(default=0.06, metadata=cli("fraction of prompts held out"))
+    held_out: float = field(default=HELD_OUT, metadata=cli("fraction of prompts held out"))
     eval_prompts: int = field(default=12, metadata=cli("held-out prompts in the report"))
     eval_max_tokens: int = field(default=96, metadata=cli("answer length in the report"))
     k: int = field(

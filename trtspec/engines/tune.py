@@ -60,10 +60,9 @@ class TuneResult:
 
 def default_prompts(n: int) -> list[str]:
     """Held-out prompts of the shipped distillation set (the ones `trtspec distill` never trains on)."""
-    from trtspec.distill.data import load_prompts, split_prompts
-    from trtspec.distill.settings import DistillSettings
+    from trtspec.prompts import held_out_prompts
 
-    return split_prompts(load_prompts(None), DistillSettings().held_out)[1][:n]
+    return held_out_prompts(n)
 
 
 def profile_for(spec: BuildSpec, draft: Any, pool: Any, refs: Sequence[Any], k_max: int, c: float) -> MatchProfile:
@@ -102,11 +101,11 @@ def tune_in_process(
     progress: Any = None,
 ) -> TuneResult:
     """Tune on the spec's models loaded by the torch runtime (see module docstring)."""
-    from trtspec.distill.data import encode_prompt
     from trtspec.engines.torch_runtime.costs import measure_step_costs
     from trtspec.engines.torch_runtime.decoder import SpeculativeDecoder
     from trtspec.engines.torch_runtime.profiling import Reference, loop_costs, time_decoder
     from trtspec.engines.torch_runtime.session import TorchSession
+    from trtspec.prompts import encode_prompt
 
     def say(text: str) -> None:
         if progress is not None:

@@ -1,0 +1,110 @@
+"""Prompt sets: the one that ships with trtspec (the distillation set, whose held-out part `trtspec tune` and the
+benchmarks measure on), prompt and traffic files, a stable train/held-out split, and encoding through the chat
+template. No torch: the CLI validates prompt files with it first."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from trtspec.errors import DistillError
+
+HELD_OUT = 0.06  # the fraction of a prompt set `trtspec distill` holds out by default (``split_prompts``)
+
+
+def shipped_prompts() -> Path:
+    """The prompt set that ships with trtspec (scripts/make_distill_prompts.py writes it)."""
+    return Path(str(resources.files("trtspec") / "data" / "distill_prompts.txt"))
+
+
+def load_prompts(path: Path | None) -> list[str]:
+    """Prompts from a text file (one per line) or JSONL (``prompt`` or ``text`` field); the shipped set by default."""
+    path = path or shipped_prompts()
+    if not path.is_file():
+        raise DistillError(f"{path}: prompt file not found", hint="pass --prompts FILE (one prompt per line, or JSONL)")
+    out: list[str] = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        if path.suffix == ".jsonl":
+            try:
+                obj = json.loads(line)
+                text = obj.get("prompt") or obj.get("text")
+            except (json.JSONDecodeError, AttributeError):
+                text = None
+            if not isinstance(text, str):
+                raise DistillError(
+                    f"{path}:{n}: not a JSON object with a 'prompt' or 'text' string",
+                    hint='one JSON object per line, e.g. {"prompt": "..."}',
+                )
+            out.append(text)
+        else:
+            out.append(line.strip())
+    if len(out) < 2:
+        raise DistillError(
+            f"{path}: needs at least 2 prompts, found {len(out)}", hint="give a training and a held-out prompt at least"
+        )
+    return out
+
+
+def load_texts(path: Path) -> list[str]:
+    """Texts of a traffic file (the target's outputs as served): one per line, or JSONL with a ``response``,
+    ``output``, ``completion`` or ``text`` string."""
+    out: list[str] = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        if path.suffix == ".jsonl":
+            try:
+                obj = json.loads(line)
+                text = next(
+                    (obj[k] for k in ("response", "output", "completion", "text") if isinstance(obj.get(k), str)), None
+                )
+            except (json.JSONDecodeError, AttributeError):
+                text = None
+            if text is None:
+                raise DistillError(
+                    f"{path}:{n}: not a JSON object with a 'response', 'output', 'completion' or 'text' string",
+                    hint='one JSON object per line, e.g. {"response": "..."}',
+                )
+            out.append(text)
+        else:
+            out.append(line.rstrip("\n"))
+    if not out:
+        raise DistillError(f"{path}: no texts", hint="one text per line, or JSONL with 'response'")
+    return out
+
+
+def split_prompts(prompts: Sequence[str], held_out: float) -> tuple[list[str], list[str]]:
+    """(train, held-out) by a hash of each prompt's text: stable under reordering and additions."""
+
+    def bucket(text: str) -> float:
+        return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+
+    train = [p for p in prompts if bucket(p) >= held_out]
+    test = [p for p in prompts if bucket(p) < held_out]
+    if not test:  # tiny prompt sets: hold out the last one rather than nothing
+        train, test = train[:-1], train[-1:]
+    if not train:
+        train, test = test[:-1], test[-1:]
+    return train, test
+
+
+def encode_prompt(tokenizer: Any, text: str, chat: bool = True) -> list[int]:
+    """Token ids of a prompt through the chat template when the tokenizer has one (as ``TorchSession.encode``)."""
+    if chat and getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+        )
+        return list(ids if isinstance(ids, list) else ids["input_ids"])
+    ids = list(tokenizer.encode(text))
+    return ids if ids else [tokenizer.bos_token_id or 0]
+
+
+def held_out_prompts(n: int, held_out: float = HELD_OUT) -> list[str]:
+    """The first ``n`` held-out prompts of the shipped set (the ones `trtspec distill` never trains on by default)."""
+    return split_prompts(load_prompts(None), held_out)[1][:n]
