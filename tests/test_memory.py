@@ -100,3 +100,19 @@ def test_kv_fractions_split_free_memory_by_kv_bytes():
     u = spec.gpu.memory_utilization
     assert plan.target_kv_fraction == pytest.approx(u / 2, abs=1e-4)
     assert plan.draft_kv_fraction == pytest.approx((u / 2) / (1 - u / 2), abs=1e-4)
+
+
+def test_drafter_ngram_plans_no_draft_memory():
+    """n-grams load no draft model: its weights and KV cache take nothing, the target gets what they took."""
+    over = {
+        "target": {"quantization": "fp8", "tp_size": 2},
+        "gpu": {"memory_gib": 80, "count": 2, "memory_utilization": 0.94},
+        "engine": {"max_batch_size": 8, "max_seq_len": 8192, "max_input_len": 4096},
+    }
+    t, d = normalize_config(LLAMA_31_70B), normalize_config(LLAMA_32_1B)
+    model = plan_memory(_spec(**over), t, d)
+    ngram = plan_memory(_spec(**over, speculative={"drafter": "ngram"}), t, d)
+    assert ngram.draft.weight_bytes == ngram.draft.kv_bytes_per_token == 0
+    assert ngram.free_for_kv_gpu0 == model.free_for_kv_gpu0 + model.draft.weight_bytes_per_gpu
+    assert ngram.kv_tokens_capacity == ngram.free_for_kv_gpu0 // (327_680 // 2)
+    assert ngram.draft_kv_fraction == 0 and ngram.target_kv_fraction == pytest.approx(0.94)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from trtspec.build.layout import ROLES
+from trtspec.build.layout import ROLES, Role, runs
 from trtspec.families import NormalizedConfig
 from trtspec.spec import BuildSpec, DType, KVCacheFormat, ModelSpec, Quantization
 
@@ -101,6 +101,8 @@ def plan_memory(spec: BuildSpec, target_cfg: NormalizedConfig, draft_cfg: Normal
     """
     target = _model_memory("target", target_cfg, spec.target)
     draft = _model_memory("draft", draft_cfg, spec.draft)
+    if not runs(spec, Role.DRAFT):  # drafter ngram: no draft model is loaded (build.layout.runs)
+        draft = ModelMemory("draft", draft.params, 0, 0, 0, 0, draft.tp_size)
     gpu_bytes = int(spec.gpu.memory_gib * GIB)
     usable = int(gpu_bytes * spec.gpu.memory_utilization)
     free = usable - RUNTIME_RESERVE_BYTES - target.weight_bytes_per_gpu - draft.weight_bytes_per_gpu
@@ -186,6 +188,8 @@ def plan_host_memory(
     wt = weight_bytes(target_cfg, as_served["target"])
     wd = weight_bytes(draft_cfg, as_served["draft"])
     nt, nd = spec.triton.target_instances, spec.triton.draft_instances
+    if not runs(spec, Role.DRAFT):  # drafter ngram: no draft model is loaded (build.layout.runs)
+        wd, nd = 0, 0
     tokens = TORCH_KV_SLOTS_PER_SEQUENCE * spec.engine.max_batch_size * spec.engine.max_seq_len
     kv = tokens * (nt * kv_bytes_per_token(target_cfg, spec.target) + nd * kv_bytes_per_token(draft_cfg, spec.draft))
     return HostMemoryPlan(wt, wd, nt, nd, kv, tokens, nt * wt + nd * wd + kv, total, available)
