@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -136,7 +137,7 @@ def main() -> None:
     from trtspec.example import example_models
     from trtspec.serving.server import TritonServer
 
-    console = Console()
+    console = Console(width=max(120, shutil.get_terminal_size().columns))  # the table is wide
     levels = [int(x) for x in args.levels.split(",")]
     console.print(
         f"load {os.getloadavg()[0]:.2f}; pair {args.pair}; max_tokens {args.max_tokens}; "
