@@ -134,7 +134,7 @@ def pipeline_stages(spec: BuildSpec, bodies: StageBodies | None = None) -> list[
             stages.append(role_stage("quantize", checkpoint_dir(spec, role), role))
         else:
             src = lambda r=role: [str(spec.model_path(r, weights=False))]  # noqa: E731
-            stages.append(not_needed(f"quantize:{role}", "quantization none: served from its source directory", src))
+            stages.append(not_needed(f"quantize:{role}", "served unquantized from its source directory", src))
     quantized = [r for r in ROLES if needs_checkpoint(spec, r)]
     if quantized:
         stages.append(
