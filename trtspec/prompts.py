@@ -21,29 +21,37 @@ def shipped_prompts() -> Path:
     return Path(str(resources.files("trtspec") / "data" / "distill_prompts.txt"))
 
 
+def _read_texts(path: Path, keys: tuple[str, ...], prompts: bool) -> list[str]:
+    """One text per non-empty line, or per JSONL object (the first of ``keys`` holding a string; for ``prompts``, a
+    non-empty one, and lines are stripped)."""
+    out: list[str] = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        if path.suffix != ".jsonl":
+            out.append(line.strip() if prompts else line)
+            continue
+        try:
+            obj = json.loads(line)
+            text = next((obj[k] for k in keys if isinstance(obj.get(k), str) and (obj[k] or not prompts)), None)
+        except (json.JSONDecodeError, AttributeError):
+            text = None
+        if text is None:
+            names = ", ".join(f"'{k}'" for k in keys)
+            raise DistillError(
+                f"{path}:{n}: not a JSON object with a {names} string",
+                hint=f'one JSON object per line, e.g. {{"{keys[0]}": "..."}}',
+            )
+        out.append(text)
+    return out
+
+
 def load_prompts(path: Path | None) -> list[str]:
     """Prompts from a text file (one per line) or JSONL (``prompt`` or ``text`` field); the shipped set by default."""
     path = path or shipped_prompts()
     if not path.is_file():
         raise DistillError(f"{path}: prompt file not found", hint="pass --prompts FILE (one prompt per line, or JSONL)")
-    out: list[str] = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        if path.suffix == ".jsonl":
-            try:
-                obj = json.loads(line)
-                text = obj.get("prompt") or obj.get("text")
-            except (json.JSONDecodeError, AttributeError):
-                text = None
-            if not isinstance(text, str):
-                raise DistillError(
-                    f"{path}:{n}: not a JSON object with a 'prompt' or 'text' string",
-                    hint='one JSON object per line, e.g. {"prompt": "..."}',
-                )
-            out.append(text)
-        else:
-            out.append(line.strip())
+    out = _read_texts(path, ("prompt", "text"), prompts=True)
     if len(out) < 2:
         raise DistillError(
             f"{path}: needs at least 2 prompts, found {len(out)}", hint="give a training and a held-out prompt at least"
@@ -54,26 +62,7 @@ def load_prompts(path: Path | None) -> list[str]:
 def load_texts(path: Path) -> list[str]:
     """Texts of a traffic file (the target's outputs as served): one per line, or JSONL with a ``response``,
     ``output``, ``completion`` or ``text`` string."""
-    out: list[str] = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        if path.suffix == ".jsonl":
-            try:
-                obj = json.loads(line)
-                text = next(
-                    (obj[k] for k in ("response", "output", "completion", "text") if isinstance(obj.get(k), str)), None
-                )
-            except (json.JSONDecodeError, AttributeError):
-                text = None
-            if text is None:
-                raise DistillError(
-                    f"{path}:{n}: not a JSON object with a 'response', 'output', 'completion' or 'text' string",
-                    hint='one JSON object per line, e.g. {"response": "..."}',
-                )
-            out.append(text)
-        else:
-            out.append(line.rstrip("\n"))
+    out = _read_texts(path, ("response", "output", "completion", "text"), prompts=False)
     if not out:
         raise DistillError(f"{path}: no texts", hint="one text per line, or JSONL with 'response'")
     return out
@@ -95,7 +84,8 @@ def split_prompts(prompts: Sequence[str], held_out: float) -> tuple[list[str], l
 
 
 def encode_prompt(tokenizer: Any, text: str, chat: bool = True) -> list[int]:
-    """Token ids of a prompt through the chat template when the tokenizer has one (as ``TorchSession.encode``)."""
+    """Token ids of a prompt, through the chat template when the tokenizer has one and ``chat`` is set (what
+    ``TorchSession.encode`` runs, so distillation, tune and serving in process tokenize alike)."""
     if chat and getattr(tokenizer, "chat_template", None):
         ids = tokenizer.apply_chat_template(
             [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True

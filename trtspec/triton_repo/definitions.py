@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.build.layout import Role, runs, serving_model_dir
+from trtspec.build.memory import TORCH_KV_SLOTS_PER_SEQUENCE
 from trtspec.engines.speculation import MAX_DRAFT_LEN
 from trtspec.spec import BuildSpec, DrafterKind, Runtime
 from trtspec.triton_repo import tensors as t
@@ -122,6 +123,20 @@ def engine_capabilities(spec: BuildSpec) -> dict[str, Any]:
 NGRAM_POOL_FILE = "ngram_pool.npz"  # in the orchestrator's version directory: served wherever the repository is
 
 
+def _draft_target_parameters(spec: BuildSpec, pool: str) -> dict[str, Any]:
+    """What both draft-target models (the orchestrator, the in-process model: names.DRAFT_TARGET_MODELS) tell their
+    clients and read themselves: K, the route threshold, the drafter and its pool, the streaming settings."""
+    sp = spec.speculative
+    return {
+        "max_draft_len": sp.max_draft_len,
+        "route_threshold": sp.route_threshold,
+        "exclude_input_in_output": False,
+        "stream_context_tokens": STREAM_CONTEXT_TOKENS,
+        "drafter": sp.drafter.value,
+        "ngram_pool": pool,
+    }
+
+
 def orchestrator(spec: BuildSpec) -> ModelDefinition:
     sp = spec.speculative
     files = _python_files(BLS)
@@ -138,15 +153,10 @@ def orchestrator(spec: BuildSpec) -> ModelDefinition:
         parameters={
             "tensorrt_llm_model_name": TARGET,
             "tensorrt_llm_draft_model_name": DRAFT,
-            "max_draft_len": sp.max_draft_len,
             "use_draft_logits": sp.use_draft_logits,
             **engine_capabilities(spec),
-            "route_threshold": sp.route_threshold,
             "max_seq_len": spec.engine.max_seq_len,
-            "exclude_input_in_output": False,
-            "stream_context_tokens": STREAM_CONTEXT_TOKENS,
-            "drafter": sp.drafter.value,
-            "ngram_pool": pool,
+            **_draft_target_parameters(spec, pool),
         },
         inputs=t.BLS_INPUTS,
         outputs=t.BLS_OUTPUTS,
@@ -255,7 +265,7 @@ def _torch_engine(spec: BuildSpec, role: str) -> ModelDefinition:
             "dtype": model.dtype.value,
             "max_batch_size": mbs,
             "max_seq_len": spec.engine.max_seq_len,
-            "kv_cache_slots": 2 * mbs,
+            "kv_cache_slots": TORCH_KV_SLOTS_PER_SEQUENCE * mbs,
             "max_queue_delay_microseconds": spec.triton.max_queue_delay_us,
             "exclude_input_in_output": False,
             "role": role,
@@ -297,15 +307,10 @@ def torch_in_process_model(spec: BuildSpec) -> ModelDefinition:
             "draft_dtype": spec.draft.dtype.value,
             "max_batch_size": mbs,
             "max_seq_len": spec.engine.max_seq_len,
-            "kv_cache_slots": 2 * mbs,
+            "kv_cache_slots": TORCH_KV_SLOTS_PER_SEQUENCE * mbs,
             "max_queue_delay_microseconds": spec.triton.max_queue_delay_us,
-            "max_draft_len": sp.max_draft_len,
             "engine_max_draft_len": MAX_DRAFT_LEN,
-            "route_threshold": sp.route_threshold,
-            "exclude_input_in_output": False,
-            "stream_context_tokens": STREAM_CONTEXT_TOKENS,
-            "drafter": sp.drafter.value,
-            "ngram_pool": pool,
+            **_draft_target_parameters(spec, pool),
         },
         inputs=t.BLS_INPUTS,
         outputs=t.BLS_OUTPUTS,

@@ -137,14 +137,9 @@ class TorchSession:
         """Token ids of a prompt, through the chat template when the tokenizer has one and ``chat`` is set."""
         if not prompt.strip():
             raise GenerationError("the prompt is empty", hint="give some text to continue")
-        if chat and getattr(self.tokenizer, "chat_template", None):
-            ids = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
-            )
-            if not isinstance(ids, list):
-                ids = ids["input_ids"]
-            return list(ids)
-        return list(self.tokenizer.encode(prompt))
+        from trtspec.prompts import encode_prompt
+
+        return encode_prompt(self.tokenizer, prompt, chat)
 
     def _result(self, r: GenerationResult) -> TextResult:
         text = self.tokenizer.decode(r.token_ids, skip_special_tokens=True)
