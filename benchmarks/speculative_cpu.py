@@ -26,6 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from trtspec.engines.drafters.ngram import POOL_FILE  # noqa: E402
 from trtspec.engines.torch_runtime.costs import speedup_bound, step_cost_ratios  # noqa: E402
 from trtspec.engines.torch_runtime.decoder import SpeculativeDecoder  # noqa: E402
 
@@ -284,7 +285,7 @@ def main() -> None:
                     args.max_tokens,
                 )
             )
-        pool = Path(paths.draft) / "ngram_pool.npz"
+        pool = Path(paths.draft) / POOL_FILE
         for kind in ("ngram", "hybrid"):
             if kind in wanted:
                 rows.append(

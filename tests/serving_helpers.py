@@ -42,6 +42,12 @@ def torch_spec_dict(target: Path, draft: Path, **overrides) -> dict:
     return data
 
 
+def default_sigint() -> None:
+    """A ``preexec_fn``: Ctrl-C as in a terminal. A suite started in the background (``pytest &``) has SIGINT
+    ignored, children inherit that, and a Python started with SIGINT ignored never raises KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def serve_argv(repo: Path, *args: str) -> list[str]:
     """`trtspec serve REPO` on free ports (0: the server picks them and prints them), as a user or a pod runs it."""
     return [

@@ -56,10 +56,10 @@ def distilled(tiny_pair, prompt_file, tmp_path_factory):
 def test_distilled_draft_beats_untrained_draft_of_same_shape(tiny_pair, distilled):
     import torch
 
-    from trtspec.distill.data import encode_prompt, load_prompts, split_prompts
     from trtspec.distill.model import draft_from_target
     from trtspec.distill.report import measure
     from trtspec.engines.torch_runtime.loading import load_model, load_tokenizer
+    from trtspec.prompts import encode_prompt, load_prompts, split_prompts
 
     result, prompt_file = distilled
     settings = tiny_settings(prompt_file)
@@ -228,8 +228,9 @@ def test_sampled_answers_add_contexts_but_keep_the_target_s_own_labels(tiny_pair
     label is the target's own distribution at that context (its top-1 is the target's greedy choice there)."""
     import torch
 
-    from trtspec.distill.data import encode_prompt, generate_teacher_data
+    from trtspec.distill.data import generate_teacher_data
     from trtspec.engines.torch_runtime.loading import load_model, load_tokenizer
+    from trtspec.prompts import encode_prompt
 
     target, tok = load_model(tiny_pair[0]), load_tokenizer(tiny_pair[0])
     prompts = ["the quick fox", "a small draft", "Paris France", "code return add"]
@@ -266,8 +267,8 @@ def test_distilled_draft_is_a_standard_checkpoint_that_proposes_as_its_frequent_
     import torch
     from transformers import AutoModelForCausalLM
 
-    from trtspec.distill.data import encode_prompt, load_prompts
     from trtspec.engines.torch_runtime.loading import load_model, load_tokenizer
+    from trtspec.prompts import encode_prompt, load_prompts
 
     result, prompt_file = distilled
     config = json.loads((result.out / "config.json").read_text())

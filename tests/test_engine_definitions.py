@@ -72,8 +72,7 @@ def test_tensor_parallel_target_gets_fast_logits_participants_and_world_size(tmp
     assert d["participant_ids"] == "1" and t["participant_ids"] == "2,3,4,5"
     assert t["speculative_decoding_fast_logits"] == d["speculative_decoding_fast_logits"] == "1"
     for cfg in configs.values():
-        assert "${" not in serialize(cfg)
-        _parse(serialize(cfg))
+        assert "${" not in serialize(cfg)  # serialize checks that the text parses back
 
 
 def test_kv_fraction_overrides_from_the_spec_are_used(tmp_path, tiny_pair):

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from tests.engine_helpers import engine_spec
+from tests.serving_helpers import default_sigint
 
 TRTSPEC = [sys.executable, "-m", "trtspec"]
 COMMANDS = ["init", "check", "plan", "quantize", "compile", "build", "repo", "serve", "generate", "bench", "distill"]
@@ -149,7 +150,7 @@ def test_ctrl_c_during_build_says_interrupted_and_what_was_kept(tmp_path, tiny_p
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=default_sigint,
     )  # as in a terminal
     log = spec.engines_dir / "logs" / "target.trtllm-build.log"
     end = time.monotonic() + 300

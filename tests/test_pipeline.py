@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from tests.engine_helpers import TinyStageBodies, engine_spec
+from tests.serving_helpers import default_sigint
 from trtspec.build.layout import engine_dir
 from trtspec.build.pipeline import StageBodies, run_pipeline
 from trtspec.errors import EngineBuildError, MissingDependencyError, SpecError
@@ -104,14 +105,8 @@ def _start_runner(tmp_path, spec, checkpoints, sleep: str) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
-        preexec_fn=_default_sigint,
+        preexec_fn=default_sigint,
     )
-
-
-def _default_sigint() -> None:
-    """Ctrl-C as in a terminal: a suite started in the background (``pytest &``) has SIGINT ignored, children inherit
-    that, and a Python started with SIGINT ignored never raises KeyboardInterrupt."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _wait_for_build_mid_stage(spec, proc, deadline_s: float = 180) -> None:

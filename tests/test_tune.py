@@ -54,10 +54,10 @@ def spec_file(noisy_pair, tmp_path):
 
 def brute_force(noisy_pair, prompts_text, ks):
     """Decode every prompt at every K with the real decoder; cost each step as the test's costs say."""
-    from trtspec.distill.data import encode_prompt
     from trtspec.engines.torch_runtime.decoder import SpeculativeDecoder
     from trtspec.engines.torch_runtime.loading import load_model, load_tokenizer
     from trtspec.engines.torch_runtime.session import eos_ids_of
+    from trtspec.prompts import encode_prompt
 
     target, draft, tok = load_model(noisy_pair[0]), load_model(noisy_pair[1]), load_tokenizer(noisy_pair[0])
     dec = SpeculativeDecoder(
@@ -192,7 +192,7 @@ def test_tune_ngram_simulates_the_decoder_s_n_gram_steps_exactly(capsys, spec_fi
     session = TorchSession.from_spec(load_spec(spec_file))
     assert session.draft is None and session.decoder.drafter.value == "ngram"
     dec: SpeculativeDecoder = session.decoder
-    from trtspec.distill.data import encode_prompt
+    from trtspec.prompts import encode_prompt
 
     ids = [encode_prompt(session.tokenizer, p.replace("\n", " ")) for p in PROMPTS]
     reference = [r.token_ids for r in dec.generate(ids, MAX_TOKENS, use_draft=False)]

@@ -43,6 +43,14 @@ def served_roles(spec: BuildSpec) -> tuple[Role, ...]:
     return tuple(r for r in ROLES if runs(spec, r))
 
 
+def served_ngram_pool(spec: BuildSpec) -> Path | None:
+    """The n-gram pool the deployment serves: the ngram and hybrid drafters' pool file when it exists (None: the
+    model drafter, or prompt lookup only)."""
+    if spec.speculative.drafter is DrafterKind.MODEL or not spec.ngram_pool_path.is_file():
+        return None
+    return spec.ngram_pool_path
+
+
 def is_quantized(spec: BuildSpec, role: str) -> bool:
     """True when the role's weights or KV cache are quantized (and so calibrated)."""
     model = getattr(spec, role)

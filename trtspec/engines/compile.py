@@ -35,11 +35,15 @@ _STDERR_TAIL = 6
 _TERMINATE_GRACE_S = 10.0
 
 
+def _build_argv(spec: BuildSpec, role: str) -> list[str]:
+    """The trtllm-build command line of this role: its checkpoint in, its engine directory out."""
+    return trtllm_build_command(spec, role, checkpoint_dir(spec, role), engine_dir(spec, role))
+
+
 def compile_inputs(spec: BuildSpec, role: str) -> tuple[dict[str, Path | None], dict]:
     """The checkpoint the engine is built from, and every setting that changes the engine."""
-    ckpt, out = checkpoint_dir(spec, role), engine_dir(spec, role)
-    cmd = trtllm_build_command(spec, role, ckpt, out)
-    return {"checkpoint": ckpt}, {
+    cmd = _build_argv(spec, role)
+    return {"checkpoint": checkpoint_dir(spec, role)}, {
         "stage": "compile",
         "role": role,
         "trtllm_version": normalize_version(spec.engine.trtllm_version),
@@ -49,11 +53,10 @@ def compile_inputs(spec: BuildSpec, role: str) -> tuple[dict[str, Path | None], 
 
 def compile_plan(spec: BuildSpec, role: str) -> PlanEntry:
     """The compile stage's entry in `trtspec plan`: the trtllm-build command line it runs."""
-    ckpt, out = checkpoint_dir(spec, role), engine_dir(spec, role)
     return PlanEntry(
-        f"trtllm-build (TensorRT-LLM {spec.engine.trtllm_version})",
-        [str(ckpt)],
-        [trtllm_build_command(spec, role, ckpt, out)],
+        f"trtllm-build (TensorRT-LLM {normalize_version(spec.engine.trtllm_version)})",
+        [str(checkpoint_dir(spec, role))],
+        [_build_argv(spec, role)],
     )
 
 
@@ -94,7 +97,7 @@ def read_checkpoint_config(spec: BuildSpec, role: str) -> dict[str, Any]:
 def docker_command(spec: BuildSpec, role: str) -> list[str]:
     """`docker run` that builds this role's engine into engines/<role> in the NGC image (paths mounted 1:1)."""
     ckpt, out = checkpoint_dir(spec, role), engine_dir(spec, role)
-    cmd = trtllm_build_command(spec, role, ckpt, out)
+    cmd = _build_argv(spec, role)
     return [
         "docker",
         "run",

@@ -154,10 +154,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_supervised(Path(repo), launch, drain_timeout_s=drain_s, repository_key=key, watch=watch)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def serve_plan(spec: Any) -> Any:
     """`trtspec plan`'s serve entry: the command that serves the repository (and, for engines, the launch it runs
     in the container)."""
@@ -182,3 +178,7 @@ def serve_plan(spec: Any) -> Any:
         [repo],
         commands,
     )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

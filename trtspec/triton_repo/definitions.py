@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtspec.build.layout import Role, runs, serving_model_dir
+from trtspec.build.layout import Role, runs, served_ngram_pool, serving_model_dir
 from trtspec.build.memory import TORCH_KV_SLOTS_PER_SEQUENCE
 from trtspec.engines.speculation import MAX_DRAFT_LEN
-from trtspec.spec import BuildSpec, DrafterKind, Runtime
+from trtspec.spec import BuildSpec, Runtime
 from trtspec.triton_repo import tensors as t
 from trtspec.triton_repo.names import (
     BLS,
@@ -141,8 +141,9 @@ def orchestrator(spec: BuildSpec) -> ModelDefinition:
     sp = spec.speculative
     files = _python_files(BLS)
     pool = ""  # the n-gram pool of the ngram and hybrid drafters, copied into the model (empty: prompt lookup only)
-    if sp.drafter is not DrafterKind.MODEL and spec.ngram_pool_path.is_file():
-        files[f"1/{NGRAM_POOL_FILE}"] = spec.ngram_pool_path
+    served_pool = served_ngram_pool(spec)
+    if served_pool is not None:
+        files[f"1/{NGRAM_POOL_FILE}"] = served_pool
         pool = NGRAM_POOL_FILE
     c = new_config(
         BLS,
@@ -286,14 +287,15 @@ def torch_in_process_model(spec: BuildSpec) -> ModelDefinition:
     runs the draft-target loop inside one in-flight engine (one packed draft pass per draft token and one target pass
     per step for all active requests; no per-step IPC). It takes the orchestrator's tensor contract, so the ensemble
     is upstream's shape: preprocessing -> tensorrt_llm -> postprocessing."""
-    sp, mbs = spec.speculative, spec.engine.max_batch_size
+    mbs = spec.engine.max_batch_size
     dirs = {role: serving_model_dir(spec, role) for role in ("target", "draft")}
     external = list(dirs.values())
     pool = ""  # the n-gram pool of the ngram and hybrid drafters (empty: prompt lookup only)
-    if sp.drafter is not DrafterKind.MODEL and spec.ngram_pool_path.is_file():
-        pool = str(spec.ngram_pool_path)
-        if spec.ngram_pool_path.parent not in external:
-            external.append(spec.ngram_pool_path.parent)
+    served_pool = served_ngram_pool(spec)
+    if served_pool is not None:
+        pool = str(served_pool)
+        if served_pool.parent not in external:
+            external.append(served_pool.parent)
     c = new_config(
         TARGET,
         backend="python",

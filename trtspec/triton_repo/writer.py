@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.build.artifacts import MANIFEST
-from trtspec.build.layout import ROLES, serving_model_dir
+from trtspec.build.layout import ROLES, served_ngram_pool, serving_model_dir
 from trtspec.build.stages import SKIPPED, PlanEntry, run_stage
 from trtspec.errors import SpecError
 from trtspec.spec import BuildSpec
@@ -47,7 +47,8 @@ def repo_inputs(spec: BuildSpec) -> tuple[dict[str, Path | None], dict]:
     from trtspec.engines.engine_dir import version_guard_settings
 
     settings.update(version_guard_settings(spec))
-    paths: dict[str, Path | None] = {"model_sources": MODELS_DIR}
+    # The pool is copied into (or read by) the repository: a rebuilt pool rewrites it.
+    paths: dict[str, Path | None] = {"model_sources": MODELS_DIR, "ngram_pool": served_ngram_pool(spec)}
     for role in ROLES:
         manifest = serving_model_dir(spec, role) / MANIFEST
         paths[f"{role}_manifest"] = manifest if manifest.is_file() else None

@@ -37,8 +37,6 @@ class OnDevice:
         self.device = model.get_input_embeddings().weight.device
 
     def __call__(self, **kwargs: Any) -> Any:
-        import torch
-
         moved = {k: (v.to(self.device) if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
         return self.inner(**moved)
 

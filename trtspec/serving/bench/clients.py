@@ -65,7 +65,6 @@ class TritonRequester:
         self._pool: queue.SimpleQueue = queue.SimpleQueue()
         first = self._make()
         self.url, self.protocol = url, first.protocol  # None: the URL's scheme, else gRPC
-        self._address = first.url  # host:port, without the scheme
         first.check_ready()
         self.contract = first.contract or "ensemble"
         self._pool.put(first)
@@ -101,9 +100,6 @@ class TritonRequester:
             return client.model_config(model)
         finally:
             self._pool.put(client)
-
-    def _host(self) -> str:
-        return self._address
 
     def send(self, prompt: str, max_tokens: int, k: int | None, chat: bool) -> Record:
         try:
