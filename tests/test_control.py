@@ -172,6 +172,22 @@ def test_at_the_deadline_clients_are_cut_first_and_engine_requests_only_after_a_
         model.close()
 
 
+def test_a_failure_after_the_deadline_is_the_request_s_cut_even_before_the_watcher_polls(control_dir):
+    # What the orchestrator does when an engine call fails: past the deadline that failure is the engines' cut.
+    model = ModelControl(FakePbUtils, "tensorrt_llm_bls", directory=control_dir.path, poll_s=3600)
+    try:
+        req = FakeRequest()
+        t = model.admit(req)
+        assert not model.cut_at_deadline(t) and not req.sender.sent  # not draining: an ordinary failure
+        control_dir.start_drain(timeout_s=0)
+        assert model.cut_at_deadline(t) and model.cut == 1
+        assert model.cut_at_deadline(t) and model.cut == 1  # the watcher's cut after the orchestrator's: once
+        ((resp, flags),) = req.sender.sent
+        assert flags == FINAL_FLAG and "drain deadline (0 s) passed" in resp.error.msg
+    finally:
+        model.close()
+
+
 def test_drain_finishes_as_soon_as_nothing_is_in_flight(model, control_dir):
     t = model.admit(FakeRequest())
     threading.Timer(0.4, lambda: t.send("last", flags=FINAL_FLAG)).start()

@@ -138,11 +138,14 @@ class Tracked:
                 return None
             return bool(self.request.is_cancelled())
 
-    def close_with_error(self, message: str, code: Any) -> None:
-        """Stop the request: a final error response (unless a final response was sent), then ``on_cancel``."""
+    def close_with_error(self, message: str, code: Any) -> bool:
+        """Stop the request: a final error response (unless a final response was sent), then ``on_cancel``. True
+        when this call closed it (False: it was closed already)."""
         pb = self._control.pb_utils
-        with contextlib.suppress(Exception):  # a client that is gone cannot be told
-            self.send(pb.InferenceResponse(error=pb.TritonError(message, code)), flags=FINAL_FLAG)
+        try:
+            closed_here = self.send(pb.InferenceResponse(error=pb.TritonError(message, code)), flags=FINAL_FLAG)
+        except Exception:  # noqa: BLE001 - a client that is gone cannot be told; send had closed the request
+            closed_here = True
         with self.lock:
             self.cancelled = True
             callback = self._on_cancel
@@ -152,6 +155,7 @@ class Tracked:
                 callback()
             except Exception:  # noqa: BLE001 - the watcher keeps watching the others
                 log.exception("%s: on_cancel failed", self._control.name)
+        return closed_here
 
 
 class ModelControl:
@@ -260,23 +264,45 @@ class ModelControl:
             except Exception:  # noqa: BLE001 - the watcher must outlive one bad poll
                 log.exception("%s: control watcher", self.name)
 
-    def _tick(self) -> None:
+    def _lateness(self) -> float | None:
+        """Seconds past the drain deadline (negative before it); None while not draining. Reads the drain file
+        itself when this process's watcher has not yet: a caller must not wait for the next poll to know."""
         if self._drain is None:
             self._drain = self._read_drain()
+        if self._drain is None:
+            return None
+        return time.time() - float(self._drain.get("deadline_unix", 0))
+
+    def cut_at_deadline(self, tracked: Tracked) -> bool:
+        """Cut ``tracked`` with the drain's final error if the deadline has passed (True; already closed: nothing is
+        sent or counted), counting a client's cut.
+
+        The watcher calls it at the deadline; the orchestrator calls it when a request of its fails, because the
+        failure after the deadline is an engine's cut of the request's engine call: it is this request's cut, not
+        an ordinary error, whichever watcher ticked first."""
+        late = self._lateness()
+        if late is None or late < 0:
+            return False
+        assert self._drain is not None
+        message = CUT.format(timeout=float(self._drain.get("timeout_s", 0)))
+        if tracked.close_with_error(message, self.pb_utils.TritonError.UNAVAILABLE) and not tracked.internal:
+            self.cut += 1  # counted once: by whichever of the watcher and the orchestrator closed it
+        return True
+
+    def _tick(self) -> None:
+        late = self._lateness()
         with self._lock:
             active = list(self._tracked.values())
-        if self._drain is not None:
-            late = time.time() - float(self._drain.get("deadline_unix", 0))
-            if late >= 0:
-                # The orchestrator cuts its own clients; the engines cut its engine requests only after a grace, as
-                # a backstop. Cut first, an engine error would reach the client through the orchestrator as an
-                # ordinary failure, and the drain would count no cut request (seen in CI at --drain-timeout 0).
-                message = CUT.format(timeout=float(self._drain.get("timeout_s", 0)))
-                due = [t for t in active if not t.internal or late >= INTERNAL_CUT_GRACE_S]
-                for t in due:
-                    t.close_with_error(message, self.pb_utils.TritonError.UNAVAILABLE)
-                    self.cut += 0 if t.internal else 1
-                active = [t for t in active if t not in due]
+        if late is not None and late >= 0:
+            # Each model cuts the clients it admitted; the orchestrator's engine requests only after a grace, as a
+            # backstop for an orchestrator that does not stop them (it stops them when it cuts its client).
+            keep = []
+            for t in active:
+                if t.internal and late < INTERNAL_CUT_GRACE_S:
+                    keep.append(t)
+                else:
+                    self.cut_at_deadline(t)
+            active = keep
         for t in active:
             if t.internal or t.cancelled:
                 continue  # the orchestrator's engine requests cannot be cancelled by a client

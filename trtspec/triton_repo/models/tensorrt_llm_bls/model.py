@@ -179,6 +179,8 @@ class TritonPythonModel:
             out = [pb_utils.Tensor(k, v) for k, v in state.tensors(streaming, True).items()]
             response = pb_utils.InferenceResponse(output_tensors=out)
         except Exception as exc:  # noqa: BLE001 - an error response; the model keeps serving
+            if self.control.cut_at_deadline(sender):
+                return  # past the drain deadline the failure is the engines' cut: the client gets the drain's error
             response = pb_utils.InferenceResponse(error=pb_utils.TritonError(error_message(exc)))
         sender.send(response, flags=FINAL)
 
