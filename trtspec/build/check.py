@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 
-from trtspec.build.layout import ROLES
+from trtspec.build.layout import ROLES, is_quantized
 from trtspec.build.memory import GIB, HostMemoryPlan, MemoryPlan, plan_host_memory, plan_memory
 from trtspec.build.tokenizers import TokenizerInfo, first_vocab_difference, read_tokenizer
 from trtspec.build.toolchain import Toolchain, detect_toolchain
@@ -339,7 +339,6 @@ def _check_dtype(report: CheckReport, spec: BuildSpec) -> None:
 def _check_calibration(report: CheckReport, spec: BuildSpec) -> None:
     """The calibration file is read only when something is quantized; then it must be there and hold text."""
     from trtspec.build.calibration import read_documents
-    from trtspec.build.layout import is_quantized
 
     used = [r for r in ROLES if is_quantized(spec, r)]
     file = spec.calibration.file

@@ -43,8 +43,6 @@ from trtspec.build.stages import (
 from trtspec.errors import Interrupted, MissingDependencyError, SpecError
 from trtspec.spec import BuildSpec, Runtime
 
-PipelineStage = Stage  # the name tests and callers knew
-
 # Where each stage body (and plan entry) lives; resolved on first use so that `trtspec --help` stays light.
 DEFAULT_BODIES: dict[str, tuple[str, str]] = {
     "quantize_inputs": ("trtspec.build.quantize", "quantize_inputs"),
@@ -126,15 +124,16 @@ def pipeline_stages(spec: BuildSpec, bodies: StageBodies | None = None) -> list[
             describe=lambda: PlanEntry("preflight: compatibility, memory plan, toolchain", _model_dirs(spec)),
         )
     ]
+
+    def served_from(role: str) -> Callable[[], list[str]]:
+        return lambda: [str(serving_model_dir(spec, role, weights=False))]
+
     for role in ROLES:
-        if not runs(spec, role):
-            src = lambda r=role: [str(spec.model_path(r, weights=False))]  # noqa: E731
-            stages.append(not_needed(f"quantize:{role}", NO_DRAFT_MODEL, src))
-        elif needs_checkpoint(spec, role):
+        if needs_checkpoint(spec, role):
             stages.append(role_stage("quantize", checkpoint_dir(spec, role), role))
         else:
-            src = lambda r=role: [str(spec.model_path(r, weights=False))]  # noqa: E731
-            stages.append(not_needed(f"quantize:{role}", "served unquantized from its source directory", src))
+            why = "served unquantized from its source directory" if runs(spec, role) else NO_DRAFT_MODEL
+            stages.append(not_needed(f"quantize:{role}", why, served_from(role)))
     quantized = [r for r in ROLES if needs_checkpoint(spec, r)]
     if quantized:
         stages.append(
@@ -152,15 +151,11 @@ def pipeline_stages(spec: BuildSpec, bodies: StageBodies | None = None) -> list[
     else:
         stages.append(not_needed("quality", "nothing is quantized", lambda: _model_dirs(spec)))
     for role in ROLES:
-        if not runs(spec, role):
-            src = lambda r=role: [str(spec.model_path(r, weights=False))]  # noqa: E731
-            stages.append(not_needed(f"compile:{role}", NO_DRAFT_MODEL, src))
-        elif spec.runtime is Runtime.TRTLLM_ENGINE:
+        if runs(spec, role) and spec.runtime is Runtime.TRTLLM_ENGINE:
             stages.append(role_stage("compile", engine_dir(spec, role), role))
         else:
-            src = lambda r=role: [str(serving_model_dir(spec, r, weights=False))]  # noqa: E731
-            why = f"{spec.runtime.value} loads the checkpoint at serve time"
-            stages.append(not_needed(f"compile:{role}", why, src))
+            why = f"{spec.runtime.value} loads the checkpoint at serve time" if runs(spec, role) else NO_DRAFT_MODEL
+            stages.append(not_needed(f"compile:{role}", why, served_from(role)))
     stages.append(repo_stage(spec, b))
     return stages
 
@@ -178,9 +173,8 @@ def repo_stage(spec: BuildSpec, bodies: StageBodies | None = None) -> Stage:
 
 
 def stage_named(spec: BuildSpec, name: str, bodies: StageBodies | None = None) -> Stage:
-    """One stage of the list, for the commands that run a single stage (`trtspec quantize`, `trtspec repo`)."""
-    if name == "repo":
-        return repo_stage(spec, bodies)
+    """One stage of the list, for a command that runs a single stage (`trtspec quantize`; `trtspec repo` runs
+    ``repo_stage``)."""
     stages = {s.name: s for s in pipeline_stages(spec, bodies)}
     if name not in stages:
         raise SpecError(f"no stage named {name}", hint=f"stages: {', '.join(stages)}")

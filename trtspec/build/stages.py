@@ -16,7 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtspec.build.artifacts import atomic_dir, hash_inputs, read_manifest, tool_versions, write_manifest
+from trtspec.build.artifacts import (
+    atomic_dir,
+    hash_inputs,
+    is_up_to_date,
+    read_manifest,
+    tool_versions,
+    write_manifest,
+)
 from trtspec.procs import pid_alive
 
 Inputs = tuple[dict[str, Path | None], dict]
@@ -95,10 +102,7 @@ class StageResult:
 def is_current(stage: Stage, inputs_hash: str) -> bool:
     """True when the stage's output holds a completed output made from inputs with this hash."""
     assert stage.output is not None
-    manifest = read_manifest(stage.output)
-    if manifest is None or manifest.get("inputs_hash") != inputs_hash:
-        return False
-    return stage.complete is None or stage.complete(stage.output)
+    return is_up_to_date(stage.output, inputs_hash) and (stage.complete is None or stage.complete(stage.output))
 
 
 def run_stage(stage: Stage, force: bool = False, progress: Any = None) -> StageResult:

@@ -8,6 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from trtspec.build.layout import Role
+
 _SPEC_HELP = "build spec; omitted: ./trtspec.yaml if there is one, else the embedded example"
 SpecArg = Annotated[Optional[Path], typer.Argument(help=_SPEC_HELP, show_default=False)]
 SpecOpt = Annotated[Optional[Path], typer.Option("--spec", "-s", help=_SPEC_HELP, show_default=False)]
@@ -22,13 +24,6 @@ ThreadsOpt = Annotated[
     int,
     typer.Option("--threads", help="torch threads (1 is fastest on a shared CPU: OpenMP threads spin on each other)"),
 ]
-
-
-class Role(str, Enum):
-    """One model of the pair."""
-
-    TARGET = "target"
-    DRAFT = "draft"
 
 
 OnlyOpt = Annotated[Optional[Role], typer.Option("--only", help="only this model", show_default=False)]

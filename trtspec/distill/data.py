@@ -16,18 +16,7 @@ from typing import Any
 import torch
 
 from trtspec.engines.torch_runtime.answers import Sample, answer_batch
-from trtspec.prompts import encode_prompt, load_prompts, load_texts, shipped_prompts, split_prompts
-
-__all__ = [
-    "Sample",
-    "answer_batch",
-    "encode_prompt",
-    "generate_teacher_data",
-    "load_prompts",
-    "load_texts",
-    "shipped_prompts",
-    "split_prompts",
-]
+from trtspec.prompts import encode_prompt
 
 
 def generate_teacher_data(

@@ -12,18 +12,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM
 
-from trtspec.engines.torch_runtime.draft_model import MODEL_TYPE, DraftConfig, DraftForCausalLM, register
-
-__all__ = [
-    "MODEL_TYPE",
-    "DraftConfig",
-    "DraftForCausalLM",
-    "draft_config",
-    "draft_from_target",
-    "register",
-    "source_weights",
-    "to_standard",
-]
+from trtspec.engines.torch_runtime.draft_model import DraftConfig, DraftForCausalLM
 
 
 def draft_config(

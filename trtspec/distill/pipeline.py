@@ -139,18 +139,14 @@ def _distill_into(
     out: Path,
 ) -> dict[str, Any]:
     """Everything after the up-to-date test: teacher data, training, the held-out report, the output in ``tmp``."""
-    from trtspec.distill.data import (
-        encode_prompt,
-        generate_teacher_data,
-        select_head_tokens,
-        split_prompts,
-        token_counts,
-    )
-    from trtspec.distill.model import draft_from_target, register, source_weights
+    from trtspec.distill.data import generate_teacher_data, select_head_tokens, token_counts
+    from trtspec.distill.model import draft_from_target, source_weights
     from trtspec.distill.report import measure
     from trtspec.distill.train import train
+    from trtspec.engines.torch_runtime.draft_model import register
     from trtspec.engines.torch_runtime.loading import load_model, load_tokenizer
     from trtspec.engines.torch_runtime.session import eos_ids_of
+    from trtspec.prompts import encode_prompt, split_prompts
 
     register()
     target = load_model(target_dir, placement.teacher_dtype, device_map=placement.teacher_device_map)

@@ -19,8 +19,6 @@ from typing import Any
 
 import torch
 
-from trtspec.engines.torch_runtime.speedup import per_token_acceptance  # noqa: F401  (re-exported)
-
 K_MAX = 8  # per-position acceptance and simulations cover K = 1..K_MAX
 
 

@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from trtspec.distill.data import Sample
 from trtspec.distill.settings import TrainSettings
+from trtspec.engines.torch_runtime.answers import Sample
 
 
 @dataclass
