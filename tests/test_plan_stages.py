@@ -70,5 +70,10 @@ def test_drafter_ngram_builds_and_serves_no_draft_model(tmp_path, tiny_pair, run
     with_model = [m.name for m in repository_models(model)]
     assert "tensorrt_llm_draft" not in names
     assert names == [n for n in with_model if n != "tensorrt_llm_draft"]
+    if runtime == "trtllm-engine":  # the launch loads what the repository holds
+        from trtspec.serving.launch import launch_settings
+
+        assert launch_settings(spec)["engine_models"] == ["tensorrt_llm"]
+        assert launch_settings(model)["engine_models"] == ["tensorrt_llm", "tensorrt_llm_draft"]
     planned = {s.name: s for s in build_plan(spec)}
     assert planned["quantize:draft"].action == f"none: {NO_DRAFT_MODEL}" and planned["quantize:draft"].outputs == []

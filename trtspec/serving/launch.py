@@ -49,6 +49,7 @@ def launch_settings(spec: Any) -> dict[str, Any]:
 
     if spec.runtime is not Runtime.TRTLLM_ENGINE:
         return {}
+    from trtspec.build.layout import served_roles
     from trtspec.triton_repo.engine_definitions import serving_layout
     from trtspec.triton_repo.names import ROLE_MODELS
 
@@ -59,7 +60,7 @@ def launch_settings(spec: Any) -> dict[str, Any]:
         "world_size": layout.world_size,
         "spawn_processes": not layout.fast_logits,
         "gpus": gpus,
-        "engine_models": [ROLE_MODELS["target"], ROLE_MODELS["draft"]],
+        "engine_models": [ROLE_MODELS[r] for r in served_roles(spec)],
     }
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtspec.build.layout import Role, runs, served_ngram_pool, serving_model_dir
+from trtspec.build.layout import served_ngram_pool, served_roles, serving_model_dir
 from trtspec.build.memory import TORCH_KV_SLOTS_PER_SEQUENCE
 from trtspec.engines.speculation import MAX_DRAFT_LEN
 from trtspec.spec import BuildSpec, Runtime
@@ -279,7 +279,7 @@ def _torch_engine(spec: BuildSpec, role: str) -> ModelDefinition:
 
 
 def torch_engine_models(spec: BuildSpec) -> list[ModelDefinition]:
-    return [_torch_engine(spec, "target"), _torch_engine(spec, "draft")]
+    return [_torch_engine(spec, role) for role in served_roles(spec)]
 
 
 def torch_in_process_model(spec: BuildSpec) -> ModelDefinition:
@@ -330,7 +330,8 @@ def trtllm_engine_models(spec: BuildSpec) -> list[ModelDefinition]:
 
     configs = engine_model_configs(spec, decoupled=True)
     out = []
-    for role, name in ROLE_MODELS.items():
+    for role in served_roles(spec):
+        name = ROLE_MODELS[role]
         path = engine_dir(spec, role)
         out.append(
             ModelDefinition(
@@ -384,7 +385,8 @@ ENGINE_MODELS: dict[Runtime, Callable[[BuildSpec], list[ModelDefinition]]] = {
 
 
 def engine_models(spec: BuildSpec) -> list[ModelDefinition]:
-    """``tensorrt_llm`` and ``tensorrt_llm_draft`` for the spec's runtime."""
+    """``tensorrt_llm`` and ``tensorrt_llm_draft`` for the spec's runtime; no draft model where the draft does not
+    run (drafter ngram: ``build.layout.runs``)."""
     return ENGINE_MODELS[spec.runtime](spec)
 
 
@@ -394,6 +396,4 @@ def repository_models(spec: BuildSpec) -> list[ModelDefinition]:
         return engine_models(spec)  # the LLM API model alone (see llmapi_models)
     if spec.in_process:
         return [preprocessing(spec), torch_in_process_model(spec), postprocessing(spec), ensemble(spec)]
-    # drafter ngram: the orchestrator never calls a draft engine, so the repository holds none (nothing is built).
-    engines = [m for m in engine_models(spec) if m.name != DRAFT or runs(spec, Role.DRAFT)]
-    return [preprocessing(spec), *engines, orchestrator(spec), postprocessing(spec), ensemble(spec)]
+    return [preprocessing(spec), *engine_models(spec), orchestrator(spec), postprocessing(spec), ensemble(spec)]

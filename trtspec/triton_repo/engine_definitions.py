@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from trtspec.build.layout import served_roles
 from trtspec.engines.container import engine_path_in_container
 from trtspec.errors import SpecError
 from trtspec.spec import BuildSpec, DType
@@ -128,8 +129,8 @@ def engine_model_config(
 def engine_model_configs(
     spec: BuildSpec, plan: MemoryPlan | None = None, decoupled: bool = False
 ) -> dict[str, model_config_pb2.ModelConfig]:
-    """Both engine-backed models, keyed by Triton model name. Both KV caches hold the same sequences, so each gets the
-    memory plan's token capacity (target + draft bytes per token fit on GPU 0)."""
+    """The engine-backed models (both, unless drafter ngram), keyed by Triton model name. Both KV caches hold the same
+    sequences, so each gets the memory plan's token capacity (target + draft bytes per token fit on GPU 0)."""
     plan = plan or _memory_plan(spec)
     if plan.kv_tokens_capacity <= 0:
         raise SpecError(
@@ -144,5 +145,5 @@ def engine_model_configs(
         ROLE_MODELS[r]: engine_model_config(
             spec, r, kv_tokens=tokens, kv_fraction=caps[r], layout=layout, decoupled=decoupled
         )
-        for r in ("target", "draft")
+        for r in served_roles(spec)
     }
