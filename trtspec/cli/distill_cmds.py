@@ -122,7 +122,7 @@ def _cli(
 def distill(**values: Any) -> None:
     """Distill a draft for TARGET: the target answers prompts, the draft learns its next-token distributions."""
     from trtspec.distill import DistillError
-    from trtspec.distill.pipeline import check_dirs
+    from trtspec.distill.pipeline import check_inputs
 
     target, out, work_dir, threads, ngram_traffic, as_json = (  # _cli's flags; what stays is the settings'
         values.pop(name) for name in ("target", "out", "work_dir", "threads", "ngram_traffic", "as_json")
@@ -133,12 +133,7 @@ def distill(**values: Any) -> None:
     if threads < 1:
         raise DistillError(f"--threads {threads} must be >= 1", hint="1 is fastest on a shared CPU")
     settings = _settings(values)
-    settings.validate()  # what needs no model: fail before importing torch or loading anything
-    check_dirs(target, out)
-    if ngram_traffic is not None and not ngram_traffic.is_file():
-        raise DistillError(
-            f"--ngram-traffic {ngram_traffic}: file not found", hint="one text per line, or JSONL with 'response'"
-        )
+    check_inputs(target, out, settings, ngram_traffic)  # fail before importing torch or loading anything
 
     import torch
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn

@@ -71,6 +71,17 @@ def _combine(hashes: dict[str, str], settings: dict[str, Any]) -> str:
     return h.hexdigest()
 
 
+def check_inputs(target_dir: Path, out: Path, settings: DistillSettings, traffic: Path | None) -> None:
+    """What needs no model (so the CLI runs it before importing torch): the settings, the directories, the traffic
+    file."""
+    settings.validate()
+    check_dirs(target_dir, out)
+    if traffic is not None and not Path(traffic).is_file():
+        raise DistillError(
+            f"{traffic}: n-gram traffic file not found", hint="one text per line, or JSONL with 'response'"
+        )
+
+
 def distill(
     target_dir: Path,
     out: Path,
@@ -89,10 +100,7 @@ def distill(
     from trtspec.prompts import load_prompts, shipped_prompts
 
     target_dir, out = Path(target_dir), Path(out)
-    check_dirs(target_dir, out)
-    settings.validate()
-    if traffic is not None and not Path(traffic).is_file():
-        raise DistillError(f"{traffic}: traffic file not found", hint="one text per line, or JSONL with 'text'")
+    check_inputs(target_dir, out, settings, traffic)
     placement = plan_placement(
         machine or Machine.detect(), settings.device, settings.teacher_dtype, settings.train.bf16
     )
