@@ -133,8 +133,8 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from trtspec.engines.torch_runtime.session import TorchSession
     from trtspec.example import example_models
+    from trtspec.runtimes.torch.session import TorchSession
     from trtspec.serving.server import TritonServer
 
     console = Console(width=max(120, shutil.get_terminal_size().columns))  # the table is wide

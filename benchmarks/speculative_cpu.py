@@ -26,9 +26,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trtspec.engines.drafters.ngram import POOL_FILE  # noqa: E402
-from trtspec.engines.torch_runtime.costs import speedup_bound, step_cost_ratios  # noqa: E402
-from trtspec.engines.torch_runtime.decoder import SpeculativeDecoder  # noqa: E402
+from trtspec.runtimes.torch.costs import speedup_bound, step_cost_ratios  # noqa: E402
+from trtspec.runtimes.torch.decoder import SpeculativeDecoder  # noqa: E402
+from trtspec.speculative.drafters.ngram import POOL_FILE  # noqa: E402
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -258,8 +258,8 @@ def main() -> None:
     wanted = args.pairs.split(",")
     rows: list[Row] = []
     if {"self", "example", "ngram", "hybrid"} & set(wanted):
-        from trtspec.engines.torch_runtime.session import TorchSession
         from trtspec.example import example_models
+        from trtspec.runtimes.torch.session import TorchSession
 
         paths = example_models()
         session = TorchSession(paths.target, paths.draft, max_draft_len=args.k)

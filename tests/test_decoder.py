@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trtspec.engines.torch_runtime.decoder import SpeculativeDecoder
-from trtspec.engines.torch_runtime.loading import load_model, load_tokenizer
 from trtspec.errors import GenerationError, IncompatibleModelsError
+from trtspec.runtimes.torch.decoder import SpeculativeDecoder
+from trtspec.runtimes.torch.loading import load_model, load_tokenizer
 
 PROMPTS = ["The quick brown", "def add(a, b):\n    return a", "Q: What is the capital of France? A:", "Z"]
 

@@ -58,8 +58,8 @@ def test_distilled_draft_beats_untrained_draft_of_same_shape(tiny_pair, distille
 
     from trtspec.distill.model import draft_from_target
     from trtspec.distill.report import measure
-    from trtspec.engines.torch_runtime.loading import load_model, load_tokenizer
     from trtspec.prompts import encode_prompt, load_prompts, split_prompts
+    from trtspec.runtimes.torch.loading import load_model, load_tokenizer
 
     result, prompt_file = distilled
     settings = tiny_settings(prompt_file)
@@ -108,7 +108,7 @@ def test_killed_training_resumes_to_the_same_weights(tiny_pair, tmp_path):
     from trtspec.distill.model import draft_from_target
     from trtspec.distill.settings import TrainSettings
     from trtspec.distill.train import train
-    from trtspec.engines.torch_runtime.loading import load_model, load_tokenizer
+    from trtspec.runtimes.torch.loading import load_model, load_tokenizer
 
     target, tok = load_model(tiny_pair[0]), load_tokenizer(tiny_pair[0])
     samples, _ = generate_teacher_data(
@@ -153,7 +153,7 @@ def test_pack_unpack_round_trip_and_wrong_target(tiny_pair, distilled, tmp_path)
 
     from trtspec.distill import DistillError
     from trtspec.distill.pack import pack_draft, unpack_draft
-    from trtspec.engines.torch_runtime.loading import load_model
+    from trtspec.runtimes.torch.loading import load_model
 
     result, _ = distilled
     pack_draft(result.out, tiny_pair[0], tmp_path / "packed")
@@ -229,8 +229,8 @@ def test_sampled_answers_add_contexts_but_keep_the_target_s_own_labels(tiny_pair
     import torch
 
     from trtspec.distill.data import generate_teacher_data
-    from trtspec.engines.torch_runtime.loading import load_model, load_tokenizer
     from trtspec.prompts import encode_prompt
+    from trtspec.runtimes.torch.loading import load_model, load_tokenizer
 
     target, tok = load_model(tiny_pair[0]), load_tokenizer(tiny_pair[0])
     prompts = ["the quick fox", "a small draft", "Paris France", "code return add"]
@@ -267,8 +267,8 @@ def test_distilled_draft_is_a_standard_checkpoint_that_proposes_as_its_frequent_
     import torch
     from transformers import AutoModelForCausalLM
 
-    from trtspec.engines.torch_runtime.loading import load_model, load_tokenizer
     from trtspec.prompts import encode_prompt, load_prompts
+    from trtspec.runtimes.torch.loading import load_model, load_tokenizer
 
     result, prompt_file = distilled
     config = json.loads((result.out / "config.json").read_text())

@@ -30,8 +30,8 @@ def _spec(tiny_pair, runtime: str, drafter: str, pool: Path | None = None, orche
 @pytest.fixture
 def pool_file(tiny_pair, tmp_path):
     from trtspec.build.tokenizers import read_tokenizer
-    from trtspec.engines.drafters.ngram import NgramPool, vocab_fingerprint
     from trtspec.families import read_config
+    from trtspec.speculative.drafters.ngram import NgramPool, vocab_fingerprint
 
     vocab = read_config(tiny_pair[0]).vocab_size
     pool = NgramPool.from_sequences(
@@ -93,7 +93,7 @@ def test_a_drafter_the_runtime_does_not_serve_is_blocking(tiny_pair, pool_file):
 
 
 def test_missing_pool_and_pool_of_another_tokenizer_are_reported(tiny_pair, tmp_path):
-    from trtspec.engines.drafters.ngram import NgramPool
+    from trtspec.speculative.drafters.ngram import NgramPool
 
     missing = run_check(_spec(tiny_pair, "torch", "ngram", tmp_path / "none.npz"), NO_TOOLS)
     assert "missing" in _finding(missing, "n-gram pool").detail
@@ -109,7 +109,7 @@ def test_missing_pool_and_pool_of_another_tokenizer_are_reported(tiny_pair, tmp_
 def test_spec_rejects_an_unknown_drafter(tiny_pair):
     from trtspec.errors import SpecError
 
-    with pytest.raises(SpecError, match="speculative.drafter: 'eagle' is not one of model, ngram, hybrid"):
+    with pytest.raises(SpecError, match="speculative.drafter: 'eagle' is not one of model, ngram, hybrid, adaptive"):
         _spec(tiny_pair, "torch", "eagle")
 
 
@@ -132,5 +132,5 @@ def test_llmapi_refuses_hybrid(tiny_pair, pool_file):
     from trtspec.engines.llmapi import model_yaml
     from trtspec.errors import SpecError
 
-    with pytest.raises(SpecError, match="no hybrid"):
+    with pytest.raises(SpecError, match="does not serve drafter hybrid"):
         model_yaml(_spec(tiny_pair, "trtllm-llmapi", "hybrid", pool_file))

@@ -1,14 +1,14 @@
 """N-gram and hybrid drafting: the pool, prompt lookup, the hybrid rule, and losslessness through the decoder's
-in-flight engine (trtspec.engines.inflight.token_drafters)."""
+in-flight engine (trtspec.speculative.drafters, built by trtspec.runtimes.inflight.drafter.engine_drafter)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from trtspec.engines.drafters import DrafterKind, Proposal
-from trtspec.engines.drafters.hybrid import HybridRule
-from trtspec.engines.drafters.ngram import NgramDrafter, NgramPool, prompt_lookup, read_pool_meta
+from trtspec.speculative.drafters import DrafterKind, Proposal
+from trtspec.speculative.drafters.hybrid import HybridRule
+from trtspec.speculative.drafters.ngram import NgramDrafter, NgramPool, prompt_lookup, read_pool_meta
 
 
 def test_prompt_lookup_takes_the_longest_suffix_and_its_latest_occurrence():
@@ -63,7 +63,7 @@ def test_hybrid_rule_uses_ngrams_on_a_two_token_match_else_the_model():
 
 @pytest.fixture(scope="module")
 def tiny_models(tiny_pair):
-    from trtspec.engines.torch_runtime.loading import load_model, load_tokenizer
+    from trtspec.runtimes.torch.loading import load_model, load_tokenizer
 
     return load_model(tiny_pair[0]), load_model(tiny_pair[1]), load_tokenizer(tiny_pair[0])
 
@@ -82,7 +82,7 @@ PROMPTS = [
 def references(tiny_models):
     """Target-only greedy answers, and a pool of the target's answers to half of the prompts (so that some
     proposals are accepted and some rejected)."""
-    from trtspec.engines.torch_runtime.decoder import SpeculativeDecoder
+    from trtspec.runtimes.torch.decoder import SpeculativeDecoder
 
     target, _, tok = tiny_models
     prompts = [tok.encode(p) for p in PROMPTS]
@@ -99,17 +99,18 @@ def _counts(results):
 
 
 @pytest.mark.parametrize("k", [1, 3, 6])
-@pytest.mark.parametrize("kind", ["ngram", "prompt_lookup", "hybrid"])
-def test_ngram_and_hybrid_are_lossless_through_the_decoder(tiny_models, references, kind, k):
-    """The decoder's in-flight engine drafts with the n-gram drafter (no draft model) or the hybrid: greedy output
-    equals target-only, one request at a time and all in one batch, and proposals are accepted and rejected."""
-    from trtspec.engines.torch_runtime.decoder import SpeculativeDecoder
+@pytest.mark.parametrize("kind", ["ngram", "prompt_lookup", "hybrid", "adaptive"])
+def test_ngram_hybrid_and_adaptive_are_lossless_through_the_decoder(tiny_models, references, kind, k):
+    """The decoder's in-flight engine drafts with the n-gram drafter (no draft model), the hybrid or the adaptive
+    drafter: greedy output equals target-only, one request at a time and all in one batch, and proposals are
+    accepted and rejected."""
+    from trtspec.runtimes.torch.decoder import SpeculativeDecoder
 
     target, draft, _ = tiny_models
     prompts, reference, pool = references
     dec = SpeculativeDecoder(
         target,
-        draft if kind == "hybrid" else None,
+        draft if kind in ("hybrid", "adaptive") else None,
         max_draft_len=k,
         drafter="ngram" if kind == "prompt_lookup" else kind,
         ngram_pool=None if kind == "prompt_lookup" else pool,
@@ -131,7 +132,7 @@ def test_ngram_and_hybrid_are_lossless_through_the_decoder(tiny_models, referenc
 def test_hybrid_uses_both_sources_and_keeps_the_draft_cache_in_step(tiny_models, references):
     """Hybrid steps alternate between n-grams and the draft model (whose cache catches up on the tokens of n-gram
     steps); with sequences in flight together the output is still the target's."""
-    from trtspec.engines.torch_runtime.decoder import SpeculativeDecoder
+    from trtspec.runtimes.torch.decoder import SpeculativeDecoder
 
     target, draft, _ = tiny_models
     prompts, reference, pool = references
@@ -142,27 +143,40 @@ def test_hybrid_uses_both_sources_and_keeps_the_draft_cache_in_step(tiny_models,
     assert hybrid.ngram_steps > 0 and hybrid.model_steps > 0, (hybrid.ngram_steps, hybrid.model_steps)
 
 
-def test_engine_drafters_keep_the_model_drafter_interface(tiny_models, references):
-    from trtspec.engines.inflight.drafter import ModelDrafter
-    from trtspec.engines.inflight.token_drafters import HybridEngineDrafter, NgramEngineDrafter, make_drafter
+def test_every_registered_drafter_builds_an_engine_drafter_with_the_engine_interface(tiny_models, references):
+    from trtspec.errors import GenerationError
+    from trtspec.runtimes.inflight.drafter import ModelDrafter, engine_drafter
+    from trtspec.speculative.drafters.adaptive import AdaptiveEngineDrafter
+    from trtspec.speculative.drafters.hybrid import HybridEngineDrafter
+    from trtspec.speculative.drafters.ngram import NgramEngineDrafter
+    from trtspec.speculative.drafters.registry import DRAFTERS
 
     target, draft, _ = tiny_models
     _, _, pool = references
     vocab = target.config.vocab_size
-    kinds = {"model": ModelDrafter, "ngram": NgramEngineDrafter, "hybrid": HybridEngineDrafter}
+    kinds = {
+        "model": ModelDrafter,
+        "ngram": NgramEngineDrafter,
+        "hybrid": HybridEngineDrafter,
+        "adaptive": AdaptiveEngineDrafter,
+    }
+    assert set(kinds) == {k.value for k in DRAFTERS}
     for kind, cls in kinds.items():
-        d = make_drafter(kind, draft_model=draft, pool=pool, vocab=vocab, slots=2, capacity=128)
+        d = engine_drafter(kind, draft_model=draft, pool=pool, vocab=vocab, slots=2, capacity=128)
         assert isinstance(d, cls)
-        for name in ("admit", "release", "propose", "commit"):
+        for name in ("admit", "release", "propose", "commit", "observe_pass"):
             assert callable(getattr(d, name))
         assert d.free > 0
-    with pytest.raises(ValueError, match="needs a draft model"):
-        make_drafter("hybrid", pool=pool, vocab=vocab, slots=2, capacity=128)
+    for kind in ("model", "hybrid"):
+        with pytest.raises(GenerationError, match="needs a draft model"):
+            engine_drafter(kind, pool=pool, vocab=vocab, slots=2, capacity=128)
+    # the adaptive drafter without a draft model drafts with n-grams or not at all
+    assert engine_drafter("adaptive", pool=pool, vocab=vocab, slots=2, capacity=128).model is None
     # a pool token the target cannot take ends the proposal there
     wide = NgramPool.from_sequences([[1, 2, vocab + 5, 3]], vocab_size=vocab + 10)
-    from trtspec.engines.inflight.jobs import Job
+    from trtspec.runtimes.inflight.jobs import Job
 
-    ng = make_drafter("ngram", pool=wide, vocab=vocab, slots=1, capacity=64)
+    ng = engine_drafter("ngram", pool=wide, vocab=vocab, slots=1, capacity=64)
     job = Job(tokens=[7, 1, 2], max_new=4, on_tokens=lambda *_: None, on_error=lambda e: None)
     ng.admit(job)
     assert job.draft_state is not None

@@ -23,11 +23,11 @@ def test_shipped_draft_is_small_and_is_what_the_example_uses(example_paths):
 
 
 def test_distilled_draft_is_lossless_and_accepts_more_than_the_truncated_one(example_paths):
-    from trtspec.engines.torch_runtime.decoder import SpeculativeDecoder
-    from trtspec.engines.torch_runtime.loading import load_model
-    from trtspec.engines.torch_runtime.session import TorchSession
     from trtspec.example import DRAFT_LAYERS, TARGET_NAME, _atomic_build, _truncate
     from trtspec.paths import cache_dir
+    from trtspec.runtimes.torch.decoder import SpeculativeDecoder
+    from trtspec.runtimes.torch.loading import load_model
+    from trtspec.runtimes.torch.session import TorchSession
 
     session = TorchSession(example_paths.target, example_paths.draft, max_draft_len=4)
     # a standard LlamaForCausalLM on disk; trtspec's loader applies its frequent head

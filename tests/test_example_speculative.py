@@ -16,7 +16,7 @@ QUESTIONS = [
 
 @pytest.fixture(scope="module")
 def session(example_paths):
-    from trtspec.engines.torch_runtime.session import TorchSession
+    from trtspec.runtimes.torch.session import TorchSession
 
     return TorchSession(example_paths.target, example_paths.draft, max_draft_len=4)
 
@@ -50,7 +50,7 @@ def test_greedy_equal_with_example_draft_batch1_and_batch4(session, prompts, ref
 
 
 def test_eos_inside_draft_window_with_self_draft(session, prompts, reference):
-    from trtspec.engines.torch_runtime.decoder import SpeculativeDecoder
+    from trtspec.runtimes.torch.decoder import SpeculativeDecoder
 
     eos = session.decoder.eos_ids
     assert reference[0][-1] in eos and len(reference[0]) < 48  # the short answer ends with <|im_end|>

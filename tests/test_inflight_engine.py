@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from trtspec.engines.inflight.contract import decode_word_list, encode_word_list, format_output, parse_request
-from trtspec.engines.inflight.engine import InflightEngine
-from trtspec.engines.inflight.jobs import Job
-from trtspec.engines.inflight.kv_pool import KVGeometry, SlotKVPool
-from trtspec.engines.torch_runtime.loading import load_model
-from trtspec.engines.torch_runtime.sampling import SamplingParams
 from trtspec.errors import GenerationError
+from trtspec.runtimes.inflight.contract import decode_word_list, encode_word_list, format_output, parse_request
+from trtspec.runtimes.inflight.engine import InflightEngine
+from trtspec.runtimes.inflight.jobs import Job
+from trtspec.runtimes.inflight.kv_pool import KVGeometry, SlotKVPool
+from trtspec.runtimes.torch.loading import load_model
+from trtspec.speculative.sampling import SamplingParams
 
 EOS = 2
 
@@ -134,7 +134,7 @@ def test_sampled_verification_follows_the_target_distribution(engine, target, wi
     params = SamplingParams(temperature=1.0, top_k=4)
     with torch.inference_mode():
         logits = target(input_ids=torch.tensor([p])).logits[0, -1]
-    from trtspec.engines.torch_runtime.sampling import logits_to_probs
+    from trtspec.speculative.sampling import logits_to_probs
 
     probs = logits_to_probs(logits, params)
     support = torch.nonzero(probs).flatten().tolist()

@@ -7,13 +7,13 @@ import asyncio
 
 import pytest
 
-from trtspec.engines.inflight.contract import RowRequest
-from trtspec.engines.inflight.engine import InflightEngine
-from trtspec.engines.inflight.local import LocalEngines
-from trtspec.engines.speculation import SamplingParams, SpecStats
-from trtspec.engines.torch_runtime.decoder import SpeculativeDecoder
-from trtspec.engines.torch_runtime.loading import load_model
 from trtspec.errors import GenerationError
+from trtspec.runtimes.inflight.contract import RowRequest
+from trtspec.runtimes.inflight.engine import InflightEngine
+from trtspec.runtimes.inflight.local import LocalEngines
+from trtspec.runtimes.torch.decoder import SpeculativeDecoder
+from trtspec.runtimes.torch.loading import load_model
+from trtspec.speculative.rules import SamplingParams, SpecStats
 from trtspec.triton_repo.orchestrator import Deployment, generate
 
 EOS = 2
@@ -127,7 +127,7 @@ def test_requests_the_engines_cannot_serve_are_refused_before_any_engine_call(se
 def test_accepted_tokens_are_counted_by_prefix_match_of_the_target_output(setup):
     """A draft equal to the target is accepted whole: every proposal counts; a random draft mostly not."""
     engines, decoder = setup
-    from trtspec.engines.speculation import accepted_prefix
+    from trtspec.speculative.rules import accepted_prefix
 
     assert accepted_prefix([5, 6, 7], [5, 6, 9, 1]) == 2 and accepted_prefix([], [4]) == 0
     assert accepted_prefix([5, 6], [5, 6]) == 2  # the target stopped at end_id after two accepted tokens
@@ -153,8 +153,8 @@ class _CountingEngines:
 def test_ngram_and_hybrid_proposals_reach_the_target_as_draft_tokens_losslessly(setup, kind):
     """The BLS orchestrator's n-gram drafter: a pool of the target's own answers makes its proposals accepted; ngram
     never calls the draft engine; greedy output is the target's either way."""
-    from trtspec.engines.drafters.hybrid import HybridRule
-    from trtspec.engines.drafters.ngram import NgramDrafter, NgramPool
+    from trtspec.speculative.drafters.hybrid import HybridRule
+    from trtspec.speculative.drafters.ngram import NgramDrafter, NgramPool
 
     engines, decoder = setup
     answers = {tuple(p): target_only(decoder, p, 24) for p in PROMPTS}

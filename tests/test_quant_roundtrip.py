@@ -80,7 +80,7 @@ def calibrated(request, tiny_pair, tmp_path_factory, probe):
 
 def test_hf_export_reloads_with_the_calibrated_numbers(calibrated, tmp_path, probe):
     from trtspec.build.ptq import export_calibrated
-    from trtspec.engines.torch_runtime.quantized_loader import is_modelopt_checkpoint, load_modelopt_checkpoint
+    from trtspec.runtimes.torch.quantized_loader import is_modelopt_checkpoint, load_modelopt_checkpoint
 
     fmt, spec, c, ref = calibrated
     out = tmp_path / "hf"
@@ -128,7 +128,7 @@ def test_naive_from_pretrained_of_an_fp8_export_is_wrong_and_the_loader_fixes_it
     """Plain from_pretrained ignores the *_scale tensors. This is why the torch runtime needs the loader."""
     from transformers import AutoModelForCausalLM
 
-    from trtspec.engines.torch_runtime.quantized_loader import load_modelopt_checkpoint
+    from trtspec.runtimes.torch.quantized_loader import load_modelopt_checkpoint
 
     out = fp8_kv_export
     assert json.loads((out / "hf_quant_config.json").read_text())["quantization"]["kv_cache_quant_algo"] == "FP8"
@@ -146,7 +146,7 @@ def test_fp8_kv_cache_model_decodes_over_a_cache_exactly_like_a_full_pass(fp8_kv
     (a custom attention implementation gets none from transformers unless its mask builder is registered too)."""
     from transformers import DynamicCache
 
-    from trtspec.engines.torch_runtime.quantized_loader import load_modelopt_checkpoint
+    from trtspec.runtimes.torch.quantized_loader import load_modelopt_checkpoint
 
     model = load_modelopt_checkpoint(fp8_kv_export)
     with torch.no_grad():

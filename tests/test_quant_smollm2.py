@@ -16,9 +16,9 @@ PROMPT = "What is the capital of France?"
 def _load_for_torch_runtime(path):
     """The torch runtime's loader when it exists on this branch, else the quantized loader it delegates to."""
     try:
-        from trtspec.engines.torch_runtime.loading import load_model
+        from trtspec.runtimes.torch.loading import load_model
     except ImportError:
-        from trtspec.engines.torch_runtime.quantized_loader import load_modelopt_checkpoint as load_model
+        from trtspec.runtimes.torch.quantized_loader import load_modelopt_checkpoint as load_model
     return load_model(path, "float32")
 
 
@@ -36,7 +36,7 @@ def test_smollm2_target_quantized_reloads_and_still_answers(fmt, min_top1, examp
     from transformers import AutoTokenizer
 
     from trtspec.build.quantize import quantize_stage
-    from trtspec.engines.torch_runtime.quantized_loader import is_modelopt_checkpoint
+    from trtspec.runtimes.torch.quantized_loader import is_modelopt_checkpoint
     from trtspec.spec import spec_from_dict
 
     spec = spec_from_dict(

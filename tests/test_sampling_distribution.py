@@ -13,9 +13,9 @@ import itertools
 import pytest
 import torch
 
-from trtspec.engines.torch_runtime import acceptance as acceptance_mod
-from trtspec.engines.torch_runtime.decoder import SpeculativeDecoder
-from trtspec.engines.torch_runtime.sampling import SamplingParams, logits_to_probs
+from trtspec.runtimes.torch.decoder import SpeculativeDecoder
+from trtspec.speculative import acceptance as acceptance_mod
+from trtspec.speculative.sampling import SamplingParams, logits_to_probs
 
 ALPHA = 1e-3
 VOCAB = 6
@@ -141,11 +141,14 @@ def test_seeded_sampling_is_reproducible(pair):
     assert len({tuple(r.token_ids) for r in a}) > 1  # rows get different streams
 
 
-@pytest.mark.parametrize("kind", ["ngram", "hybrid"])
-def test_ngram_and_hybrid_sampling_match_target_distribution(pair, kind):
+@pytest.mark.parametrize("kind", ["ngram", "hybrid", "adaptive"])
+def test_ngram_hybrid_and_adaptive_sampling_match_target_distribution(pair, kind):
     """n-gram proposals are point masses (q = 1 on the token): accepted with probability p(x), else resampled from p
-    without x. A pool of random sequences over the tiny vocabulary always proposes, so most steps verify drafts."""
-    from trtspec.engines.drafters.ngram import NgramPool
+    without x. A pool of random sequences over the tiny vocabulary always proposes, so most steps verify drafts.
+    The adaptive drafter switches between the draft model, n-grams and no draft, and K, on what happened before
+    (tests.test_adaptive.SwitchingPolicy): the distribution stays the target's."""
+    from tests.test_adaptive import SwitchingPolicy
+    from trtspec.speculative.drafters.ngram import NgramPool
 
     target, draft = pair
     params = SamplingParams(temperature=1.0)
@@ -153,8 +156,9 @@ def test_ngram_and_hybrid_sampling_match_target_distribution(pair, kind):
     pool = NgramPool.from_sequences(
         [torch.randint(0, VOCAB, (40,), generator=gen).tolist() for _ in range(20)], vocab_size=VOCAB, max_match=2
     )
+    policy = SwitchingPolicy()
     dec = SpeculativeDecoder(
-        target, draft if kind == "hybrid" else None, max_draft_len=3, drafter=kind, ngram_pool=pool
+        target, draft if kind != "ngram" else None, max_draft_len=3, drafter=kind, ngram_pool=pool, policy=policy
     )
     out, drafted, accepted = [], 0, 0
     for chunk in range(SAMPLES // 500):
@@ -164,5 +168,7 @@ def test_ngram_and_hybrid_sampling_match_target_distribution(pair, kind):
         drafted += sum(r.stats.total_draft_tokens for r in results)
         accepted += sum(r.stats.total_accepted_draft_tokens for r in results)
     assert drafted > accepted > 0, (drafted, accepted)
+    if kind == "adaptive":
+        assert all(policy.steps[s] > 0 for s in ("ngram", "model", "none")), policy.steps
     p_value = _chi_square_p(out, _exact_joint(target, params))
     assert p_value > ALPHA, p_value

@@ -62,7 +62,7 @@ def served(request, tiny_pair, tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference(tiny_pair):
     """In-process target-only greedy text (the coordinator's torch runtime, no Triton)."""
-    from trtspec.engines.torch_runtime.session import TorchSession
+    from trtspec.runtimes.torch.session import TorchSession
 
     session = TorchSession(tiny_pair[0], None)
     cache: dict[tuple[str, int], str] = {}

@@ -18,7 +18,7 @@ MAX_TOKENS = 32
 
 @pytest.fixture(scope="module")
 def reference(tiny_pair):
-    from trtspec.engines.torch_runtime.session import TorchSession
+    from trtspec.runtimes.torch.session import TorchSession
 
     session = TorchSession(tiny_pair[0], None)
     return {p: session.generate(p, MAX_TOKENS, use_draft=False, chat=False) for p in PROMPTS}
@@ -31,10 +31,10 @@ def reference(tiny_pair):
 )
 def served(request, tiny_pair, reference, tmp_path_factory):
     """A pool of the target's own answers to the first prompt (its proposals are accepted there)."""
-    from trtspec.engines.drafters.ngram import NgramPool
-    from trtspec.engines.torch_runtime.loading import load_tokenizer
     from trtspec.families import read_config
+    from trtspec.runtimes.torch.loading import load_tokenizer
     from trtspec.serving.server import TritonServer
+    from trtspec.speculative.drafters.ngram import NgramPool
     from trtspec.triton_repo.writer import write_repo
 
     drafter, orchestration = request.param

@@ -29,7 +29,7 @@ def example(tmp_path_factory, example_paths):
 
 
 def test_example_answers_equal_in_process_target_only_greedy(example):
-    from trtspec.engines.torch_runtime.session import TorchSession
+    from trtspec.runtimes.torch.session import TorchSession
 
     spec, server = example
     session = TorchSession.from_spec(spec, with_draft=False)

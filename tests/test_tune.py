@@ -25,7 +25,7 @@ def noisy_pair(tiny_pair, tmp_path_factory):
     """The tiny target and a draft that agrees with it part of the time (the target with noise on its weights)."""
     import torch
 
-    from trtspec.engines.torch_runtime.loading import load_model, load_tokenizer
+    from trtspec.runtimes.torch.loading import load_model, load_tokenizer
 
     draft = load_model(tiny_pair[0])
     gen = torch.Generator().manual_seed(0)
@@ -54,10 +54,10 @@ def spec_file(noisy_pair, tmp_path):
 
 def brute_force(noisy_pair, prompts_text, ks):
     """Decode every prompt at every K with the real decoder; cost each step as the test's costs say."""
-    from trtspec.engines.torch_runtime.decoder import SpeculativeDecoder
-    from trtspec.engines.torch_runtime.loading import load_model, load_tokenizer
-    from trtspec.engines.torch_runtime.session import eos_ids_of
     from trtspec.prompts import encode_prompt
+    from trtspec.runtimes.torch.decoder import SpeculativeDecoder
+    from trtspec.runtimes.torch.loading import load_model, load_tokenizer
+    from trtspec.runtimes.torch.session import eos_ids_of
 
     target, draft, tok = load_model(noisy_pair[0]), load_model(noisy_pair[1]), load_tokenizer(noisy_pair[0])
     dec = SpeculativeDecoder(
@@ -185,8 +185,8 @@ def test_tune_ngram_simulates_the_decoder_s_n_gram_steps_exactly(capsys, spec_fi
     assert code == 0, err
     result = json.loads(out)
     assert result["drafter"] == "ngram"
-    from trtspec.engines.torch_runtime.decoder import SpeculativeDecoder
-    from trtspec.engines.torch_runtime.session import TorchSession
+    from trtspec.runtimes.torch.decoder import SpeculativeDecoder
+    from trtspec.runtimes.torch.session import TorchSession
     from trtspec.spec import load_spec
 
     session = TorchSession.from_spec(load_spec(spec_file))

@@ -3,7 +3,7 @@
 trtllm-build cannot run here, so this reader (used by tests only) is how trtspec checks that a TRT-LLM checkpoint
 written by ModelOpt holds the calibrated model: it maps the checkpoint's tensors (``transformer.layers.N.attention.qkv``
 ...) and config fields (``rotary_base``, ``quantization``) to a LlamaForCausalLM with ``QuantLinear`` layers
-(trtspec.engines.torch_runtime.qlinear), using TRT-LLM's own defaults where a field is missing (so a dropped
+(trtspec.runtimes.torch.qlinear), using TRT-LLM's own defaults where a field is missing (so a dropped
 ``rotary_base`` shows up as rope theta 10000).
 """
 
@@ -70,7 +70,7 @@ def load_trtllm_checkpoint(ckpt_dir: Path, dtype: str = "float32") -> Any:
     from transformers import LlamaForCausalLM
     from transformers.initialization import no_init_weights
 
-    from trtspec.engines.torch_runtime.qlinear import (
+    from trtspec.runtimes.torch.qlinear import (
         FP8_MAX,
         QuantLinear,
         dequantize_weight,

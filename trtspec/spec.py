@@ -14,8 +14,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
-from trtspec.engines.speculation import MAX_DRAFT_LEN
 from trtspec.errors import SpecError
+from trtspec.speculative.rules import MAX_DRAFT_LEN
 
 ENV_PREFIX = "TRTSPEC_SPEC__"
 
@@ -58,6 +58,7 @@ class DrafterKind(str, Enum):
     MODEL = "model"
     NGRAM = "ngram"
     HYBRID = "hybrid"
+    ADAPTIVE = "adaptive"
 
 
 class KVCacheFormat(str, Enum):
@@ -104,9 +105,10 @@ class SpeculativeSpec(_Section):
         100, ge=0, description="requests asking fewer max_tokens than this go straight to the target"
     )
     drafter: DrafterKind = Field(
-        DrafterKind.MODEL,
-        description="model: the draft model; ngram: prompt lookup + the n-gram pool; hybrid: "
-        "n-gram on a >= 2-token match, else the draft model",
+        DrafterKind.ADAPTIVE,
+        description="adaptive: per sequence and step, n-grams, the draft model or none, and K up to max_draft_len, "
+        "from measured acceptance and costs; model: the draft model, K every step; ngram: prompt lookup + the n-gram "
+        "pool; hybrid: n-gram on a >= 2-token match, else the draft model",
     )
     ngram_pool: Path | None = Field(
         None, description="n-gram pool (ngram_pool.npz from trtspec distill); empty: the one in the draft's directory"

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from trtspec.engines.speculation import MAX_DRAFT_LEN
 from trtspec.errors import GenerationError
+from trtspec.speculative.rules import MAX_DRAFT_LEN
 
 SEED_MAX = 2**64 - 1  # the ensemble's seed is UINT64
 

@@ -15,22 +15,13 @@ from trtspec.families import NormalizedConfig, known_families, read_config
 from trtspec.spec import BuildSpec, DrafterKind, Quantization, Runtime
 
 BLOCK_SIZE_4BIT = 128
-# Which drafters each runtime serves. The torch runtime's in-flight engine drafts with the draft model, n-grams or
-# the hybrid (trtspec.engines.inflight.token_drafters), in process and in its in-process Triton model; the BLS
-# orchestrator (torch with orchestration bls, and trtllm-engine) proposes n-grams in its own process and sends them
-# as draft_input_ids (trtspec.triton_repo.orchestrator). The LLM API maps ngram to TensorRT-LLM's own NGram drafter
-# and has no hybrid of a draft model and n-grams.
-ALL_DRAFTERS = {DrafterKind.MODEL, DrafterKind.NGRAM, DrafterKind.HYBRID}
-DRAFTERS_SERVED = {
-    Runtime.TORCH: ALL_DRAFTERS,
-    Runtime.TRTLLM_ENGINE: ALL_DRAFTERS,
-    Runtime.TRTLLM_LLMAPI: {DrafterKind.MODEL, DrafterKind.NGRAM},
-}
 
 
 def drafters_served(spec: BuildSpec) -> set[DrafterKind]:
-    """The drafters ``spec``'s runtime and orchestration serve."""
-    return DRAFTERS_SERVED[spec.runtime]
+    """The drafters ``spec``'s runtime and orchestration serve (trtspec.speculative.drafters.registry)."""
+    from trtspec.speculative.drafters.registry import served
+
+    return set(served(spec.runtime, spec.triton.orchestration))
 
 
 CUDA_ONLY_FORMATS = (Quantization.NVFP4,)
@@ -236,30 +227,26 @@ def _check_speculative(report: CheckReport, spec: BuildSpec, t: NormalizedConfig
 
 
 def _check_drafter(report: CheckReport, spec: BuildSpec, t: NormalizedConfig, tt: TokenizerInfo) -> None:
+    from trtspec.speculative.drafters.registry import entry, place
+
     kind = spec.speculative.drafter
-    if kind is DrafterKind.MODEL:
-        report.add("drafter", Level.OK, "model: the draft model proposes")
-        return
+    drafter = entry(kind)
     served = drafters_served(spec)
+    where = place(spec.runtime, spec.triton.orchestration)
     if kind not in served:
-        names = ", ".join(sorted(k.value for k in served))
+        names = ", ".join(k.value for k in served)
         report.add(
             "drafter",
             Level.ERROR,
-            f"runtime {spec.runtime.value} does not serve drafter '{kind.value}' (it serves: {names})",
-            "use speculative.drafter: model or ngram, or runtime torch or trtllm-engine (hybrid)",
+            f"{where} does not serve drafter '{kind.value}' ({drafter.llmapi_note}; it serves: {names})",
+            f"use speculative.drafter: {names.split(', ')[0]}, or runtime torch or trtllm-engine",
         )
+    elif where == "trtllm-llmapi" and drafter.llmapi_note:
+        report.add("drafter", Level.WARN, f"{kind.value} on trtllm-llmapi: {drafter.llmapi_note}", None)
     else:
-        report.add(
-            "drafter",
-            Level.OK,
-            f"{kind.value}: "
-            + (
-                "prompt lookup + the n-gram pool propose"
-                if kind is DrafterKind.NGRAM
-                else "n-grams on a confident match, else the draft model"
-            ),
-        )
+        report.add("drafter", Level.OK, f"{kind.value}: {drafter.summary}")
+    if not drafter.uses_pool:
+        return
     pool = spec.ngram_pool_path
     if not pool.is_file() and spec.speculative.ngram_pool is None and spec.runtime is Runtime.TORCH:
         report.add(
@@ -270,7 +257,7 @@ def _check_drafter(report: CheckReport, spec: BuildSpec, t: NormalizedConfig, tt
         )
         return
     try:
-        from trtspec.engines.drafters.ngram import read_pool_meta, vocab_fingerprint
+        from trtspec.speculative.drafters.ngram import read_pool_meta, vocab_fingerprint
 
         meta = read_pool_meta(pool)
     except (OSError, KeyError, ValueError) as exc:

@@ -17,7 +17,7 @@ from trtspec.spec import KVCacheFormat, Quantization
 FP8_FAST_CC = (8, 9)  # FP8 tensor cores: Ada (8.9), Hopper (9.0), Blackwell
 
 
-# The torch runtime's QuantLinear (trtspec.engines.torch_runtime.qlinear): TRT-LLM QuantAlgo of a layer -> how its
+# The torch runtime's QuantLinear (trtspec.runtimes.torch.qlinear): TRT-LLM QuantAlgo of a layer -> how its
 # inputs are quantized (weights are dequantized once at load time). Here so that build's checks need no torch.
 TORCH_ACTIVATION_KIND: dict[str, str | None] = {
     "FP8": "fp8",

@@ -8,7 +8,8 @@ from __future__ import annotations
 from enum import Enum
 from pathlib import Path
 
-from trtspec.spec import BuildSpec, DrafterKind, KVCacheFormat, Quantization, Runtime
+from trtspec.spec import BuildSpec, KVCacheFormat, Quantization, Runtime
+from trtspec.speculative.drafters.registry import entry as drafter_entry
 
 
 class Role(str, Enum):
@@ -33,9 +34,9 @@ NO_DRAFT_MODEL = "drafter ngram: the draft model never runs (its directory only 
 
 
 def runs(spec: BuildSpec, role: str) -> bool:
-    """Whether the role's model runs when the deployment serves: the draft does not under ``speculative.drafter:
-    ngram`` (proposals come from prompt lookup and the pool), so nothing is built or loaded for it."""
-    return role == Role.TARGET or spec.speculative.drafter is not DrafterKind.NGRAM
+    """Whether the role's model runs when the deployment serves: the draft does not when the drafter runs no draft
+    model (``ngram``: proposals come from prompt lookup and the pool), so nothing is built or loaded for it."""
+    return role == Role.TARGET or drafter_entry(spec.speculative.drafter).runs_draft_model
 
 
 def served_roles(spec: BuildSpec) -> tuple[Role, ...]:
@@ -44,9 +45,9 @@ def served_roles(spec: BuildSpec) -> tuple[Role, ...]:
 
 
 def served_ngram_pool(spec: BuildSpec) -> Path | None:
-    """The n-gram pool the deployment serves: the ngram and hybrid drafters' pool file when it exists (None: the
+    """The n-gram pool the deployment serves: the pool file of a drafter that reads one, when it exists (None: the
     model drafter, or prompt lookup only)."""
-    if spec.speculative.drafter is DrafterKind.MODEL or not spec.ngram_pool_path.is_file():
+    if not drafter_entry(spec.speculative.drafter).uses_pool or not spec.ngram_pool_path.is_file():
         return None
     return spec.ngram_pool_path
 

@@ -136,7 +136,7 @@ def plan_memory(spec: BuildSpec, target_cfg: NormalizedConfig, draft_cfg: Normal
 
 
 # -- the torch runtime: host memory ---------------------------------------------------------------------------------
-TORCH_KV_SLOTS_PER_SEQUENCE = 2  # the in-flight engine keeps 2 x max_batch_size KV slots (trtspec.engines.inflight)
+TORCH_KV_SLOTS_PER_SEQUENCE = 2  # the in-flight engine keeps 2 x max_batch_size KV slots (trtspec.runtimes.inflight)
 
 
 def host_memory() -> tuple[int, int]:

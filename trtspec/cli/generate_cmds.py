@@ -80,8 +80,8 @@ def generate(
     validate_request(prompt, max_tokens, num_draft_tokens=k, max_draft_len=spec.speculative.max_draft_len, **sampling)
     if k != 0:
         check_pair(spec)  # one tokenizer for both models, as `check` and `build` require
-    from trtspec.engines.torch_runtime.sampling import SamplingParams
-    from trtspec.engines.torch_runtime.session import TextResult, TorchSession
+    from trtspec.runtimes.torch.session import TextResult, TorchSession
+    from trtspec.speculative.sampling import SamplingParams
 
     params = SamplingParams(**sampling)
     quiet_transformers()

@@ -1,4 +1,4 @@
-"""`trtspec tune`: choose the draft length K and the route threshold from measurements (see trtspec.engines.tune)."""
+"""`trtspec tune`: choose the draft length K and the route threshold from measurements (see trtspec.tune)."""
 
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def tune(
         raise SpecError("--write needs a spec file", hint="trtspec tune trtspec.yaml --write")
     step_costs = None
     if costs is not None:
-        from trtspec.engines.torch_runtime.speedup import StepCosts
+        from trtspec.speculative.speedup import StepCosts
 
         try:
             step_costs = StepCosts.from_dict(json.loads(costs.read_text(encoding="utf-8")))
@@ -90,8 +90,8 @@ def tune(
                 f"--costs {costs}: {exc}", hint='JSON like {"c": 0.1, "v": {"1": 1.05, "2": 1.1}}'
             ) from None
     spec = resolve_spec(spec_path)
-    from trtspec.engines.tune import default_prompts, tune_in_process, tune_url
     from trtspec.prompts import load_prompts
+    from trtspec.tune import default_prompts, tune_in_process, tune_url
 
     texts = (load_prompts(prompts) if prompts is not None else default_prompts(n_prompts))[:n_prompts]
     ks = range(1, k_max + 1)

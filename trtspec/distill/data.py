@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from trtspec.engines.torch_runtime.answers import Sample, answer_batch
 from trtspec.prompts import encode_prompt
+from trtspec.runtimes.torch.answers import Sample, answer_batch
 
 
 def generate_teacher_data(

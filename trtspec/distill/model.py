@@ -1,4 +1,4 @@
-"""Building the distilled draft for training (``trtspec_draft``, trtspec.engines.torch_runtime.draft_model) from a
+"""Building the distilled draft for training (``trtspec_draft``, trtspec.runtimes.torch.draft_model) from a
 target, and turning it into what `trtspec distill` writes: :func:`to_standard` gives a standard checkpoint of the
 target's family (full-vocabulary ``lm_head``: the trained rows at the frequent tokens, zero rows elsewhere, recorded
 in config.json), from which trtspec's loader applies the frequent head (``frequent_head``).
@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM
 
-from trtspec.engines.torch_runtime.draft_model import DraftConfig, DraftForCausalLM
+from trtspec.runtimes.torch.draft_model import DraftConfig, DraftForCausalLM
 
 
 def draft_config(
@@ -108,7 +108,7 @@ def to_standard(draft: DraftForCausalLM, target_config: Any) -> Any:
     """The draft as a standard model of the target's family (e.g. LlamaForCausalLM): ``vocab_size`` the target's, a
     full-vocabulary ``lm_head`` whose rows are the trained ones at the head's tokens and zeros elsewhere, and
     ``trtspec_frequent_head`` in its config so that trtspec's loader scores only those rows."""
-    from trtspec.engines.torch_runtime.frequent_head import CONFIG_KEY
+    from trtspec.runtimes.torch.frequent_head import CONFIG_KEY
 
     d = target_config.to_dict()
     for key in (

@@ -33,7 +33,7 @@ def embedding_fingerprint(weight: torch.Tensor) -> str:
 
 
 def _target_embeddings(target_dir: Path) -> torch.Tensor:
-    from trtspec.engines.torch_runtime.loading import load_model
+    from trtspec.runtimes.torch.loading import load_model
 
     return load_model(target_dir).get_input_embeddings().weight.detach()
 
@@ -53,7 +53,7 @@ def pack_draft(draft_dir: Path, target_dir: Path, out_dir: Path) -> dict[str, An
         )
     del weights[EMBEDDINGS]
     if HEAD in weights:  # a standard checkpoint: keep the non-zero (frequent-token) rows only
-        from trtspec.engines.torch_runtime.frequent_head import frequent_rows
+        from trtspec.runtimes.torch.frequent_head import frequent_rows
 
         head = weights.pop(HEAD)
         ids = frequent_rows(head)

@@ -151,10 +151,10 @@ def _distill_into(
     from trtspec.distill.model import draft_from_target, source_weights
     from trtspec.distill.report import measure
     from trtspec.distill.train import train
-    from trtspec.engines.torch_runtime.draft_model import register
-    from trtspec.engines.torch_runtime.loading import load_model, load_tokenizer
-    from trtspec.engines.torch_runtime.session import eos_ids_of
     from trtspec.prompts import encode_prompt, split_prompts
+    from trtspec.runtimes.torch.draft_model import register
+    from trtspec.runtimes.torch.loading import load_model, load_tokenizer
+    from trtspec.runtimes.torch.session import eos_ids_of
 
     register()
     target = load_model(target_dir, placement.teacher_dtype, device_map=placement.teacher_device_map)
@@ -274,7 +274,7 @@ def build_pool(samples: Any, tokenizer: Any, target_dir: Path, vocab: int, traff
     """The n-gram pool: the teacher answers with the target's greedy label at every position (sampled answers
     included: their contexts are the target's kind of text, their labels its choices), or a traffic file's texts."""
     from trtspec.build.tokenizers import read_tokenizer
-    from trtspec.engines.drafters.ngram import MAX_MATCH, NgramPool, vocab_fingerprint
+    from trtspec.speculative.drafters.ngram import MAX_MATCH, NgramPool, vocab_fingerprint
 
     # the fingerprint `trtspec check` compares (its tokenizer reader, not transformers')
     meta = {"tokenizer_sha256": vocab_fingerprint(read_tokenizer(target_dir).vocab)}
@@ -301,7 +301,7 @@ def _write_output(
 ) -> None:
     """The draft as an HF directory (weights, config, tokenizer, generation config), its pool and report, written
     into the stage's temporary directory (the runner adds the manifest and renames it into place)."""
-    from trtspec.engines.drafters.ngram import POOL_FILE
+    from trtspec.speculative.drafters.ngram import POOL_FILE
 
     draft.save_pretrained(tmp, safe_serialization=True)
     if pool is not None:

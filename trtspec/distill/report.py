@@ -1,7 +1,7 @@
 """How good a draft is for its target: held-out greedy acceptance, per-position acceptance, cost ratios, the bound,
 the exact-simulation prediction and the measured speedup; the same for the n-gram and hybrid drafters.
 
-Measured with the shared code of `trtspec tune` (``torch_runtime.speedup`` and ``profiling``): the target's greedy
+Measured with the shared code of `trtspec tune` (``speculative.speedup`` and ``profiling``): the target's greedy
 answers to held-out prompts are the references; each drafter's match length at every answer position gives its
 per-position acceptance and, simulated step by step as the decoder runs, tokens per target step and the predicted
 speedup for any K. On a CPU the in-process decoder also runs both ways on the same prompts (identical greedy output,
@@ -91,15 +91,15 @@ def measure(
 
     ``costs=False`` skips timing (c, v, bound and predictions NaN); ``run_decoder`` (default: on a CPU) runs the
     in-process decoder both ways for the identical-output check and the measured speedup."""
-    from trtspec.engines.torch_runtime.costs import measure_step_costs
-    from trtspec.engines.torch_runtime.profiling import Reference, model_profile, reference_answers, time_decoder
-    from trtspec.engines.torch_runtime.speedup import StepCosts, leviathan_bound, simulate
+    from trtspec.runtimes.torch.costs import measure_step_costs
+    from trtspec.runtimes.torch.profiling import Reference, model_profile, reference_answers, time_decoder
+    from trtspec.speculative.speedup import StepCosts, leviathan_bound, simulate
 
     cpu = next(target.parameters()).device.type == "cpu" and next(draft.parameters()).device.type == "cpu"
     run_decoder = cpu if run_decoder is None else run_decoder
     rate, identical, measured = None, None, None
     if run_decoder:
-        from trtspec.engines.torch_runtime.decoder import SpeculativeDecoder
+        from trtspec.runtimes.torch.decoder import SpeculativeDecoder
 
         dec = SpeculativeDecoder(target, draft, max_draft_len=k, eos_ids=eos_ids, pad_id=pad_id)
         base = time_decoder(dec, prompts, max_tokens, 0)
@@ -151,10 +151,10 @@ def measure(
 
 def drafter_figures(pool: Any, model: Any, refs: Sequence[Any], costs: Any, k: int) -> dict[str, Any]:
     """Tokens per target step and predicted speedup of prompt lookup, n-gram (prompt + pool) and the hybrid."""
-    from trtspec.engines.drafters.hybrid import HYBRID_MIN_MATCH, HYBRID_MODEL_K
-    from trtspec.engines.drafters.ngram import NgramDrafter
-    from trtspec.engines.torch_runtime.profiling import drafter_profile, hybrid_profile
-    from trtspec.engines.torch_runtime.speedup import simulate
+    from trtspec.runtimes.torch.profiling import drafter_profile, hybrid_profile
+    from trtspec.speculative.drafters.hybrid import HYBRID_MIN_MATCH, HYBRID_MODEL_K
+    from trtspec.speculative.drafters.ngram import NgramDrafter
+    from trtspec.speculative.speedup import simulate
 
     out: dict[str, Any] = {}
     ngram_profile, matches = drafter_profile(NgramDrafter(pool), refs, model.k_max)

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from trtspec.distill.settings import TrainSettings
-from trtspec.engines.torch_runtime.answers import Sample
+from trtspec.runtimes.torch.answers import Sample
 
 
 @dataclass

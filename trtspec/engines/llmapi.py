@@ -21,10 +21,11 @@ NGRAM_DECODING_TYPE = "NGram"
 
 
 def speculative_config(spec: BuildSpec) -> dict[str, Any]:
-    """``speculative_config`` for DraftTarget (or NGram, ``speculative.drafter: ngram``) with the targeted release's
-    field names."""
-    from trtspec.engines.drafters.ngram import MAX_MATCH
-    from trtspec.spec import DrafterKind
+    """``speculative_config`` for DraftTarget (drafters model and adaptive: TensorRT-LLM's draft-target at a fixed K;
+    no release in trtspec's table is recorded with its SpeculationGate fields) or NGram (``ngram``), with the targeted
+    release's field names."""
+    from trtspec.speculative.drafters.ngram import MAX_MATCH
+    from trtspec.speculative.drafters.registry import entry as drafter_entry
 
     version = spec.engine.trtllm_version
     fields = get_release(version).llmapi
@@ -33,13 +34,13 @@ def speculative_config(spec: BuildSpec) -> dict[str, Any]:
             f"runtime trtllm-llmapi needs TensorRT-LLM >= 1.0; engine.trtllm_version is {version}",
             hint="set engine.trtllm_version to 1.0.0 or later, or use runtime trtllm-engine",
         )
-    drafter = spec.speculative.drafter
-    if drafter is DrafterKind.HYBRID:
+    drafter = drafter_entry(spec.speculative.drafter)
+    if drafter.llmapi_decoding_type is None:
         raise SpecError(
-            "runtime trtllm-llmapi has no hybrid drafter (TensorRT-LLM runs a draft model or n-grams)",
-            hint="set speculative.drafter to model or ngram",
+            f"runtime trtllm-llmapi does not serve drafter {drafter.kind.value} ({drafter.llmapi_note})",
+            hint="set speculative.drafter to adaptive, model or ngram",
         )
-    if drafter is DrafterKind.NGRAM:
+    if drafter.llmapi_decoding_type == NGRAM_DECODING_TYPE:
         return {
             "decoding_type": NGRAM_DECODING_TYPE,
             "max_draft_len": spec.speculative.max_draft_len,

@@ -15,8 +15,8 @@ from typing import Any
 
 from trtspec.build.layout import served_ngram_pool, served_roles, serving_model_dir
 from trtspec.build.memory import TORCH_KV_SLOTS_PER_SEQUENCE
-from trtspec.engines.speculation import MAX_DRAFT_LEN
 from trtspec.spec import BuildSpec, Runtime
+from trtspec.speculative.rules import MAX_DRAFT_LEN
 from trtspec.triton_repo import tensors as t
 from trtspec.triton_repo.names import (
     BLS,

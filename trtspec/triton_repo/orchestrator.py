@@ -9,28 +9,31 @@ every token, so greedy output equals target-only greedy output. Accepted draft t
 the target's output against the draft (TensorRT-LLM's ``examples/prompt_lookup/run_dtm_pld.py``).
 
 Drafters (``speculative.drafter``): ``model`` asks the draft engine; ``ngram`` proposes in this process (prompt lookup
-plus the shipped n-gram pool, trtspec.engines.drafters.ngram) and never calls the draft engine; ``hybrid`` takes the
-n-grams on a confident match, else the draft engine at a smaller K. Either way the proposal reaches the target as
+plus the shipped n-gram pool, trtspec.speculative.drafters.ngram) and never calls the draft engine; ``hybrid`` takes the
+n-grams on a confident match, else the draft engine at a smaller K; ``adaptive`` chooses per request and step between
+the n-grams, the draft engine and no draft, and K (trtspec.speculative.adaptive), learning the costs from the timings
+of its own engine calls. Either way the proposal reaches the target as
 ``draft_input_ids``, so the engines need nothing new; an n-gram step sends no draft logits (the proposal is a point
 mass, which the target's acceptance handles exactly).
 
 The engines are reached through ``EngineClient``: BLS requests inside Triton, or in-process engines in tests and
 benchmarks. This path serves runtime ``trtllm-engine`` (the engines are C++ backend models); the torch runtime
-runs the same rules inside one in-flight engine instead (trtspec.engines.inflight).
+runs the same rules inside one in-flight engine instead (trtspec.runtimes.inflight).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import random
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from trtspec.engines.inflight.contract import RowRequest
-from trtspec.engines.inflight.words import hits_stop_word
-from trtspec.engines.speculation import MAX_DRAFT_LEN, SpecStats, accepted_prefix, check_draft_len
 from trtspec.errors import GenerationError
+from trtspec.runtimes.inflight.contract import RowRequest
+from trtspec.speculative.rules import MAX_DRAFT_LEN, SpecStats, accepted_prefix, check_draft_len
+from trtspec.speculative.words import hits_stop_word
 from trtspec.triton_repo.names import DRAFT, TARGET
 
 
@@ -114,25 +117,11 @@ def _step_row(
     )
 
 
-def _local_draft(drafter: Any, seq: list[int], k: int) -> tuple[list[int] | None, int]:
-    """(n-gram tokens, 0), or (None, how many tokens to ask the draft engine for)."""
-    if drafter is None:
-        return None, k
-    if hasattr(drafter, "choose"):  # HybridRule: n-grams on a confident match, else the draft model
-        from trtspec.engines.drafters import DrafterKind
-
-        choice = drafter.choose(seq, k)
-        if choice.kind is DrafterKind.NGRAM and choice.proposal is not None:
-            return choice.proposal.tokens[:k], 0
-        return None, min(choice.k, k)
-    return drafter.propose(seq, k).tokens[:k], 0  # NgramDrafter
-
-
 async def generate(
     row: RowRequest, engines: EngineClient, deployment: Deployment, stats: SpecStats | None = None, drafter: Any = None
 ) -> AsyncIterator[list[int]]:
     """Yield the tokens each step commits (end_id excluded); statistics accumulate in ``stats``. ``drafter``: None
-    (the draft engine proposes), an ``NgramDrafter`` or a ``HybridRule`` (see the module docstring)."""
+    (the draft engine proposes K every step) or the kind's ``LocalDrafter`` (trtspec.speculative.drafters)."""
     stats = stats if stats is not None else SpecStats()
     stats.num_input_tokens = len(row.tokens)
     plan = plan_request(row, deployment)
@@ -153,13 +142,18 @@ async def generate(
     seq = list(row.tokens)
     produced = 0
     step = 0
+    state = drafter.new_state() if drafter is not None else None
     while produced < row.max_new:
         k_eff = min(plan.k, row.max_new - produced - 1)
         draft: list[int] = []
         draft_logits = None
-        local, k_model = _local_draft(drafter, seq, k_eff) if k_eff > 0 else (None, 0)
+        local: list[int] | None = []
+        k_model = 0
+        if k_eff > 0:
+            local, k_model = (None, k_eff) if drafter is None else drafter.plan(state, seq, k_eff)
+        t_draft = time.perf_counter()
         if local is not None:
-            draft = list(local)  # may be empty (no match): the target steps alone
+            draft = list(local)  # may be empty (no match, or chosen not to): the target steps alone
         elif k_model > 0:
             async for tokens, logits in engines.generate(
                 deployment.draft_model,
@@ -168,6 +162,7 @@ async def generate(
                 draft += tokens
                 if logits is not None:
                     draft_logits = logits if draft_logits is None else _concat(draft_logits, logits)
+        t_target = time.perf_counter()
         new: list[int] = []
         async for tokens, _ in engines.generate(
             deployment.target_model,
@@ -179,7 +174,11 @@ async def generate(
         ):
             new += tokens
         step += 1
-        stats.note_step(len(draft), accepted_prefix(draft, new))
+        accepted = accepted_prefix(draft, new)
+        stats.note_step(len(draft), accepted)
+        if drafter is not None:
+            now = time.perf_counter()
+            drafter.verdict(state, len(draft), accepted, now - t_target, t_target - t_draft if local is None else 0.0)
         # The target returns accepted drafts + its own token; fewer, all from the draft, means it stopped (end_id).
         ended = len(new) <= len(draft) and new == draft[: len(new)]
         new = new[: row.max_new - produced]

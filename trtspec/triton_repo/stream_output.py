@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from trtspec.engines.inflight.contract import RowRequest
-from trtspec.engines.speculation import SpecStats
+from trtspec.runtimes.inflight.contract import RowRequest
+from trtspec.speculative.rules import SpecStats
 
 
 class RowsOutput:

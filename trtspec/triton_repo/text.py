@@ -63,7 +63,7 @@ class FastTokenizer:
         self, messages: list[dict], add_generation_prompt: bool = True, tokenize: bool = True
     ) -> Any:
         if self._hf is None:
-            from trtspec.engines.torch_runtime.loading import load_tokenizer as _load
+            from trtspec.runtimes.torch.loading import load_tokenizer as _load
 
             self._hf = _load(self.path)
         return self._hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=tokenize)
@@ -91,7 +91,7 @@ def load_tokenizer(path: str | Path) -> Any:
     path = Path(path)
     if (path / "tokenizer.json").is_file():
         return FastTokenizer(path)
-    from trtspec.engines.torch_runtime.loading import load_tokenizer as _load
+    from trtspec.runtimes.torch.loading import load_tokenizer as _load
 
     tok = _load(path)
     if tok.pad_token is None and tok.eos_token is not None:

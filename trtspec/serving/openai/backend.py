@@ -129,7 +129,7 @@ class DirectBackend(TritonBackend):
         import numpy as np
         import tritonclient.grpc as grpcclient
 
-        from trtspec.engines.inflight.contract import encode_word_list
+        from trtspec.runtimes.inflight.contract import encode_word_list
         from trtspec.triton_repo.text import decode_text
 
         tokens = self.pre.encode(decode_text(values["text_input"]), chat=bool(values.get("apply_chat_template")))

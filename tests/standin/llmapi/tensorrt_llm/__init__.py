@@ -187,9 +187,9 @@ class LLM:
             raise ValueError("draft-target on the PyTorch backend needs disable_overlap_scheduler=True")
         if kwargs.get("tensor_parallel_size", 1) != 1 or kwargs.get("pipeline_parallel_size", 1) != 1:
             raise ValueError("stand-in: one process, tensor_parallel_size and pipeline_parallel_size must be 1")
-        from trtspec.engines.torch_runtime.decoder import SpeculativeDecoder
-        from trtspec.engines.torch_runtime.loading import load_model, load_tokenizer
-        from trtspec.engines.torch_runtime.session import eos_ids_of
+        from trtspec.runtimes.torch.decoder import SpeculativeDecoder
+        from trtspec.runtimes.torch.loading import load_model, load_tokenizer
+        from trtspec.runtimes.torch.session import eos_ids_of
 
         target = load_model(_mapped(model))
         self.tokenizer = load_tokenizer(_mapped(model))
@@ -218,7 +218,7 @@ class LLM:
         return RequestOutput(steps, streaming, aborted)
 
     def _run(self, prompt: str, sp: SamplingParams, steps: "queue.Queue[Any]", aborted: threading.Event) -> None:
-        from trtspec.engines.torch_runtime.sampling import SamplingParams as TorchSampling
+        from trtspec.speculative.sampling import SamplingParams as TorchSampling
 
         try:
             ids = self.tokenizer.encode(prompt)

@@ -15,8 +15,8 @@ for _path in reversed(os.environ.get("TRTSPEC_PYTHONPATH", "").split(os.pathsep)
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from trtspec.engines.inflight.contract import encode_word_list
 from trtspec.errors import GenerationError
+from trtspec.runtimes.inflight.contract import encode_word_list
 from trtspec.triton_repo.runtime_utils import as_bool, error_message, model_params, request_inputs, scalar_rows
 from trtspec.triton_repo.text import Preprocessor, decode_text, load_tokenizer
 

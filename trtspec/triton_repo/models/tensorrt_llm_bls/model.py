@@ -4,7 +4,7 @@
 Streaming (decoupled) and not, any number of concurrent requests (async execute: one coroutine per request, its
 engine calls awaited), batch > 1 (rows run concurrently), routing of short requests to the target alone, and
 per-request statistics in the output tensors. Requests are parsed by the same parser as the engine models
-(trtspec.engines.inflight.contract) and checked against what the engines were built for before any engine call.
+(trtspec.runtimes.inflight.contract) and checked against what the engines were built for before any engine call.
 Every BLS response iterator outlives the stub's own reference to it (trtspec.triton_repo.bls_lifetime).
 """
 
@@ -24,12 +24,13 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from trtspec.engines.inflight.contract import engine_inputs, parse_request
 from trtspec.errors import GenerationError, RequestCancelled
+from trtspec.runtimes.inflight.contract import engine_inputs, parse_request
 from trtspec.triton_repo.bls_lifetime import IteratorJanitor
 from trtspec.triton_repo.control import INTERNAL_PARAMETERS, ModelControl
 from trtspec.triton_repo.orchestrator import Deployment, generate, plan_request
 from trtspec.triton_repo.runtime_utils import as_bool, error_message, model_params, request_inputs
+from trtspec.triton_repo.spec_metrics import SpeculationMetrics
 from trtspec.triton_repo.stream_output import RowsOutput
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -96,17 +97,15 @@ class BlsEngines:
 
 
 def _load_drafter(kind, pool_file, version_dir):
-    """speculative.drafter: None for ``model`` (the draft engine proposes), else the n-gram drafter over the pool
-    shipped in this model's directory (none: prompt lookup only), wrapped in the hybrid rule for ``hybrid``."""
-    if kind == "model":
-        return None
-    from trtspec.engines.drafters.hybrid import HybridRule
-    from trtspec.engines.drafters.ngram import NgramDrafter, NgramPool
+    """speculative.drafter's BLS-side drafter from its registry entry (None for ``model``: the draft engine proposes),
+    over the n-gram pool shipped in this model's directory (none: prompt lookup only)."""
+    from trtspec.speculative.drafters.ngram import NgramPool
+    from trtspec.speculative.drafters.registry import DrafterContext, entry, local_drafter
 
-    pool = NgramPool.load(os.path.join(version_dir, pool_file)) if pool_file else None
-    ngram = NgramDrafter(pool)
+    pool = NgramPool.load(os.path.join(version_dir, pool_file)) if pool_file and entry(kind).uses_pool else None
+    ctx = DrafterContext(pool=pool, has_draft_engine=entry(kind).runs_draft_model)
     print(f"[trtspec] tensorrt_llm_bls: {kind} drafter, pool {pool_file or 'none (prompt lookup only)'}", flush=True)
-    return ngram if kind == "ngram" else HybridRule(ngram)
+    return local_drafter(kind, ctx)
 
 
 class TritonPythonModel:
@@ -134,6 +133,7 @@ class TritonPythonModel:
         self.executor = ThreadPoolExecutor(max_workers=256, thread_name_prefix="trtspec-bls")
         self.janitor = IteratorJanitor()
         self.control = ModelControl(pb_utils, args["model_name"])  # drain, cancellation (trtspec.triton_repo.control)
+        self.metrics = SpeculationMetrics(pb_utils, args["model_name"], p.get("drafter") or "model")  # /metrics
 
     async def execute(self, requests):
         loop = asyncio.get_running_loop()
@@ -178,6 +178,8 @@ class TritonPythonModel:
                 raise failed
             out = [pb_utils.Tensor(k, v) for k, v in state.tensors(streaming, True).items()]
             response = pb_utils.InferenceResponse(output_tensors=out)
+            for stats in state.stats:
+                self.metrics.record(stats)
         except Exception as exc:  # noqa: BLE001 - an error response; the model keeps serving
             if self.control.cut_at_deadline(sender):
                 return  # past the drain deadline the failure is the engines' cut: the client gets the drain's error

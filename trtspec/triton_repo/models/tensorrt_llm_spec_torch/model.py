@@ -1,9 +1,10 @@
 """trtspec torch runtime, orchestration in_process: `tensorrt_llm` with the target and the draft in this one process.
 
 The drafter is ``speculative.drafter`` (parameter ``drafter``): the draft model, n-grams (prompt lookup + the pool in
-``ngram_pool``; no draft model is loaded) or the hybrid of both (trtspec.engines.inflight.token_drafters).
+``ngram_pool``; no draft model is loaded), the hybrid of both, or the adaptive choice per sequence and step
+(trtspec.speculative.drafters.registry).
 
-One in-flight engine (trtspec.engines.inflight) runs the draft-target loop for every active request: per step, one
+One in-flight engine (trtspec.runtimes.inflight) runs the draft-target loop for every active request: per step, one
 packed draft pass per draft token and one packed target pass, no per-step IPC and no BLS. The tensor contract is the
 orchestrator's (input_ids ... num_draft_tokens -> output_ids, decoded_length, is_final, statistics), checked by the
 same rules (trtspec.triton_repo.orchestrator.plan_request); routed requests decode target-only in the same engine.
@@ -26,11 +27,12 @@ import threading
 
 import triton_python_backend_utils as pb_utils
 
-from trtspec.engines.inflight.contract import job_from_row, parse_request
 from trtspec.errors import GenerationError
+from trtspec.runtimes.inflight.contract import job_from_row, parse_request
 from trtspec.triton_repo.control import ModelControl
 from trtspec.triton_repo.orchestrator import Deployment, plan_request
 from trtspec.triton_repo.runtime_utils import as_bool, error_message, model_params, request_inputs
+from trtspec.triton_repo.spec_metrics import SpeculationMetrics
 from trtspec.triton_repo.stream_output import RowsOutput
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -40,8 +42,9 @@ class _Request:
     """One Triton request's rows: their tokens accumulate on the engine thread; answered through ``tracked``
     (trtspec.triton_repo.control.Tracked: drops what is due after a cancellation or a drain cut)."""
 
-    def __init__(self, tracked, rows, context):
+    def __init__(self, tracked, rows, context, metrics=None):
         self.tracked = tracked
+        self.metrics = metrics  # trtspec.triton_repo.spec_metrics: every finished row's statistics
         self.done = threading.Event()
         self.state = RowsOutput(rows, context)
         self.streaming = any(r.stream for r in rows)
@@ -68,6 +71,9 @@ class _Request:
                 self._send(self.state.tensors(True, False), 0)
             if last:
                 self._send(self.state.tensors(self.streaming, True), FINAL)
+                if self.metrics is not None:
+                    for stats in self.state.stats:
+                        self.metrics.record(stats)
 
     def _send(self, tensors, flags):
         out = [pb_utils.Tensor(k, v) for k, v in tensors.items()]
@@ -102,9 +108,10 @@ class TritonPythonModel:
     def initialize(self, args):
         import torch
 
-        from trtspec.engines.inflight.engine import InflightEngine
-        from trtspec.engines.inflight.token_drafters import make_drafter
-        from trtspec.engines.torch_runtime.loading import load_model
+        from trtspec.runtimes.inflight.drafter import engine_drafter
+        from trtspec.runtimes.inflight.engine import InflightEngine
+        from trtspec.runtimes.torch.loading import load_model
+        from trtspec.speculative.drafters.registry import entry as drafter_entry
 
         p = model_params(args)
         threads = int(p.get("torch_threads") or 0)
@@ -121,13 +128,14 @@ class TritonPythonModel:
             draft_logits_available=True,
             max_seq_len=int(p["max_seq_len"]),
         )
-        kind = p.get("drafter") or "model"  # speculative.drafter: model, ngram (no draft model loaded), hybrid
+        kind = p.get("drafter") or "model"  # speculative.drafter (trtspec.speculative.drafters.registry)
         pool = p.get("ngram_pool") or None  # ngram_pool.npz; none: prompt lookup only
         target = load_model(p["model_dir"], p.get("dtype") or "float32")
-        draft = load_model(p["draft_model_dir"], p.get("draft_dtype") or "float32") if kind != "ngram" else None
+        runs_model = drafter_entry(kind).runs_draft_model and p.get("draft_model_dir")
+        draft = load_model(p["draft_model_dir"], p.get("draft_dtype") or "float32") if runs_model else None
         slots, capacity = int(p["kv_cache_slots"]), int(p["max_seq_len"])
         vocab = int(target.get_output_embeddings().weight.shape[0])
-        drafter = make_drafter(kind, draft_model=draft, pool=pool, vocab=vocab, slots=slots, capacity=capacity)
+        drafter = engine_drafter(kind, draft_model=draft, pool=pool, vocab=vocab, slots=slots, capacity=capacity)
         self.engine = InflightEngine(
             target,
             drafter=drafter,
@@ -138,7 +146,10 @@ class TritonPythonModel:
             name=args["model_name"],
         ).start()
         self.control = ModelControl(pb_utils, args["model_name"])  # drain, cancellation (trtspec.triton_repo.control)
-        source = f"draft {p['draft_model_dir']}" if kind == "model" else f"{kind} drafter (pool {pool or 'none'})"
+        self.metrics = SpeculationMetrics(pb_utils, args["model_name"], kind)  # on Triton's /metrics
+        source = (
+            f"{kind} drafter (draft {p['draft_model_dir'] if draft is not None else 'none'}, pool {pool or 'none'})"
+        )
         print(
             f"[trtspec] {args['model_name']}: target {p['model_dir']} + {source}, "
             f"pid {os.getpid()}, {torch.get_num_threads()} threads",
@@ -163,7 +174,7 @@ class TritonPythonModel:
                         "streaming needs the decoupled transaction policy",
                         hint="set triton.decoupled: true in the spec and rewrite the repository",
                     )
-                state = _Request(tracked, rows, self.context)
+                state = _Request(tracked, rows, self.context, self.metrics)
                 for b, (row, plan) in enumerate(zip(rows, plans)):
                     job = job_from_row(
                         row,

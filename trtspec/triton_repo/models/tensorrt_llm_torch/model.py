@@ -1,5 +1,5 @@
 """trtspec torch runtime for `tensorrt_llm` / `tensorrt_llm_draft`: the TensorRT-LLM backend's tensor contract served
-by an in-flight batching engine over a slot KV cache with prefix reuse (trtspec.engines.inflight).
+by an in-flight batching engine over a slot KV cache with prefix reuse (trtspec.runtimes.inflight).
 
 Decoupled: execute() only parses and queues; the engine thread answers each request through its response sender
 (one response per new token when `streaming`, else one response with all tokens).
@@ -19,7 +19,7 @@ import threading
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from trtspec.engines.inflight.contract import format_output, job_from_row, parse_request
+from trtspec.runtimes.inflight.contract import format_output, job_from_row, parse_request
 from trtspec.triton_repo.control import ModelControl
 from trtspec.triton_repo.runtime_utils import as_bool, error_message, model_params, request_inputs
 
@@ -104,8 +104,8 @@ class TritonPythonModel:
     def initialize(self, args):
         import torch
 
-        from trtspec.engines.inflight.engine import InflightEngine
-        from trtspec.engines.torch_runtime.loading import load_model
+        from trtspec.runtimes.inflight.engine import InflightEngine
+        from trtspec.runtimes.torch.loading import load_model
 
         p = model_params(args)
         threads = int(p.get("torch_threads") or 0)

@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from trtspec.engines.inflight.kv_pool import Slot
-from trtspec.engines.speculation import SamplingParams, SpecStats
+from trtspec.runtimes.inflight.kv_pool import Slot
+from trtspec.speculative.rules import SamplingParams, SpecStats
 
 # (new tokens, their generation logits [n, V] or None, final)
 TokenSink = Callable[[list[int], "torch.Tensor | None", bool], None]

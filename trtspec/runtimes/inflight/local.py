@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from trtspec.engines.inflight.contract import RowRequest, job_from_row
-from trtspec.engines.inflight.engine import InflightEngine
+from trtspec.runtimes.inflight.contract import RowRequest, job_from_row
+from trtspec.runtimes.inflight.engine import InflightEngine
 
 
 class LocalEngines:

@@ -10,22 +10,19 @@ of the committed sequence (never recomputed), exactly as the target's is.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from trtspec.engines.inflight.jobs import Job
-from trtspec.engines.inflight.kv_pool import KVGeometry, Slot, SlotKVPool
-from trtspec.engines.inflight.packed import packed_forward, prepare_model
-from trtspec.engines.inflight.words import banned_tokens
-from trtspec.engines.torch_runtime.sampling import logits_to_probs, sample
-
-
-@dataclass
-class Proposal:
-    tokens: list[int] = field(default_factory=list)
-    q: torch.Tensor | None = None  # [len(tokens), V] when sampling
+from trtspec.runtimes.inflight.jobs import Job
+from trtspec.runtimes.inflight.kv_pool import KVGeometry, Slot, SlotKVPool
+from trtspec.runtimes.inflight.packed import packed_forward, prepare_model
+from trtspec.speculative.drafters import Proposal
+from trtspec.speculative.sampling import logits_to_probs, sample
+from trtspec.speculative.words import banned_tokens
 
 
 @dataclass
@@ -42,6 +39,8 @@ class ModelDrafter:
         self.pool = SlotKVPool(KVGeometry.of(self.model), slots, capacity)
         self.vocab = int(self.model.get_output_embeddings().weight.shape[0])
         self.passes = 0
+        # Called after every packed pass with (rows, seconds): the adaptive drafter learns the draft's costs from it.
+        self.on_round: Callable[[int, float], None] | None = None
 
     @property
     def free(self) -> int:
@@ -61,10 +60,10 @@ class ModelDrafter:
         job.draft_state = None
 
     @torch.inference_mode()
-    def propose(self, jobs: list[Job], ks: list[int]) -> list[Proposal]:
+    def propose(self, jobs: list[Job], ks: list[int], batch_tokens: int = 0) -> list[Proposal]:
         """K_i proposals for each job (K_i > 0)."""
         t0 = time.perf_counter()
-        props = [Proposal() for _ in jobs]
+        props = [Proposal(source="model") for _ in jobs]
         qs: list[list[torch.Tensor]] = [[] for _ in jobs]
         histories = [job.history() for job in jobs]
         for r in range(max(ks)):
@@ -76,8 +75,11 @@ class ModelDrafter:
                 feeds.append((state.slot.index, state.slot.length, fed))
                 offset += len(fed)
                 keep.append(offset - 1)
+            t_round = time.perf_counter()
             logits = packed_forward(self.model, self.pool, feeds, keep)
             self.passes += 1
+            if self.on_round is not None:
+                self.on_round(len(rows), time.perf_counter() - t_round)
             for row, i in enumerate(rows):
                 job, state = jobs[i], jobs[i].draft_state
                 state.slot.tokens.extend(feeds[row][2])
@@ -113,3 +115,28 @@ class ModelDrafter:
             # The cache holds the sequence before the step and the first proposed - 1 proposals.
             self.pool.truncate(state.slot, history_before + min(accepted, proposed - 1))
         state.pending = job.history()[state.slot.length :]
+
+    def observe_pass(self, tokens: int, seconds: float) -> None:
+        pass
+
+
+def engine_drafter(
+    kind: Any, *, draft_model: Any = None, pool: Any = None, vocab: int, slots: int, capacity: int, policy: Any = None
+) -> Any:
+    """The in-flight engine's drafter of ``kind`` (``speculative.drafter``, built by its registry entry), with a
+    ``ModelDrafter`` of ``slots`` x ``capacity`` over ``draft_model`` where the kind runs the draft model. ``pool``:
+    an ``NgramPool``, its file, or None (prompt lookup only); ``vocab``: the target's; ``policy``: the adaptive
+    drafter's (trtspec.speculative.adaptive.AdaptivePolicy)."""
+    from trtspec.speculative.drafters.ngram import NgramPool
+    from trtspec.speculative.drafters.registry import DrafterContext
+    from trtspec.speculative.drafters.registry import engine_drafter as build
+
+    if isinstance(pool, (str, Path)):
+        pool = NgramPool.load(Path(pool))
+    factory = None
+    if draft_model is not None:
+
+        def factory() -> ModelDrafter:
+            return ModelDrafter(draft_model, slots=slots, capacity=capacity)
+
+    return build(kind, DrafterContext(pool=pool, vocab=vocab, model_drafter=factory, policy=policy))

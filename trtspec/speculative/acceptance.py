@@ -9,7 +9,7 @@ rejection p without x. With no draft tokens the routine is plain decoding: argma
 
 ``decide`` is used by every path that verifies tokens (the in-flight engine, in process and in the torch runtime's
 Triton models); it takes the target's hidden states and applies the vocabulary head position by position, only for
-the sequences still undecided there (trtspec.engines.torch_runtime.head), or full logits with the identity as head.
+the sequences still undecided there (trtspec.runtimes.inflight.head), or full logits with the identity as head.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
-from trtspec.engines.inflight.words import banned_tokens
-from trtspec.engines.speculation import SamplingParams
-from trtspec.engines.torch_runtime.sampling import logits_to_probs, sample
+from trtspec.speculative.rules import SamplingParams
+from trtspec.speculative.sampling import logits_to_probs, sample
+from trtspec.speculative.words import banned_tokens
 
 
 def accepts(u: torch.Tensor, q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:

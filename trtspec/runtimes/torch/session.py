@@ -8,12 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trtspec.engines.drafters import DrafterKind
-from trtspec.engines.torch_runtime.decoder import GenerationResult, SpeculativeDecoder
-from trtspec.engines.torch_runtime.loading import load_model, load_tokenizer
-from trtspec.engines.torch_runtime.sampling import SamplingParams
 from trtspec.errors import GenerationError
+from trtspec.runtimes.torch.decoder import GenerationResult, SpeculativeDecoder
+from trtspec.runtimes.torch.loading import load_model, load_tokenizer
 from trtspec.spec import BuildSpec
+from trtspec.speculative.drafters import DrafterKind
+from trtspec.speculative.drafters.registry import entry as drafter_entry
+from trtspec.speculative.sampling import SamplingParams
 
 
 def eos_ids_of(model: Any, tokenizer: Any) -> list[int]:
@@ -89,7 +90,7 @@ class TorchSession:
         pad = self.tokenizer.pad_token_id
         drafter = DrafterKind(drafter)
         if drafter is DrafterKind.HYBRID and self.draft is None:
-            drafter = DrafterKind.NGRAM  # no draft loaded (target only): nothing but the n-grams could draft
+            drafter = DrafterKind.NGRAM  # no draft loaded: nothing but the n-grams could draft (the hybrid needs it)
         self.decoder = SpeculativeDecoder(
             self.target,
             self.draft,
@@ -106,9 +107,9 @@ class TorchSession:
         (``speculative.drafter``; the n-gram pool for ngram and hybrid). ``with_draft=False``: target only.
         ``load_draft`` (default: unless the drafter is ngram, which drafts without it) loads the draft model."""
         from trtspec.build.layout import serving_model_dir
-        from trtspec.engines.drafters.ngram import pool_for_spec
         from trtspec.families import read_config
         from trtspec.spec import Runtime
+        from trtspec.speculative.drafters.ngram import pool_for_spec
 
         def model_dir(role: str) -> Path:
             if spec.runtime is Runtime.TORCH:
@@ -119,9 +120,9 @@ class TorchSession:
 
         kind = spec.speculative.drafter
         if load_draft is None:
-            load_draft = kind is not DrafterKind.NGRAM
+            load_draft = drafter_entry(kind).runs_draft_model
         pool = None
-        if with_draft and kind is not DrafterKind.MODEL:
+        if with_draft and drafter_entry(kind).uses_pool:
             pool = pool_for_spec(spec, read_config(model_dir("target")).vocab_size)
         return cls(
             model_dir("target"),

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from trtspec.engines.speculation import SamplingParams
 from trtspec.errors import GenerationError
+from trtspec.speculative.rules import SamplingParams
 
 
 def _rows(x: np.ndarray | None, batch: int) -> list[Any] | None:
@@ -220,7 +220,7 @@ def job_from_row(row: RowRequest, on_tokens: Any, on_error: Any, num_draft_token
     it speculatively with the engine's own drafter."""
     import torch
 
-    from trtspec.engines.inflight.jobs import Job
+    from trtspec.runtimes.inflight.jobs import Job
 
     return Job(
         tokens=row.tokens,

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from trtspec.engines.inflight.kv_pool import SlotKVPool
+from trtspec.runtimes.inflight.kv_pool import SlotKVPool
 
 ATTENTION_NAME = "trtspec_slot_kv"
 _BATCH_KWARG = "trtspec_packed_batch"

@@ -29,7 +29,7 @@ def load_model(
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"{path}: not a model directory (no config.json)", hint="point at a local HF model dir")
     try:
-        from trtspec.engines.torch_runtime import quantized_loader
+        from trtspec.runtimes.torch import quantized_loader
     except ImportError:
         quantized_loader = None  # type: ignore[assignment]
     if quantized_loader is not None and quantized_loader.is_modelopt_checkpoint(path):
@@ -37,7 +37,7 @@ def load_model(
     else:
         from transformers import AutoModelForCausalLM
 
-        from trtspec.engines.torch_runtime.draft_model import register as register_draft
+        from trtspec.runtimes.torch.draft_model import register as register_draft
 
         register_draft()  # drafts of older trtspec versions (model type trtspec_draft) load like any HF model
         extra = {"device_map": device_map} if device_map else {}
@@ -49,7 +49,7 @@ def load_model(
                 hint="is it a complete HF causal-LM directory?",
             ) from None
     if frequent_head:
-        from trtspec.engines.torch_runtime.frequent_head import apply_frequent_head
+        from trtspec.runtimes.torch.frequent_head import apply_frequent_head
 
         apply_frequent_head(model)
     model.eval()

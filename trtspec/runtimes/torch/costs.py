@@ -2,7 +2,7 @@
 
 c: one draft step (one token after ``context`` cached ones) / one target step. v: one verification / one target
 step, where a verification is what SpeculativeDecoder does: with a lazily applied head
-(trtspec.engines.torch_runtime.head) the target's body over K + 1 tokens plus its head at ``tokens_per_step``
+(trtspec.runtimes.inflight.head) the target's body over K + 1 tokens plus its head at ``tokens_per_step``
 positions (one per emitted token); otherwise a full K + 1-token forward pass. With them, Leviathan et al.'s bound on
 the speedup is S = tokens_per_step / (K c + v). Used by `trtspec distill`'s report and benchmarks/speculative_cpu.py.
 """
@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from trtspec.engines.torch_runtime.cache import GrowableCache
-from trtspec.engines.torch_runtime.head import lazy_head
+from trtspec.runtimes.inflight.head import lazy_head
+from trtspec.runtimes.torch.cache import GrowableCache
 
 
 @torch.inference_mode()
@@ -25,7 +25,7 @@ def step_cost_ratios(
 ) -> tuple[float, float]:
     """(c, v): median draft step / target step, and median verification / target step, after ``context`` cached
     tokens; the forward passes alternate so that background load hits them alike. Verification is what the decoder
-    does: with a lazily applied head (trtspec.engines.torch_runtime.head) the body over K + 1 tokens plus the head at
+    does: with a lazily applied head (trtspec.runtimes.inflight.head) the body over K + 1 tokens plus the head at
     ``tokens_per_step`` positions (one per emitted token); otherwise a full K + 1-token forward pass."""
     head = lazy_head(target)
 
@@ -80,7 +80,7 @@ def measure_step_costs(
     """``speedup.StepCosts`` measured on the models: the target's body over k + 1 tokens for k = 0..k_max and its head
     at one position (the decoder's lazy head; without one, full forwards and ``head`` 0), a draft step, and both
     prefills of a ``prompt_len``-token prompt, all after ``context`` cached tokens and relative to one target step."""
-    from trtspec.engines.torch_runtime.speedup import StepCosts
+    from trtspec.speculative.speedup import StepCosts
 
     head = lazy_head(target)
     vocab = target.config.vocab_size

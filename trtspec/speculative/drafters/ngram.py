@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from trtspec.engines.drafters import Proposal
+from trtspec.speculative.drafters import UNLIMITED, DrafterKind, Proposal, in_vocab
 
 POOL_FILE = "ngram_pool.npz"
 MAX_MATCH = 4  # longest n-gram looked up (TensorRT-LLM: max_matching_ngram_size)
@@ -257,6 +258,60 @@ class NgramDrafter:
             more = self.pool.chain(list(context) + local.tokens, k - len(local.tokens), self.min_match)
             return Proposal(local.tokens + more.tokens, local.match_len, local.source)
         return local if local.tokens else pooled
+
+    # -- as the BLS orchestrator's drafter (trtspec.speculative.drafters.LocalDrafter) ---------------------------
+    def new_state(self) -> None:
+        return None
+
+    def plan(self, state: Any, seq: Sequence[int], k: int) -> tuple[list[int] | None, int]:
+        """This step's n-gram tokens (possibly none: the target steps alone); the draft engine is never asked."""
+        return self.propose(seq, k).tokens[:k], 0
+
+    def verdict(self, state: Any, proposed: int, accepted: int, target_s: float = 0.0, draft_s: float = 0.0) -> None:
+        pass
+
+
+class NgramEngineDrafter:
+    """The in-flight engine's n-gram drafter (trtspec.speculative.drafters.EngineDrafter): prompt lookup + the pool
+    per job and step; no KV cache, so it takes any number of jobs."""
+
+    kind = DrafterKind.NGRAM
+
+    def __init__(self, ngram: NgramDrafter, vocab: int) -> None:
+        self.ngram = ngram
+        self.vocab = vocab
+        self.passes = 0
+        self.proposals = 0  # proposals with at least one token
+
+    @property
+    def free(self) -> int:
+        return UNLIMITED
+
+    def admit(self, job: Any) -> None:
+        job.draft_state = self.kind
+
+    def release(self, job: Any, keep: bool = True) -> None:
+        job.draft_state = None
+
+    def propose(self, jobs: list[Any], ks: list[int], batch_tokens: int = 0) -> list[Proposal]:
+        t0 = time.perf_counter()
+        out = [self.propose_one(job.history(), k) for job, k in zip(jobs, ks)]
+        dt = time.perf_counter() - t0
+        for job in jobs:
+            job.stats.draft_s += dt
+        return out
+
+    def propose_one(self, history: Sequence[int], k: int) -> Proposal:
+        found = self.ngram.propose(history, k)
+        tokens = in_vocab(found.tokens[:k], self.vocab)
+        self.proposals += bool(tokens)
+        return Proposal(tokens, found.match_len, found.source)
+
+    def commit(self, job: Any, history_before: int, proposed: int, accepted: int) -> None:
+        pass
+
+    def observe_pass(self, tokens: int, seconds: float) -> None:
+        pass
 
 
 def pool_for_spec(spec: Any, target_vocab: int | None = None) -> NgramPool | None:

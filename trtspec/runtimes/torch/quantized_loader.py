@@ -86,7 +86,7 @@ def load_modelopt_checkpoint(path: Path, dtype: str = "float32") -> Any:
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.initialization import no_init_weights
 
-    from trtspec.engines.torch_runtime.qlinear import (
+    from trtspec.runtimes.torch.qlinear import (
         FP8_MAX,
         QuantLinear,
         dequantize_weight,

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from trtspec.engines.torch_runtime.cache import GrowableCache
+from trtspec.runtimes.torch.cache import GrowableCache
 
 
 class ModelState:

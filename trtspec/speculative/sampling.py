@@ -1,11 +1,11 @@
 """The one logits -> probabilities transform, applied identically to target and draft (SamplingParams lives in
-trtspec.engines.speculation, torch-free)."""
+trtspec.speculative.rules, torch-free)."""
 
 from __future__ import annotations
 
 import torch
 
-from trtspec.engines.speculation import SamplingParams
+from trtspec.speculative.rules import SamplingParams
 
 __all__ = ["SamplingParams", "logits_to_probs", "sample"]
 

@@ -2,7 +2,7 @@
 
 In process: the target's greedy answers to the prompts are the references; the drafter's match length at every
 answer position gives its per-position acceptance, and every K is simulated step by step with the step costs c and
-v measured on these models (``torch_runtime.speedup``); the best predicted K's are then run through the decoder and
+v measured on these models (``speculative.speedup``); the best predicted K's are then run through the decoder and
 timed against target-only, and the choice is the K with the best measured speedup (the best predicted one where
 nothing was measured, e.g. with ``costs`` given). Through a served endpoint (``--url``) every K is timed against
 ``num_draft_tokens`` 0 on the same server, and acceptance comes from the responses' statistics.
@@ -15,7 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from trtspec.engines.torch_runtime.speedup import (
+from trtspec.errors import GenerationError
+from trtspec.spec import BuildSpec, DrafterKind
+from trtspec.speculative.speedup import (
     MatchProfile,
     Simulated,
     StepCosts,
@@ -24,8 +26,6 @@ from trtspec.engines.torch_runtime.speedup import (
     route_threshold,
     sweep,
 )
-from trtspec.errors import GenerationError
-from trtspec.spec import BuildSpec, DrafterKind
 
 K_RANGE = tuple(range(1, 17))
 
@@ -67,14 +67,15 @@ def default_prompts(n: int) -> list[str]:
 
 def profile_for(spec: BuildSpec, draft: Any, pool: Any, refs: Sequence[Any], k_max: int, c: float) -> MatchProfile:
     """The spec's drafter (``speculative.drafter``; ``pool`` its n-gram pool, None: prompt lookup only) on the
-    reference answers."""
-    from trtspec.engines.torch_runtime.profiling import drafter_profile, hybrid_profile, model_profile
+    reference answers. The adaptive drafter has no fixed rule to simulate: it is simulated as the hybrid it
+    generalizes (its measured speedup comes from the decoder)."""
+    from trtspec.runtimes.torch.profiling import drafter_profile, hybrid_profile, model_profile
 
     kind = spec.speculative.drafter
     if kind is DrafterKind.MODEL:
         return model_profile(draft, refs, k_max)
-    from trtspec.engines.drafters.hybrid import HYBRID_MIN_MATCH, HYBRID_MODEL_K
-    from trtspec.engines.drafters.ngram import NgramDrafter
+    from trtspec.speculative.drafters.hybrid import HYBRID_MIN_MATCH, HYBRID_MODEL_K
+    from trtspec.speculative.drafters.ngram import NgramDrafter
 
     ngram, matches = drafter_profile(NgramDrafter(pool), refs, k_max)
     if kind is DrafterKind.NGRAM:
@@ -101,11 +102,11 @@ def tune_in_process(
     progress: Any = None,
 ) -> TuneResult:
     """Tune on the spec's models loaded by the torch runtime (see module docstring)."""
-    from trtspec.engines.torch_runtime.costs import measure_step_costs
-    from trtspec.engines.torch_runtime.decoder import SpeculativeDecoder
-    from trtspec.engines.torch_runtime.profiling import Reference, loop_costs, time_decoder
-    from trtspec.engines.torch_runtime.session import TorchSession
     from trtspec.prompts import encode_prompt
+    from trtspec.runtimes.torch.costs import measure_step_costs
+    from trtspec.runtimes.torch.decoder import SpeculativeDecoder
+    from trtspec.runtimes.torch.profiling import Reference, loop_costs, time_decoder
+    from trtspec.runtimes.torch.session import TorchSession
 
     def say(text: str) -> None:
         if progress is not None:

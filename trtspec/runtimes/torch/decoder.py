@@ -1,6 +1,6 @@
 """Draft-target speculative decoding over Hugging Face causal LMs, in process.
 
-A thin front of the in-flight engine (trtspec.engines.inflight), run in the caller's thread: the same draft-target
+A thin front of the in-flight engine (trtspec.runtimes.inflight), run in the caller's thread: the same draft-target
 loop, acceptance rules and KV caches serve ``trtspec generate``, the benchmarks and the torch runtime's Triton models.
 Each step the drafter (``drafter``: the draft model, n-grams, or the hybrid of both) proposes up to K tokens (the
 draft from its own KV cache), the target scores all of them (plus the bonus position) in one forward pass, the longest
@@ -18,13 +18,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtspec.engines.drafters import DrafterKind
-from trtspec.engines.inflight.engine import InflightEngine
-from trtspec.engines.inflight.jobs import Job
-from trtspec.engines.inflight.token_drafters import make_drafter
-from trtspec.engines.speculation import MAX_DRAFT_LEN, SamplingParams, SpecStats
-from trtspec.engines.torch_runtime.head import lazy_head
 from trtspec.errors import GenerationError, IncompatibleModelsError
+from trtspec.runtimes.inflight.drafter import engine_drafter
+from trtspec.runtimes.inflight.engine import InflightEngine
+from trtspec.runtimes.inflight.head import lazy_head
+from trtspec.runtimes.inflight.jobs import Job
+from trtspec.speculative.adaptive import AdaptivePolicy
+from trtspec.speculative.drafters import DrafterKind
+from trtspec.speculative.drafters.registry import entry as drafter_entry
+from trtspec.speculative.rules import MAX_DRAFT_LEN, SamplingParams, SpecStats
 
 MIN_CAPACITY = 512  # KV capacity per sequence the engine is sized for at least (grown on demand)
 
@@ -57,20 +59,25 @@ class SpeculativeDecoder:
         pad_id: int = 0,
         drafter: DrafterKind | str = DrafterKind.MODEL,
         ngram_pool: Any = None,
+        policy: Any = None,
     ) -> None:
-        """``drafter`` (``speculative.drafter``): model (the draft proposes), ngram (prompt lookup + ``ngram_pool``,
-        an ``NgramPool`` or its file; no draft model needed) or hybrid (n-grams on a confident match, else the
-        draft)."""
+        """``drafter`` (``speculative.drafter``, trtspec.speculative.drafters.registry): model (the draft proposes),
+        ngram (prompt lookup + ``ngram_pool``, an ``NgramPool`` or its file; no draft model needed), hybrid (n-grams
+        on a confident match, else the draft) or adaptive (per sequence and step, either or none, and K; ``policy``:
+        its trtspec.speculative.adaptive.AdaptivePolicy, kept across calls)."""
         self.drafter = DrafterKind(drafter)
+        runs_model = drafter_entry(self.drafter).runs_draft_model
         if self.drafter is DrafterKind.HYBRID and draft is None:
             raise GenerationError(f"drafter {self.drafter.value} needs a draft model", hint="load the draft too")
-        if self.drafter is DrafterKind.NGRAM:
+        if not runs_model:
             draft = None  # proposals are the n-grams'; a draft model is not used
         if isinstance(ngram_pool, (str, Path)):
-            from trtspec.engines.drafters.ngram import NgramPool
+            from trtspec.speculative.drafters.ngram import NgramPool
 
             ngram_pool = NgramPool.load(Path(ngram_pool))
         self.ngram_pool = ngram_pool
+        # One policy for every engine this decoder builds, so what it learned survives a larger batch.
+        self.policy = policy if policy is not None else AdaptivePolicy()
         if not 1 <= max_draft_len <= MAX_DRAFT_LEN:
             raise GenerationError(f"draft length K={max_draft_len} is out of range", hint=f"use 1..{MAX_DRAFT_LEN}")
         if draft is not None and _vocab(draft) != _vocab(target):
@@ -91,7 +98,7 @@ class SpeculativeDecoder:
     @property
     def speculates(self) -> bool:
         """Whether this decoder has something to draft with (a draft model, or n-grams)."""
-        return self.draft is not None or self.drafter is DrafterKind.NGRAM
+        return self.draft is not None or drafter_entry(self.drafter).uses_pool
 
     # -- public API ---------------------------------------------------------------------------------------------
     def generate(
@@ -172,13 +179,14 @@ class SpeculativeDecoder:
             size = max(batch, engine.max_batch_size if engine is not None else 1)
             drafter = None
             if use_draft:
-                drafter = make_drafter(
+                drafter = engine_drafter(
                     self.drafter,
                     draft_model=self.draft,
                     pool=self.ngram_pool,
                     vocab=_vocab(self.target),
                     slots=size,
                     capacity=capacity,
+                    policy=self.policy,
                 )
             engine = InflightEngine(
                 self.target, drafter=drafter, max_batch_size=size, slots=size, capacity=capacity, name="decoder"

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from trtspec.engines.torch_runtime.cache import GrowableCache
-from trtspec.engines.torch_runtime.speedup import MatchProfile
+from trtspec.runtimes.torch.cache import GrowableCache
+from trtspec.speculative.speedup import MatchProfile
 
 
 @dataclass
@@ -33,7 +33,7 @@ def reference_answers(
     target: Any, prompts: Sequence[Sequence[int]], max_tokens: int, eos_ids: Sequence[int], pad_id: int = 0
 ) -> list[Reference]:
     """The target's greedy answer to each prompt, one request at a time (as the in-process decoder runs them)."""
-    from trtspec.engines.torch_runtime.answers import answer_batch
+    from trtspec.runtimes.torch.answers import answer_batch
 
     out = []
     for p in prompts:

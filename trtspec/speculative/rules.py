@@ -1,8 +1,8 @@
 """What every draft-target path shares: the draft-length limit, sampling settings, and one statistics type.
 
 Torch-free (the Triton orchestrator imports it). The acceptance rules themselves, which need the target's
-logits, are in ``trtspec.engines.torch_runtime.acceptance``; the paths that use them are the in-flight engine
-(``trtspec.engines.inflight``: in process, and the torch runtime's Triton models) and, through the target engine's
+logits, are in ``trtspec.speculative.acceptance``; the paths that use them are the in-flight engine
+(``trtspec.runtimes.inflight``: in process, and the torch runtime's Triton models) and, through the target engine's
 ``draft_input_ids``, the Triton orchestrator (``trtspec.triton_repo.orchestrator``), which counts acceptance with
 ``accepted_prefix`` as TensorRT-LLM's ``examples/prompt_lookup/run_dtm_pld.py`` does.
 """
@@ -91,7 +91,8 @@ class SpecStats:
     """Per-request speculative decoding statistics, with TensorRT-LLM's names where it has them.
 
     ``total_draft_tokens`` counts proposed draft tokens, ``total_accepted_draft_tokens`` those the target accepted,
-    ``target_steps`` the target's forward passes for the request (decoding iterations). Times: ``*_time_ns`` are wall
+    ``target_steps`` the target's forward passes for the request (decoding iterations), ``no_draft_steps`` those
+    that verified no draft token. Times: ``*_time_ns`` are wall
     clock (time.time_ns), ``*_s`` durations measured in process.
     """
 
@@ -100,6 +101,8 @@ class SpecStats:
     total_draft_tokens: int = 0
     total_accepted_draft_tokens: int = 0
     target_steps: int = 0
+    no_draft_steps: int = 0  # target steps that verified no draft token (nothing proposed, or chosen not to)
+    steps_by_draft_len: dict[int, int] = field(default_factory=dict)  # target steps by their draft length K
     routed_to_target: bool = False
     arrival_time_ns: int = field(default_factory=time.time_ns)
     first_token_time_ns: int = 0
@@ -119,6 +122,8 @@ class SpecStats:
 
     def note_step(self, proposed: int, accepted: int) -> None:
         self.target_steps += 1
+        self.no_draft_steps += proposed == 0
+        self.steps_by_draft_len[proposed] = self.steps_by_draft_len.get(proposed, 0) + 1
         self.total_draft_tokens += proposed
         self.total_accepted_draft_tokens += accepted
 

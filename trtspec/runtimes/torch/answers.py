@@ -68,7 +68,7 @@ def answer_batch(
     leave the float32 target's after ~30 tokens (median, SmolLM2) but stay the target's kind of text, and its labels
     agree with float32's top-1 at 98 % of positions; the report measures the draft against the target as it serves.
     ``target`` may sit on GPUs: its inputs move there (:class:`OnDevice`), samples come back on the CPU."""
-    from trtspec.engines.torch_runtime.state import ModelState
+    from trtspec.runtimes.torch.state import ModelState
 
     state = ModelState(on_device(target), len(prompts), pad_id)
     if any(len(p) > 1 for p in prompts):

@@ -5,7 +5,7 @@ Each iteration admits waiting jobs (each takes the KV slot with the longest shar
 asks the drafter (when the engine has one: a draft model, n-grams or the hybrid) for every speculative job's
 proposals, feeds every active job its pending tokens plus its draft tokens (proposals, or the draft sent with an
 external verification request) in one packed pass of the target, and decides each job's step with the one
-acceptance routine (trtspec.engines.torch_runtime.acceptance: lossless greedy exact match or rejection sampling; with
+acceptance routine (trtspec.speculative.acceptance: lossless greedy exact match or rejection sampling; with
 no draft, plain decoding). The same engine serves the torch runtime's Triton models and in-process decoding
 (``run_until_idle``).
 """
@@ -20,16 +20,17 @@ from typing import Any
 
 import torch
 
-from trtspec.engines.inflight.drafter import ModelDrafter, Proposal
-from trtspec.engines.inflight.jobs import Job
-from trtspec.engines.inflight.kv_pool import KVGeometry, SlotKVPool
-from trtspec.engines.inflight.packed import packed_forward, prepare_model
-from trtspec.engines.inflight.words import hits_stop_word
-from trtspec.engines.speculation import MAX_DRAFT_LEN
-from trtspec.engines.torch_runtime.acceptance import Candidate, decide
-from trtspec.engines.torch_runtime.head import lazy_head
-from trtspec.engines.torch_runtime.sampling import logits_to_probs
 from trtspec.errors import GenerationError, RequestCancelled
+from trtspec.runtimes.inflight.drafter import ModelDrafter
+from trtspec.runtimes.inflight.head import lazy_head
+from trtspec.runtimes.inflight.jobs import Job
+from trtspec.runtimes.inflight.kv_pool import KVGeometry, SlotKVPool
+from trtspec.runtimes.inflight.packed import packed_forward, prepare_model
+from trtspec.speculative.acceptance import Candidate, decide
+from trtspec.speculative.drafters import Proposal
+from trtspec.speculative.rules import MAX_DRAFT_LEN
+from trtspec.speculative.sampling import logits_to_probs
+from trtspec.speculative.words import hits_stop_word
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ class InflightEngine:
         n_slots = slots or 2 * max_batch_size
         self.pool = SlotKVPool(self.geometry, n_slots, capacity)
         # The drafter: a draft model (ModelDrafter), or any object with its interface (admit, propose, commit,
-        # release, free; trtspec.engines.inflight.token_drafters: n-gram, hybrid), built for these slots.
+        # release, free, observe_pass: trtspec.speculative.drafters.EngineDrafter), built for these slots.
         self.drafter: Any = drafter
         if drafter is None and draft_model is not None:
             self.drafter = ModelDrafter(draft_model, slots=n_slots, capacity=capacity)
@@ -72,7 +73,7 @@ class InflightEngine:
                     f"draft vocabulary ({self.drafter.vocab}) differs from the target's ({self.vocab})",
                     hint="draft and target must share one tokenizer",
                 )
-        # Logits only where they can be used (trtspec.engines.torch_runtime.head), for plain-head model classes.
+        # Logits only where they can be used (trtspec.runtimes.inflight.head), for plain-head model classes.
         self.head = lazy_head(self.model) if use_lazy_head else None
         self.max_queue_delay_s = max_queue_delay_s
         self.name = name
@@ -212,7 +213,7 @@ class InflightEngine:
                 q = None
                 if job.draft_logits is not None and not job.sampling.greedy and job.draft:
                     q = logits_to_probs(job.draft_logits[: len(job.draft)].float(), job.sampling)
-                out[i] = Proposal(list(job.draft or []), q)
+                out[i] = Proposal(list(job.draft or []), q=q)
                 continue
             room = self.pool.capacity - len(job.history())
             k = min(job.num_draft_tokens, job.max_new - len(job.out) - 1, room - 1)
@@ -221,7 +222,9 @@ class InflightEngine:
                 ks.append(k)
         if asking:
             assert self.drafter is not None
-            for i, p in zip(asking, self.drafter.propose([jobs[i] for i in asking], ks)):
+            # The tokens the step feeds anyway (every job's pending tokens): what speculation adds to (adaptive).
+            batch_tokens = sum(len(job.pending) for job in jobs)
+            for i, p in zip(asking, self.drafter.propose([jobs[i] for i in asking], ks, batch_tokens)):
                 out[i] = p
         return out
 
@@ -276,6 +279,8 @@ class InflightEngine:
             self._active = []
             return
         dt = time.perf_counter() - t0
+        if self.drafter is not None:
+            self.drafter.observe_pass(offset, dt)  # the adaptive drafter learns the pass cost per tokens fed
         self.passes += 1
         self.fed_tokens += offset
         self.pool.computed_tokens += offset

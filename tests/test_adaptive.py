@@ -1,0 +1,169 @@
+"""Adaptive speculation (trtspec.speculative.adaptive and the adaptive drafter): the policy's choices from acceptance
+and costs, and exactness through the decoder whatever it chooses (greedy identity batched and not; the sampled
+distribution by chi-square in test_sampling_distribution.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from trtspec.speculative.adaptive import (
+    MODEL,
+    NGRAM,
+    AdaptivePolicy,
+    Ask,
+    Choice,
+    CostPrior,
+    PassCosts,
+    SequenceArms,
+    expected_accepted,
+)
+
+
+def _policy(**kw) -> AdaptivePolicy:
+    # A CPU-like prior: verifying 4 more tokens costs 0.3 of a step, a draft round 0.1.
+    return AdaptivePolicy(prior=CostPrior(target_slope=0.075, draft_c=0.1, draft_row=0.02), **kw)
+
+
+def test_expected_accepted_is_the_geometric_sum():
+    assert expected_accepted(0.5, 3) == pytest.approx(0.5 + 0.25 + 0.125)
+    assert expected_accepted(1.0, 4) == 4 and expected_accepted(0.0, 4) == 0 and expected_accepted(0.7, 0) == 0
+
+
+def test_a_long_ngram_match_is_taken_at_full_length_at_concurrency_one():
+    policy = _policy()
+    (choice,) = policy.plan([SequenceArms()], [Ask(4, [1, 2, 3, 4], ngram_match=4)])
+    assert choice == Choice(NGRAM, 4, (NGRAM, 4))
+
+
+def test_without_an_ngram_match_the_draft_model_drafts_when_it_is_accepted_often():
+    policy = _policy(priors={(MODEL, 0): 0.8})
+    (choice,) = policy.plan([SequenceArms()], [Ask(4, [], model=True)])
+    assert choice.source == MODEL and choice.k >= 3
+    # ... and not when it is rarely accepted: K 0, a plain target step
+    policy = _policy(priors={(MODEL, 0): 0.05})
+    (choice,) = policy.plan([SequenceArms()], [Ask(4, [], model=True)])
+    assert not choice.speculates
+
+
+def test_speculation_backs_off_at_high_concurrency():
+    """The same sequence that speculates alone does not when 32 sequences share the step: the step's cost is then
+    spread over 32 tokens, and a 0.45-acceptance proposal no longer beats the rate."""
+    policy = _policy()
+    ask = Ask(4, [5, 6, 7, 8], ngram_match=2)
+    assert policy.plan([SequenceArms()], [ask])[0].speculates
+    many = policy.plan([SequenceArms() for _ in range(32)], [ask] * 32)
+    assert not any(c.speculates for c in many)
+    # a quote (long match, high acceptance) still pays there
+    policy.tracker.priors[(NGRAM, 4)] = 0.95
+    quoted = policy.plan([SequenceArms() for _ in range(32)], [Ask(4, [5, 6, 7, 8], ngram_match=4)] * 32)
+    assert all(c.speculates for c in quoted)
+
+
+def test_a_sequence_whose_proposals_fail_switches_off_and_comes_back():
+    policy = _policy()
+    seq = SequenceArms()
+    ask = Ask(4, [], model=True)
+    assert policy.plan([seq], [ask])[0].source == MODEL
+    for _ in range(30):  # every proposal rejected
+        choice = policy.plan([seq], [ask])[0]
+        policy.verdict(seq, choice.k, 0)
+    assert not policy.plan([seq], [ask])[0].speculates
+    policy.verdict(seq, 0, 0)
+    # Its own evidence fades step by step while it does not speculate; the server-wide prior, taught by this
+    # sequence's failures too, still says the model is poor, yet the exploration bonus brings it back eventually.
+    came_back = None
+    for step in range(200):
+        choice = policy.plan([seq], [ask])[0]
+        if choice.speculates:
+            came_back = step
+            break
+        policy.verdict(seq, 0, 0)
+    assert came_back is not None and came_back > 3, came_back
+    # A long n-gram match (its text became predictable: a quote) speculates at once.
+    off = SequenceArms()
+    for _ in range(30):
+        policy.plan([off], [ask])
+        policy.verdict(off, 4, 0)
+    assert policy.plan([off], [Ask(4, [1, 2, 3, 4], ngram_match=4)])[0].source == NGRAM
+
+
+def test_pass_costs_follow_the_prior_until_measured_then_the_measurements():
+    costs = PassCosts(CostPrior(target_slope=0.1).target)
+    assert costs.cost(5) == pytest.approx(1.4)  # relative units before any measurement
+    costs.observe(1, 0.05)
+    assert costs.cost(1) == pytest.approx(0.05)
+    assert costs.cost(5) == pytest.approx(0.05 * 1.4)  # the prior's shape, scaled to seconds
+    costs.observe(5, 0.1)
+    assert costs.cost(5) == pytest.approx(0.1)
+
+
+def test_the_policy_counts_what_it_chose():
+    policy = _policy()
+    policy.plan([SequenceArms(), SequenceArms()], [Ask(4, [1, 2, 3, 4], ngram_match=4), Ask(0)])
+    snap = policy.snapshot()
+    assert snap["steps"] == {NGRAM: 1, MODEL: 0, "none": 1}
+    assert snap["no_speculation_share"] == 0.5 and snap["k_chosen"] == {0: 1, 4: 1}
+
+
+class SwitchingPolicy(AdaptivePolicy):
+    """A policy that switches on what happened before (a sequence's step count and its last verdict): model,
+    n-grams and no draft in turn, K cycling 1..4, and the n-gram whenever the last model step was fully rejected.
+    Exactness must hold for any choice that depends only on the past."""
+
+    def plan(self, seqs, asks):
+        out = []
+        for seq, ask in zip(seqs, asks):
+            turn = seq.steps % 3
+            k = min(ask.k_max, 1 + seq.steps % 4)
+            if k <= 0 or turn == 2:
+                choice = Choice()
+            elif (turn == 0 or not ask.ngram_tokens) and ask.model and getattr(seq, "_ok", True):
+                choice = Choice(MODEL, k, (MODEL, 0))
+            elif ask.ngram_tokens:
+                choice = Choice(NGRAM, min(k, len(ask.ngram_tokens)), (NGRAM, 1))
+            else:
+                choice = Choice()
+            seq.last = (choice.arm, choice.k) if choice.speculates else None
+            self.steps[choice.source or "none"] += 1
+            out.append(choice)
+        return out
+
+    def verdict(self, seq, proposed, accepted):
+        seq._ok = not (seq.last is not None and seq.last[0][0] == MODEL and proposed and accepted == 0)
+        super().verdict(seq, proposed, accepted)
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tiny_pair):
+    from trtspec.runtimes.torch.loading import load_model, load_tokenizer
+
+    return load_model(tiny_pair[0]), load_model(tiny_pair[1]), load_tokenizer(tiny_pair[0])
+
+
+PROMPTS = ["The quick brown", "def add(a, b):\n    return a", "Q: What is the capital of France? A:", "the lazy dog"]
+
+
+@pytest.mark.parametrize("policy_cls", [SwitchingPolicy, AdaptivePolicy])
+def test_adaptive_drafting_is_greedy_lossless_batched_and_not(tiny_models, policy_cls):
+    from trtspec.runtimes.torch.decoder import SpeculativeDecoder
+    from trtspec.speculative.drafters.ngram import NgramPool
+
+    target, draft, tok = tiny_models
+    prompts = [tok.encode(p) for p in PROMPTS]
+    base = SpeculativeDecoder(target, None)
+    reference = [base.generate([p], 40)[0].token_ids for p in prompts]
+    pool = NgramPool.from_sequences([p + r for p, r in zip(prompts[::2], reference[::2])], vocab_size=len(tok))
+    policy = policy_cls()
+    dec = SpeculativeDecoder(target, draft, max_draft_len=4, drafter="adaptive", ngram_pool=pool, policy=policy)
+    single = [dec.generate([p], 40)[0] for p in prompts]
+    assert [r.token_ids for r in single] == reference
+    batch = dec.generate(prompts, 40)
+    assert [r.token_ids for r in batch] == reference
+    if policy_cls is SwitchingPolicy:  # every choice was exercised, drafts accepted and rejected
+        assert all(policy.steps[s] > 0 for s in (NGRAM, MODEL, "none")), policy.steps
+        drafted = sum(r.stats.total_draft_tokens for r in single + batch)
+        accepted = sum(r.stats.total_accepted_draft_tokens for r in single + batch)
+        assert drafted > accepted > 0
+        assert all(r.stats.no_draft_steps > 0 for r in batch)
+    else:  # the real policy learned the target's pass costs from the engine's passes
+        assert policy.target.seconds, policy.snapshot()

@@ -1,0 +1,332 @@
+"""Adaptive speculation: per sequence and per step, choose the drafter (draft model, n-grams or none) and K so that the
+expected tokens per unit of cost are highest, from what this server measures.
+
+Two things are learned online, from the decoding loop itself:
+
+- **Acceptance** per *arm* (``("ngram", match length)`` or ``("model", 0)``): the per-token acceptance a (the chance
+  that a proposal is accepted given that the one before it was), as counts per sequence weighted toward its recent
+  steps (each observation of an arm shrinks its older evidence by ``recency``) over a prior shared by every sequence
+  of the server (``AcceptanceTracker``). Evidence also fades slowly while an arm is not used (``idle_decay`` per
+  step), and an estimate carries an exploration bonus that grows as its evidence fades, so a sequence that switched
+  an arm off tries it again some tens of steps later; a long n-gram match (a quote, a repeat) has its own arm and
+  its own prior, so such text is speculated on at once.
+- **Costs**: seconds of one packed target pass as a function of the tokens it feeds, and of one draft-model round as a
+  function of its rows (``PassCosts``), learned from every pass; before a size has been seen it follows a prior curve
+  (``c`` and ``v`` from ``trtspec tune`` / ``--costs``, or CPU-like defaults) scaled to the measured passes.
+
+The choice (``AdaptivePolicy.plan``) is marginal analysis over the whole batch: the step without speculation yields one
+token per sequence in T(n) seconds (n: the tokens the step feeds anyway), a rate R = b / T(n). A sequence's option
+(arm, k) gains E(a, k) = a + a^2 + ... + a^k expected extra tokens for its extra cost (the target pass over k more
+tokens, plus k draft rounds for the model); options are taken per sequence, best net gain E - R * extra first, only
+while the gain beats the rate. At concurrency 1 this maximizes the request's own speed; at high concurrency T(n) is
+shared by many sequences, R is high, and speculation backs off by itself.
+
+Exactness: the choice depends only on committed tokens, earlier verdicts and the n-gram's proposal (a function of the
+committed tokens), never on this step's target logits, so greedy output stays the target's and rejection sampling
+stays exact whatever is chosen. Pure Python (no torch, no numpy): the in-flight engine and the BLS orchestrator
+share it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+NGRAM = "ngram"
+MODEL = "model"
+Arm = tuple[str, int]  # (source, match-length bucket; 0 for the model)
+
+# Per-token acceptance before anything is measured: n-gram proposals by suffix-match length (a longer match is a
+# quote or a repeat), the draft model (the example's distilled draft: 0.47 on held-out answers).
+DEFAULT_PRIORS: dict[Arm, float] = {
+    (NGRAM, 1): 0.3,
+    (NGRAM, 2): 0.45,
+    (NGRAM, 3): 0.55,
+    (NGRAM, 4): 0.65,
+    (MODEL, 0): 0.45,
+}
+# Before a pass size is measured, its cost relative to a one-token target pass: 1 + slope * extra tokens (this CPU's
+# v = 1.3 at K 4 for the target; c = 0.11 for the draft's first row, 0.02 per extra row).
+DEFAULT_TARGET_SLOPE = 0.075
+DEFAULT_DRAFT_C = 0.11
+DEFAULT_DRAFT_ROW = 0.02
+
+
+def ngram_arm(match_len: int) -> Arm:
+    return (NGRAM, max(1, min(4, int(match_len))))
+
+
+MODEL_ARM: Arm = (MODEL, 0)
+
+
+def expected_accepted(a: float, k: int) -> float:
+    """E[accepted proposals] of k proposals with per-token acceptance a: a + a^2 + ... + a^k."""
+    if k <= 0 or a <= 0:
+        return 0.0
+    if a >= 1:
+        return float(k)
+    return a * (1 - a**k) / (1 - a)
+
+
+@dataclass
+class Rate:
+    """Decayed counts of accepted proposals (successes) over proposals that had their chance (trials)."""
+
+    succ: float = 0.0
+    trials: float = 0.0
+
+    def add(self, proposed: int, accepted: int) -> None:
+        # Proposals are verified left to right: the first rejection ends the step, so a step of k proposals with n
+        # accepted gave min(n + 1, k) tokens their chance and n successes.
+        self.succ += accepted
+        self.trials += min(accepted + 1, proposed)
+
+    def decay(self, factor: float) -> None:
+        self.succ *= factor
+        self.trials *= factor
+
+
+@dataclass
+class AcceptanceTracker:
+    """The server-wide prior of every arm: decayed counts over all sequences, started from ``priors``."""
+
+    priors: dict[Arm, float] = field(default_factory=lambda: dict(DEFAULT_PRIORS))
+    weight: float = 20.0  # pseudo-trials of the starting prior
+    decay: float = 0.998  # per observation of the arm
+    rates: dict[Arm, Rate] = field(default_factory=dict)
+
+    def observe(self, arm: Arm, proposed: int, accepted: int) -> None:
+        rate = self.rates.setdefault(arm, Rate())
+        rate.decay(self.decay)
+        rate.add(proposed, accepted)
+
+    def mean(self, arm: Arm) -> float:
+        p = self.priors.get(arm, 0.3)
+        rate = self.rates.get(arm)
+        if rate is None:
+            return p
+        return (p * self.weight + rate.succ) / (self.weight + rate.trials)
+
+
+@dataclass
+class SequenceArms:
+    """One sequence's evidence per arm (decayed each step), and what it chose."""
+
+    rates: dict[Arm, Rate] = field(default_factory=dict)
+    steps: int = 0
+    last: tuple[Arm, int] | None = None  # the arm and K of the step being verified
+
+    def decay(self, factor: float) -> None:
+        for rate in self.rates.values():
+            rate.decay(factor)
+
+
+class PassCosts:
+    """Seconds of one pass as a function of its size (tokens fed, or draft rows), learned from measured passes.
+
+    Sizes are bucketed (exact up to 8, then powers of two); a bucket's estimate is the exponential average of its
+    passes. An unmeasured size follows ``prior(size)`` (relative units) times the scale that the measured buckets
+    give (seconds per relative unit), so the curve keeps its shape until it is measured everywhere it is used."""
+
+    BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096)
+
+    def __init__(self, prior: Any, alpha: float = 0.2, scale_from: PassCosts | None = None) -> None:
+        self.prior = prior
+        self.alpha = alpha
+        self.scale_from = scale_from  # whose scale to use before this one has measured anything
+        self.seconds: dict[int, float] = {}
+        self.scale: float | None = None  # seconds per prior unit
+
+    @classmethod
+    def _bucket(cls, size: int) -> int:
+        i = bisect.bisect_left(cls.BUCKETS, max(1, size))
+        return cls.BUCKETS[min(i, len(cls.BUCKETS) - 1)]
+
+    def observe(self, size: int, seconds: float) -> None:
+        if size <= 0 or seconds <= 0 or not math.isfinite(seconds):
+            return
+        b = self._bucket(size)
+        old = self.seconds.get(b)
+        self.seconds[b] = seconds if old is None else old + self.alpha * (seconds - old)
+        ratio = seconds / max(1e-12, float(self.prior(size)))
+        self.scale = ratio if self.scale is None else self.scale + self.alpha * (ratio - self.scale)
+
+    def cost(self, size: int) -> float:
+        """Estimated seconds (relative units until anything is measured)."""
+        if size <= 0:
+            return 0.0
+        measured = self.seconds.get(self._bucket(size))
+        if measured is not None:
+            return measured
+        scale = self.scale
+        if scale is None and self.scale_from is not None:
+            scale = self.scale_from.scale
+        return float(self.prior(size)) * (scale if scale is not None else 1.0)
+
+
+@dataclass(frozen=True)
+class CostPrior:
+    """Relative pass costs (a one-token target pass = 1) before measurements: from `trtspec tune`'s c and v, or
+    the defaults of this CPU."""
+
+    target_slope: float = DEFAULT_TARGET_SLOPE  # per extra token fed
+    draft_c: float = DEFAULT_DRAFT_C  # one draft round of one row
+    draft_row: float = DEFAULT_DRAFT_ROW  # per extra row of a draft round
+
+    @classmethod
+    def from_costs(cls, c: float, v_at_k: dict[int, float] | None = None) -> CostPrior:
+        """From measured c and v (v[K]: verifying K + 1 tokens over one target step)."""
+        slope = DEFAULT_TARGET_SLOPE
+        if v_at_k:
+            k = max(v_at_k)
+            slope = max(0.0, (float(v_at_k[k]) - 1.0) / k) if k > 0 else slope
+        return cls(target_slope=slope, draft_c=float(c), draft_row=float(c) * 0.2)
+
+    def target(self, tokens: int) -> float:
+        return 1.0 + self.target_slope * max(0, tokens - 1)
+
+    def draft(self, rows: int) -> float:
+        return self.draft_c + self.draft_row * max(0, rows - 1)
+
+
+@dataclass(frozen=True)
+class Ask:
+    """One sequence's situation this step: how many tokens it may propose, the n-gram's proposal (free to compute:
+    a lookup), whether the draft model can draft for it, and how many tokens it feeds anyway."""
+
+    k_max: int
+    ngram_tokens: Sequence[int] = ()
+    ngram_match: int = 0
+    model: bool = False
+    base_tokens: int = 1
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What a sequence does this step: ``k`` tokens from ``source`` (``ngram``/``model``), or none (k 0)."""
+
+    source: str | None = None
+    k: int = 0
+    arm: Arm | None = None
+
+    @property
+    def speculates(self) -> bool:
+        return self.k > 0 and self.source is not None
+
+
+NO_SPECULATION = Choice()
+
+
+class AdaptivePolicy:
+    """The choice of drafter and K per sequence and step (see the module docstring). One per engine or orchestrator;
+    not thread-safe (the engine thread, or one event loop)."""
+
+    def __init__(
+        self,
+        *,
+        prior: CostPrior | None = None,
+        priors: dict[Arm, float] | None = None,
+        recency: float = 0.8,
+        idle_decay: float = 0.97,
+        explore: float = 0.08,
+        min_gain: float = 0.0,
+    ) -> None:
+        self.prior = prior or CostPrior()
+        self.tracker = AcceptanceTracker(priors=dict(priors or DEFAULT_PRIORS))
+        self.target = PassCosts(self.prior.target)
+        self.draft = PassCosts(self.prior.draft, scale_from=self.target)
+        self.recency = recency  # an arm's evidence in a sequence shrinks by this at each new observation of it
+        self.idle_decay = idle_decay  # ... and by this every step, so that an arm left long ago is tried again
+        self.explore = explore
+        self.min_gain = min_gain
+        # Counters for metrics: steps by what they did, and the K chosen.
+        self.steps = {NGRAM: 0, MODEL: 0, "none": 0}
+        self.k_chosen = [0] * 17
+
+    # -- estimates ---------------------------------------------------------------------------------------------
+    def acceptance(self, seq: SequenceArms, arm: Arm) -> float:
+        """The sequence's estimate of ``arm``: its own decayed evidence over the server-wide prior, plus a bonus for
+        an arm it has little recent evidence of (so it comes back to an arm it left)."""
+        prior = self.tracker.mean(arm)
+        rate = seq.rates.get(arm)
+        succ, trials = (rate.succ, rate.trials) if rate is not None else (0.0, 0.0)
+        weight = 3.0
+        mean = (prior * weight + succ) / (weight + trials)
+        return min(0.99, mean + self.explore / (1.0 + trials))
+
+    # -- the choice --------------------------------------------------------------------------------------------
+    def plan(self, seqs: Sequence[SequenceArms], asks: Sequence[Ask]) -> list[Choice]:
+        """One choice per sequence for this step (see the module docstring)."""
+        n_base = sum(max(1, a.base_tokens) for a in asks)
+        t_base = self.target.cost(n_base)
+        rate = len(asks) / t_base if t_base > 0 else float("inf")
+        n_now = n_base
+        draft_rows: list[int] = []  # draft rows per round chosen so far
+        out: list[Choice] = []
+        for seq, ask in zip(seqs, asks):
+            best, best_net = NO_SPECULATION, self.min_gain
+            if ask.k_max > 0 and ask.ngram_tokens:
+                arm = ngram_arm(ask.ngram_match)
+                a = self.acceptance(seq, arm)
+                for k in range(1, min(ask.k_max, len(ask.ngram_tokens)) + 1):
+                    extra = self.target.cost(n_now + k) - self.target.cost(n_now)
+                    net = expected_accepted(a, k) - rate * extra
+                    if net > best_net:
+                        best, best_net = Choice(NGRAM, k, arm), net
+            if ask.k_max > 0 and ask.model:
+                a = self.acceptance(seq, MODEL_ARM)
+                draft_extra = 0.0
+                for k in range(1, ask.k_max + 1):
+                    rows = draft_rows[k - 1] if k - 1 < len(draft_rows) else 0
+                    draft_extra += self.draft.cost(rows + 1) - self.draft.cost(rows)
+                    extra = self.target.cost(n_now + k) - self.target.cost(n_now) + draft_extra
+                    net = expected_accepted(a, k) - rate * extra
+                    if net > best_net:
+                        best, best_net = Choice(MODEL, k, MODEL_ARM), net
+            if best.speculates:
+                n_now += best.k
+                if best.source == MODEL:
+                    for r in range(best.k):
+                        if r < len(draft_rows):
+                            draft_rows[r] += 1
+                        else:
+                            draft_rows.append(1)
+            out.append(best)
+            seq.last = (best.arm, best.k) if best.speculates and best.arm is not None else None
+            self.steps[best.source if best.speculates and best.source else "none"] += 1
+            self.k_chosen[min(best.k, 16)] += 1
+        return out
+
+    # -- feedback ----------------------------------------------------------------------------------------------
+    def verdict(self, seq: SequenceArms, proposed: int, accepted: int) -> None:
+        """After the target's verdict on the step ``plan`` chose for ``seq``: learn from it, decay old evidence."""
+        seq.decay(self.idle_decay)
+        seq.steps += 1
+        if seq.last is not None and proposed > 0:
+            arm, _ = seq.last
+            rate = seq.rates.setdefault(arm, Rate())
+            rate.decay(self.recency)
+            rate.add(proposed, accepted)
+            self.tracker.observe(arm, proposed, accepted)
+        seq.last = None
+
+    def observe_target(self, tokens: int, seconds: float) -> None:
+        self.target.observe(tokens, seconds)
+
+    def observe_draft(self, rows: int, seconds: float) -> None:
+        self.draft.observe(rows, seconds)
+
+    def snapshot(self) -> dict[str, Any]:
+        """What the policy has learned (for metrics and logs)."""
+        total = sum(self.steps.values())
+        return {
+            "steps": dict(self.steps),
+            "no_speculation_share": round(self.steps["none"] / total, 4) if total else 0.0,
+            "k_chosen": {k: n for k, n in enumerate(self.k_chosen) if n},
+            "acceptance": {f"{s}:{m}": round(self.tracker.mean((s, m)), 4) for s, m in sorted(self.tracker.rates)},
+            "target_pass_s": {b: round(s, 5) for b, s in sorted(self.target.seconds.items())},
+            "draft_round_s": {b: round(s, 5) for b, s in sorted(self.draft.seconds.items())},
+        }

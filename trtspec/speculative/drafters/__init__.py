@@ -1,0 +1,91 @@
+"""Drafters: what proposes the draft tokens of a step. One module per drafter (``ngram``, ``hybrid``, ``adaptive``; the
+draft model's is ``trtspec.runtimes.inflight.drafter``, which needs its KV cache), and one registry
+(``registry``: what each kind needs, which runtimes and orchestrations serve it, how each process builds it).
+
+The target verifies any proposal exactly as it verifies a draft model's (``draft_input_ids``), so every drafter is
+lossless: greedy output stays the target's, and a proposal without a distribution is a point mass q = 1 on its token,
+which keeps rejection sampling exact (accept with probability p(x)).
+
+Three interfaces, by caller:
+
+- per request and step, from its tokens so far (``Drafter``): ``propose(context, k) -> Proposal``;
+- the in-flight engine's (``EngineDrafter``): ``admit(job)``, ``propose(jobs, ks, batch_tokens)``,
+  ``commit(job, history_before, proposed, accepted)``, ``release(job, keep)``, ``free`` (jobs it can still take),
+  ``observe_pass(tokens, seconds)`` (the step's target pass);
+- the BLS orchestrator's (``LocalDrafter``): ``plan(state, seq, k) -> (tokens or None, model_k)`` before a step,
+  ``verdict(state, proposed, accepted, target_s, draft_s)`` after it (with the engine calls' seconds).
+
+Light to import (no torch): the Triton models and the CLI load it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence
+
+from trtspec.spec import DrafterKind
+
+__all__ = ["Drafter", "DrafterKind", "EngineDrafter", "LocalDrafter", "Proposal", "UNLIMITED", "in_vocab"]
+
+UNLIMITED = 1 << 30  # a drafter without per-job memory (n-grams) takes any number of jobs
+
+
+@dataclass
+class Proposal:
+    """Draft tokens for one step, how long a suffix of the context matched to find them (0: no match), where they
+    came from, and the draft's distribution over them (``q``: [len(tokens), V] when a draft model samples; None: a
+    point mass on each token)."""
+
+    tokens: list[int] = field(default_factory=list)
+    match_len: int = 0
+    source: str = "none"  # "prompt" (lookup in the request's own tokens), "pool", "model", "none"
+    q: Any = None
+
+
+def in_vocab(tokens: list[int], vocab: int) -> list[int]:
+    """The proposal up to its first token the target cannot take (a pool of another vocabulary)."""
+    for i, t in enumerate(tokens):
+        if not 0 <= t < vocab:
+            return tokens[:i]
+    return tokens
+
+
+class Drafter(Protocol):
+    """What the decoding core calls once per request and step."""
+
+    def propose(self, context: Sequence[int], k: int) -> Proposal:
+        """Up to ``k`` draft tokens continuing ``context`` (prompt + answer so far)."""
+        ...
+
+
+class EngineDrafter(Protocol):
+    """What the in-flight engine calls (see the module docstring). ``admit`` must leave ``job.draft_state`` set: the
+    engine asks only jobs that have one."""
+
+    vocab: int
+
+    @property
+    def free(self) -> int: ...
+
+    def admit(self, job: Any) -> None: ...
+
+    def propose(self, jobs: list[Any], ks: list[int], batch_tokens: int = 0) -> list[Proposal]: ...
+
+    def commit(self, job: Any, history_before: int, proposed: int, accepted: int) -> None: ...
+
+    def release(self, job: Any, keep: bool = True) -> None: ...
+
+    def observe_pass(self, tokens: int, seconds: float) -> None:
+        """The target's packed pass of this step fed ``tokens`` tokens in ``seconds`` (adaptive drafters learn)."""
+
+
+class LocalDrafter(Protocol):
+    """What the BLS orchestrator calls per request (see the module docstring)."""
+
+    def new_state(self) -> Any: ...
+
+    def plan(self, state: Any, seq: Sequence[int], k: int) -> tuple[list[int] | None, int]: ...
+
+    def verdict(
+        self, state: Any, proposed: int, accepted: int, target_s: float = 0.0, draft_s: float = 0.0
+    ) -> None: ...

@@ -1,0 +1,139 @@
+"""The adaptive drafter: per sequence and step, the n-grams, the draft model or no speculation, and K, as
+``trtspec.speculative.adaptive.AdaptivePolicy`` chooses from the acceptance and costs it measures.
+
+Each step it looks up the n-gram proposal of every sequence (free: a few array lookups), asks the policy what each
+sequence does, runs the draft model (when there is one) for the sequences that chose it in the shared packed passes,
+and after the target's verdict tells the policy what was accepted. The draft model's KV cache catches up on the tokens
+of steps it did not draft, as in the hybrid (``ModelDrafter.commit`` with nothing proposed queues them).
+
+Two forms: ``AdaptiveEngineDrafter`` for the in-flight engine (in process and the in-process Triton model) and
+``AdaptiveLocalDrafter`` for the BLS orchestrator, which asks the draft engine for the model's tokens and learns the
+costs from its own engine calls.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from trtspec.speculative.adaptive import MODEL, NGRAM, AdaptivePolicy, Ask, SequenceArms
+from trtspec.speculative.drafters import UNLIMITED, DrafterKind, Proposal
+from trtspec.speculative.drafters.ngram import NgramDrafter, NgramEngineDrafter
+
+
+class AdaptiveEngineDrafter:
+    """The in-flight engine's adaptive drafter (trtspec.speculative.drafters.EngineDrafter)."""
+
+    kind = DrafterKind.ADAPTIVE
+
+    def __init__(
+        self, ngram: NgramDrafter, vocab: int, model: Any = None, policy: AdaptivePolicy | None = None
+    ) -> None:
+        self.ngram = NgramEngineDrafter(ngram, vocab)
+        self.model = model  # a ModelDrafter (trtspec.runtimes.inflight.drafter), or None: n-grams or nothing
+        self.vocab = vocab
+        self.policy = policy or AdaptivePolicy()
+        if model is not None:
+            model.on_round = self.policy.observe_draft
+        self._arms: dict[int, SequenceArms] = {}
+        self._by_model: set[int] = set()
+
+    @property
+    def passes(self) -> int:
+        return int(self.model.passes) if self.model is not None else 0
+
+    @property
+    def free(self) -> int:
+        return int(self.model.free) if self.model is not None else UNLIMITED
+
+    def admit(self, job: Any) -> None:
+        if self.model is not None:
+            self.model.admit(job)
+        else:
+            job.draft_state = self.kind
+        self._arms[id(job)] = SequenceArms()
+
+    def release(self, job: Any, keep: bool = True) -> None:
+        self._arms.pop(id(job), None)
+        self._by_model.discard(id(job))
+        if self.model is not None:
+            self.model.release(job, keep)
+        else:
+            job.draft_state = None
+
+    def propose(self, jobs: list[Any], ks: list[int], batch_tokens: int = 0) -> list[Proposal]:
+        t0 = time.perf_counter()
+        found = [self.ngram.propose_one(job.history(), k) for job, k in zip(jobs, ks)]
+        asks = [
+            Ask(k, p.tokens, p.match_len, self.model is not None, max(1, len(job.pending)))
+            for job, k, p in zip(jobs, ks, found)
+        ]
+        # Jobs of the batch that do not speculate feed tokens too: the step's cost grows from all of them.
+        others = max(0, batch_tokens - sum(a.base_tokens for a in asks))
+        if others and asks:
+            asks[0] = Ask(
+                asks[0].k_max, asks[0].ngram_tokens, asks[0].ngram_match, asks[0].model, asks[0].base_tokens + others
+            )
+        choices = self.policy.plan([self._arms[id(job)] for job in jobs], asks)
+        out = [Proposal() for _ in jobs]
+        to_model, model_ks = [], []
+        for i, (choice, p) in enumerate(zip(choices, found)):
+            if choice.source == NGRAM:
+                out[i] = Proposal(p.tokens[: choice.k], p.match_len, p.source)
+            elif choice.source == MODEL:
+                to_model.append(i)
+                model_ks.append(choice.k)
+        dt = time.perf_counter() - t0
+        for job in jobs:
+            job.stats.draft_s += dt
+        if to_model:
+            for i, p in zip(to_model, self.model.propose([jobs[i] for i in to_model], model_ks)):
+                out[i] = p
+                self._by_model.add(id(jobs[i]))
+        return out
+
+    def commit(self, job: Any, history_before: int, proposed: int, accepted: int) -> None:
+        arms = self._arms.get(id(job))
+        if arms is not None:
+            self.policy.verdict(arms, proposed, accepted)
+        by_model = id(job) in self._by_model
+        self._by_model.discard(id(job))
+        if self.model is not None:
+            self.model.commit(job, history_before, proposed if by_model else 0, accepted if by_model else 0)
+
+    def observe_pass(self, tokens: int, seconds: float) -> None:
+        self.policy.observe_target(tokens, seconds)
+
+
+class AdaptiveLocalDrafter:
+    """The BLS orchestrator's adaptive drafter (trtspec.speculative.drafters.LocalDrafter): n-gram tokens from this
+    process, or a number of tokens to ask the draft engine for (``has_model``), or none. The costs are learned from
+    the orchestrator's own timings of its engine calls (``verdict``'s ``target_s`` and ``draft_s``)."""
+
+    kind = DrafterKind.ADAPTIVE
+
+    def __init__(self, ngram: NgramDrafter, *, has_model: bool, policy: AdaptivePolicy | None = None) -> None:
+        self.ngram = ngram
+        self.has_model = has_model
+        self.policy = policy or AdaptivePolicy()
+
+    def new_state(self) -> SequenceArms:
+        return SequenceArms()
+
+    def plan(self, state: SequenceArms, seq: Sequence[int], k: int) -> tuple[list[int] | None, int]:
+        p = self.ngram.propose(seq, k)
+        (choice,) = self.policy.plan([state], [Ask(k, p.tokens[:k], p.match_len, self.has_model, 1)])
+        if choice.source == MODEL:
+            return None, choice.k
+        return (list(p.tokens[: choice.k]) if choice.source == NGRAM else []), 0
+
+    def verdict(
+        self, state: SequenceArms, proposed: int, accepted: int, target_s: float = 0.0, draft_s: float = 0.0
+    ) -> None:
+        model_k = state.last[1] if state.last is not None and state.last[0][0] == MODEL else 0
+        self.policy.verdict(state, proposed, accepted)
+        if target_s > 0:
+            self.policy.observe_target(proposed + 1, target_s)  # one target call verifying `proposed` tokens
+        if draft_s > 0 and model_k:
+            self.policy.observe_draft(1, draft_s / model_k)  # one draft engine call of model_k tokens
