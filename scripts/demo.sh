@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # The main job on the embedded example: write a spec, check it, show the plan, write the Triton repository, serve it
-# with a real tritonserver, ask one question through the ensemble target-only and then speculatively (the same
-# server, num_draft_tokens 0 vs the deployment's K), compare the answers and latencies, measure both side by side
+# with a real tritonserver, ask two questions through the ensemble (one grounded in a given passage, one open), each
+# target-only and then speculatively (the same server, num_draft_tokens 0 vs the deployment's K), compare the answers
+# and latencies with a verdict per question, measure both side by side
 # with `trtspec bench`, say plainly whether speculation paid on this machine and why, and stop the server.
 set -euo pipefail
 work=${TRTSPEC_DEMO_DIR:-demo-out}
-question=${TRTSPEC_DEMO_QUESTION:-"Why is the sky blue? Answer in two sentences."}
-max_tokens=${TRTSPEC_DEMO_MAX_TOKENS:-48}
+open_question=${TRTSPEC_DEMO_QUESTION:-"Why is the sky blue? Answer in two sentences."}
+grounded_question=${TRTSPEC_DEMO_GROUNDED:-"Rewrite this passage in plain words, keeping every fact: The Eiffel Tower is a \
+wrought-iron lattice tower in Paris, France. It was built from 1887 to 1889 for the World's Fair and is 330 meters tall. \
+It was the tallest man-made structure in the world until 1930."}
+max_tokens=${TRTSPEC_DEMO_MAX_TOKENS:-64}
 mkdir -p "$work"
 cd "$work"
 step() { printf '\n== %s\n' "$*"; }
@@ -49,25 +53,34 @@ while time.time() < deadline:
 sys.exit("tritonserver was not ready within 300 s; see demo-out/tritonserver.log")
 PY
 
-step "one question, target only (num_draft_tokens 0), then speculative (the deployment's K)"
-echo "question: $question"
+step "two questions, each target only (num_draft_tokens 0), then speculative (the deployment's K, adaptive per step)"
 # Each path once first, unmeasured: a first request pays one-time costs (and both then find the prompt's KV cached).
-for mode in --no-draft ""; do trtspec generate "$question" --url "127.0.0.1:$grpc" -n 4 $mode --json > /dev/null; done
-trtspec generate "$question" --url "127.0.0.1:$grpc" -n "$max_tokens" --no-draft --json > target_only.json
-trtspec generate "$question" --url "127.0.0.1:$grpc" -n "$max_tokens" --json > speculative.json
-python - target_only.json speculative.json <<'PY'
+for mode in --no-draft ""; do trtspec generate "$open_question" --url "127.0.0.1:$grpc" -n 4 $mode --json > /dev/null; done
+ask() {  # name, question: target-only then speculative, then the verdict for this question
+    trtspec generate "$2" --url "127.0.0.1:$grpc" -n "$max_tokens" --no-draft --json > "$1.target_only.json"
+    trtspec generate "$2" --url "127.0.0.1:$grpc" -n "$max_tokens" --json > "$1.speculative.json"
+    python - "$1" "$1.target_only.json" "$1.speculative.json" <<'PY'
 import json, sys
-base, spec = (json.load(open(p)) for p in sys.argv[1:3])
-for name, r in (("target only", base), ("speculative", spec)):
+name = sys.argv[1]
+base, spec = (json.load(open(p)) for p in sys.argv[2:4])
+print(f"-- {name} question")
+for label, r in (("target only", base), ("speculative", spec)):
     s = r["stats"]
-    extra = f", acceptance {s['acceptance_rate']:.2f}" if name == "speculative" and "acceptance_rate" in s else ""
-    print(f"{name:>12}: {r['text'].strip()!r}")
+    extra = ""
+    if label == "speculative" and "acceptance_rate" in s:
+        extra = f", acceptance {s['acceptance_rate']:.2f}, {s.get('tokens_per_step', 0):.2f} tokens per target step"
+    print(f"{label:>12}: {r['text'].strip()!r}")
     print(f"{'':>12}  {s.get('num_output_tokens', '?')} tokens in {r['latency_s']:.2f} s{extra}")
 same = base["text"] == spec["text"]
 print(f"same answer: {'yes' if same else 'NO'} (greedy speculative decoding must give the target's own text)")
-print(f"this question: speculative took {spec['latency_s'] / base['latency_s']:.2f}x the target-only time")
+ratio = base["latency_s"] / spec["latency_s"]
+verdict = "faster" if ratio >= 1.05 else "no measurable difference" if ratio > 1 / 1.05 else "slower"
+print(f"verdict ({name}): speculative {ratio:.2f}x the target-only speed: {verdict}")
 sys.exit(0 if same else 1)
 PY
+}
+ask grounded "$grounded_question"
+ask open "$open_question"
 
 step "trtspec bench: the built-in prompts, target-only and speculative, one at a time, side by side"
 trtspec bench --url "127.0.0.1:$grpc" -c 1 --requests 6 -n "$max_tokens"

@@ -95,6 +95,41 @@ def encode_prompt(tokenizer: Any, text: str, chat: bool = True) -> list[int]:
     return ids if ids else [tokenizer.bos_token_id or 0]
 
 
+def encode_messages(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[int]:
+    """Token ids of a conversation through the chat template (a generation prompt for the assistant's next turn);
+    without a template, the turns' texts joined by newlines."""
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+        return list(ids if isinstance(ids, list) else ids["input_ids"])
+    return encode_prompt(tokenizer, "\n".join(m["content"] for m in messages), chat=False)
+
+
+WORKLOAD_CATEGORIES = ("chat", "code", "summarization", "rag", "translation", "math")
+
+
+def workloads(path: Path | None = None) -> dict[str, list[list[dict[str, str]]]]:
+    """The workload prompt set per category (``trtspec/data/workloads.jsonl``, written for trtspec: multi-turn chat,
+    code, summarization, retrieval-grounded QA, translation, math reasoning): conversations as chat messages. The
+    benchmarks and `trtspec tune --workloads` measure drafters on it; distillation never trains on it."""
+    path = path or Path(str(resources.files("trtspec") / "data" / "workloads.jsonl"))
+    out: dict[str, list[list[dict[str, str]]]] = {}
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+            category, messages = str(obj["category"]), list(obj["messages"])
+            if not messages or not all(isinstance(m.get("content"), str) for m in messages):
+                raise ValueError("empty conversation")
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise DistillError(
+                f"{path}:{n}: not a workload line ({exc})",
+                hint='one JSON object per line: {"category": "chat", "messages": [{"role": "user", "content": "..."}]}',
+            ) from None
+        out.setdefault(category, []).append(messages)
+    return out
+
+
 def held_out_prompts(n: int, held_out: float = HELD_OUT) -> list[str]:
     """The first ``n`` held-out prompts of the shipped set (the ones `trtspec distill` never trains on by default)."""
     return split_prompts(load_prompts(None), held_out)[1][:n]

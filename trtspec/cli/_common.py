@@ -11,8 +11,9 @@ from rich.console import Console
 
 from trtspec.spec import BuildSpec, load_spec
 
-console = Console()
-err_console = Console(stderr=True)
+# Not a terminal (a log, a pipe, CI): rich would fold tables at 80 columns ("tar…", "0.8…"); print them whole.
+console = Console(width=None if sys.stdout.isatty() else 160)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 
 DEFAULT_SPEC = "trtspec.yaml"

@@ -1,0 +1,218 @@
+"""Drafters per workload category, in process, side by side in one run: fixed (drafter, K) versus adaptive.
+
+The embedded example (SmolLM2-135M-Instruct target, its distilled draft and n-gram pool), the workload prompt set
+(``trtspec/data/workloads.jsonl``: multi-turn chat, code, summarization, retrieval-grounded QA, translation, math
+reasoning), greedy. For every prompt, interleaved so that every configuration meets the same machine: target-only,
+then each configuration on its own decoder (``--configs``, e.g. ``model:4,ngram:4,hybrid:4,adaptive:4``). Per
+category and configuration: tokens per target step, acceptance, and speedup = target-only seconds / configuration
+seconds over the category's prompts; greedy output must equal target-only for every prompt (checked). The adaptive
+decoder keeps one policy for the whole run, as a server does (it learns from every request before).
+
+    python benchmarks/workloads_cpu.py [--configs ...] [--max-tokens 96] [--repeats 1] [--threads 2] \
+        [--json F] [--plot F]
+
+Takes about 8 minutes with the default configurations on a quiet 2-core machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from trtspec.prompts import WORKLOAD_CATEGORIES, encode_messages, workloads  # noqa: E402
+from trtspec.runtimes.torch.decoder import SpeculativeDecoder  # noqa: E402
+from trtspec.speculative.drafters.ngram import POOL_FILE, NgramPool  # noqa: E402
+
+DEFAULT_CONFIGS = "model:4,ngram:4,ngram:2,hybrid:4,adaptive:4"
+
+
+def parse_configs(text: str) -> list[tuple[str, int]]:
+    out = []
+    for item in text.split(","):
+        kind, _, k = item.partition(":")
+        out.append((kind.strip(), int(k or 4)))
+    return out
+
+
+def _timed(dec: SpeculativeDecoder, ids: list[int], n: int, use_draft: bool):
+    t0 = time.perf_counter()
+    r = dec.generate([ids], n, use_draft=use_draft)[0]
+    return time.perf_counter() - t0, r
+
+
+def run(configs, max_tokens: int, repeats: int, categories) -> dict:
+    from trtspec.example import example_models
+    from trtspec.runtimes.torch.session import TorchSession
+
+    paths = example_models()
+    session = TorchSession(paths.target, paths.draft, max_draft_len=max(k for _, k in configs))
+    pool = NgramPool.load(Path(paths.draft) / POOL_FILE)
+    eos = list(session.decoder.eos_ids)
+    base = SpeculativeDecoder(session.target, None, eos_ids=eos)
+    decoders = {
+        f"{kind}:{k}": SpeculativeDecoder(
+            session.target,
+            session.draft if kind != "ngram" else None,
+            max_draft_len=k,
+            eos_ids=eos,
+            drafter=kind,
+            ngram_pool=pool,
+        )
+        for kind, k in configs
+    }
+    sets = workloads()
+    warm = encode_messages(session.tokenizer, sets["chat"][0])
+    for dec in [base, *decoders.values()]:  # one-time costs (allocation, first passes) out of the measurement
+        dec.generate([warm[:32]], 8)
+    rows: dict[str, dict[str, dict]] = {}
+    from rich.progress import Progress
+
+    todo = sum(len(sets[c]) for c in categories) * repeats
+    with Progress(transient=True) as progress:
+        task = progress.add_task("prompts", total=todo)
+        for cat in categories:
+            acc = {
+                name: {"s": 0.0, "tokens": 0, "steps": 0, "drafted": 0, "accepted": 0, "same": True}
+                for name in decoders
+            }
+            acc["target-only"] = {"s": 0.0, "tokens": 0, "steps": 0, "drafted": 0, "accepted": 0, "same": True}
+            for _ in range(repeats):
+                for messages in sets[cat]:
+                    ids = encode_messages(session.tokenizer, messages)
+                    dt, ref = _timed(base, ids, max_tokens, False)
+                    a = acc["target-only"]
+                    a["s"] += dt
+                    a["tokens"] += len(ref.token_ids)
+                    a["steps"] += ref.stats.target_steps
+                    for name, dec in decoders.items():
+                        dt, r = _timed(dec, ids, max_tokens, True)
+                        a = acc[name]
+                        a["s"] += dt
+                        a["tokens"] += len(r.token_ids)
+                        a["steps"] += r.stats.target_steps
+                        a["drafted"] += r.stats.total_draft_tokens
+                        a["accepted"] += r.stats.total_accepted_draft_tokens
+                        a["same"] &= r.token_ids == ref.token_ids
+                    progress.advance(task)
+            base_s = acc["target-only"]["s"]
+            rows[cat] = {
+                name: {
+                    "speedup": round(base_s / a["s"], 3) if a["s"] else 0.0,
+                    "tokens_per_step": round(a["tokens"] / a["steps"], 3) if a["steps"] else 0.0,
+                    "acceptance": round(a["accepted"] / a["drafted"], 3) if a["drafted"] else 0.0,
+                    "seconds": round(a["s"], 3),
+                    "identical_greedy": a["same"],
+                }
+                for name, a in acc.items()
+            }
+    adaptive = [n for n in decoders if n.startswith("adaptive")]
+    policy = decoders[adaptive[0]].policy.snapshot() if adaptive else None
+    return {"categories": rows, "configs": list(decoders), "max_tokens": max_tokens, "adaptive_policy": policy}
+
+
+def _geo(xs) -> float:
+    xs = [x for x in xs if x > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else 0.0
+
+
+def summary(result: dict) -> dict:
+    """Per configuration: geometric mean and worst speedup over the categories; per category the best fixed one."""
+    cats = result["categories"]
+    names = result["configs"]
+    out = {
+        name: {
+            "geomean": round(_geo([cats[c][name]["speedup"] for c in cats]), 3),
+            "worst": round(min(cats[c][name]["speedup"] for c in cats), 3),
+        }
+        for name in names
+    }
+    fixed = [n for n in names if not n.startswith("adaptive")]
+    best = {c: max(fixed, key=lambda n: cats[c][n]["speedup"]) for c in cats} if fixed else {}
+    return {"per_config": out, "best_fixed": best}
+
+
+def render(result: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    cats = result["categories"]
+    names = result["configs"]
+    summ = summary(result)
+    table = Table(title=f"speedup over target-only (tokens per target step), in process, {result['max_tokens']} tokens")
+    table.add_column("category")
+    for name in names:
+        table.add_column(name, justify="right")
+    table.add_column("best fixed", justify="right")
+    for c in cats:
+        cells = []
+        for name in names:
+            r = cats[c][name]
+            mark = "" if r["identical_greedy"] else " DIFF"
+            cells.append(f"{r['speedup']:.2f}x ({r['tokens_per_step']:.2f}){mark}")
+        table.add_row(c, *cells, summ["best_fixed"].get(c, ""))
+    table.add_row(
+        "geomean (worst)",
+        *[f"{summ['per_config'][n]['geomean']:.2f}x ({summ['per_config'][n]['worst']:.2f}x)" for n in names],
+        "",
+    )
+    Console(width=max(120, 24 * (len(names) + 2))).print(table)
+    if result.get("adaptive_policy"):
+        Console(width=160).print("adaptive policy:", result["adaptive_policy"])
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cats = list(result["categories"])
+    names = result["configs"]
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    width = 0.8 / len(names)
+    for j, name in enumerate(names):
+        xs = [i + (j - (len(names) - 1) / 2) * width for i in range(len(cats))]
+        ax.bar(xs, [result["categories"][c][name]["speedup"] for c in cats], width, label=name)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(cats)), cats)
+    ax.set_ylabel("speedup over target-only")
+    ax.set_title("Drafters per workload category (in process, greedy)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--configs", default=DEFAULT_CONFIGS)
+    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--categories", default=",".join(WORKLOAD_CATEGORIES))
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--plot", type=Path)
+    args = parser.parse_args()
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    torch.set_num_threads(args.threads)
+    result = run(parse_configs(args.configs), args.max_tokens, args.repeats, args.categories.split(","))
+    result["summary"] = summary(result)
+    render(result)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+    if args.plot:
+        plot(result, args.plot)
+
+
+if __name__ == "__main__":
+    main()
