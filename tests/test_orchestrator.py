@@ -181,3 +181,37 @@ def test_ngram_and_hybrid_proposals_reach_the_target_as_draft_tokens_losslessly(
         assert "tensorrt_llm_draft" not in counting.calls
     else:
         assert counting.calls.get("tensorrt_llm_draft", 0) > 0  # prompts without a pooled answer use the model
+
+
+def test_the_adaptive_drafter_switches_per_step_in_the_orchestrator_losslessly(setup):
+    """The BLS orchestrator's adaptive drafter (registry-built, as the BLS model builds it) chooses per step between
+    the n-grams, the draft engine and no draft, learning the costs from its own engine calls; greedy output is the
+    target's, and with a pool of half the answers both sources and plain steps occur."""
+    from trtspec.speculative.drafters.ngram import NgramPool
+    from trtspec.speculative.drafters.registry import DrafterContext, local_drafter
+
+    engines, decoder = setup
+    answers = {tuple(p): target_only(decoder, p, 24) for p in PROMPTS}
+    pool = NgramPool.from_sequences([p + answers[tuple(p)] for p in PROMPTS[:3]], vocab_size=512)
+    drafter = local_drafter("adaptive", DrafterContext(pool=pool, has_draft_engine=True))
+    counting = _CountingEngines(engines)
+    no_draft = 0
+    for p in PROMPTS:
+
+        async def one(p=p):
+            stats, out = SpecStats(), []
+            async for tokens in generate(
+                RowRequest(p, 24, end_id=EOS), counting, Deployment(max_draft_len=4), stats, drafter=drafter
+            ):
+                out += tokens
+            return out, stats
+
+        out, stats = asyncio.run(one())
+        assert out == answers[tuple(p)]
+        no_draft += stats.no_draft_steps
+    policy = drafter.policy
+    assert policy.steps["ngram"] > 0, policy.snapshot()
+    assert policy.target.seconds, "the target's call costs were learned"
+    # the draft engine is called exactly when the policy chose the model
+    assert (counting.calls.get("tensorrt_llm_draft", 0) > 0) == (policy.steps["model"] > 0)
+    assert no_draft >= policy.steps["none"]  # plus the last step of each answer, which has no room for a draft

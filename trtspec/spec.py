@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from trtspec.errors import SpecError
+from trtspec.speculative.drafters import DrafterKind
 from trtspec.speculative.rules import MAX_DRAFT_LEN
 
 ENV_PREFIX = "TRTSPEC_SPEC__"
@@ -50,15 +51,6 @@ class Quantization(str, Enum):
     INT4_AWQ = "int4_awq"
     W4A8_AWQ = "w4a8_awq"
     NVFP4 = "nvfp4"
-
-
-class DrafterKind(str, Enum):
-    """What proposes the draft tokens (``speculative.drafter``)."""
-
-    MODEL = "model"
-    NGRAM = "ngram"
-    HYBRID = "hybrid"
-    ADAPTIVE = "adaptive"
 
 
 class KVCacheFormat(str, Enum):

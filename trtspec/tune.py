@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trtspec.errors import GenerationError
-from trtspec.spec import BuildSpec, DrafterKind
+from trtspec.spec import BuildSpec
+from trtspec.speculative.drafters import DrafterKind
 from trtspec.speculative.speedup import (
     MatchProfile,
     Simulated,

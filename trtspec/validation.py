@@ -1,7 +1,9 @@
 """One set of rules for a generation request, applied before anything is sent, loaded or written.
 
 The same rules hold in process (`trtspec generate --spec`), through a server (`--url`, `trtspec bench`,
-``TritonLLMClient``) and for the draft/target pair (``check_pair``: `check`, `repo`, `generate`). Field names are the
+``TritonLLMClient``) and for the draft/target pair (trtspec.build.check.check_pair: `check`, `repo`, `generate`).
+The sampling rule is the core's (trtspec.speculative.rules.validate_sampling, which SamplingParams applies). Field
+names are the
 request contract's (TensorRT-LLM's): ``max_tokens``, ``temperature``, ``top_k``, ``top_p``, ``seed``,
 ``num_draft_tokens`` (K of one request; the deployment's bound is ``max_draft_len``).
 """
@@ -11,35 +13,12 @@ from __future__ import annotations
 from typing import Any
 
 from trtspec.errors import GenerationError
-from trtspec.speculative.rules import MAX_DRAFT_LEN
-
-SEED_MAX = 2**64 - 1  # the ensemble's seed is UINT64
-
-
-def _number(name: str, value: Any, kind: type) -> Any:
-    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
-        raise GenerationError(
-            f"{name} must be {'a number' if kind is float else 'an integer'}, got {value!r}",
-            hint=f"pass {name} as {'a number' if kind is float else 'an integer'}",
-        )
-    return value
-
-
-def validate_sampling(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None) -> None:
-    """Temperature >= 0 (0 = greedy), top_k >= 0 (0 = off), 0 < top_p <= 1 (1 = off), 0 <= seed < 2**64."""
-    if _number("temperature", temperature, float) < 0 or temperature != temperature:
-        raise GenerationError(f"temperature must be >= 0, got {temperature}", hint="0 means greedy")
-    if _number("top_k", top_k, int) < 0:
-        raise GenerationError(f"top_k must be >= 0, got {top_k}", hint="0 disables top-k filtering")
-    if not 0.0 < _number("top_p", top_p, float) <= 1.0:
-        raise GenerationError(f"top_p must be in (0, 1], got {top_p}", hint="1.0 disables top-p filtering")
-    if seed is not None and not 0 <= _number("seed", seed, int) <= SEED_MAX:
-        raise GenerationError(f"seed must be in 0..2**64-1, got {seed}", hint="any non-negative integer")
+from trtspec.speculative.rules import MAX_DRAFT_LEN, number_of, validate_sampling
 
 
 def validate_max_tokens(max_tokens: int) -> None:
     """At least one token."""
-    if _number("max_tokens", max_tokens, int) < 1:
+    if number_of("max_tokens", max_tokens, int) < 1:
         raise GenerationError(
             f"max_tokens must be >= 1, got {max_tokens}", hint="ask for at least one token (--max-tokens / -n)"
         )
@@ -49,7 +28,7 @@ def validate_num_draft_tokens(k: int | None, max_draft_len: int = MAX_DRAFT_LEN)
     """None (the deployment's K), 0 (target only) or 1..max_draft_len."""
     if k is None:
         return
-    if not 0 <= _number("num_draft_tokens", k, int) <= max_draft_len:
+    if not 0 <= number_of("num_draft_tokens", k, int) <= max_draft_len:
         bound = (
             f"K is at most {MAX_DRAFT_LEN}"
             if max_draft_len == MAX_DRAFT_LEN
@@ -94,10 +73,3 @@ def validate_fields(values: dict[str, Any]) -> None:
         values.get("temperature", 0.0), values.get("top_k", 0), values.get("top_p", 1.0), values.get("seed")
     )
     validate_num_draft_tokens(values.get("num_draft_tokens"))
-
-
-def check_pair(spec: Any) -> None:
-    """Draft and target must share one tokenizer (see trtspec.build.check.check_pair)."""
-    from trtspec.build.check import check_pair as _check_pair
-
-    _check_pair(spec)

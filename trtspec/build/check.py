@@ -12,7 +12,8 @@ from trtspec.build.tokenizers import TokenizerInfo, first_vocab_difference, read
 from trtspec.build.toolchain import Toolchain, detect_toolchain
 from trtspec.errors import IncompatibleModelsError, TrtspecError
 from trtspec.families import NormalizedConfig, known_families, read_config
-from trtspec.spec import BuildSpec, DrafterKind, Quantization, Runtime
+from trtspec.spec import BuildSpec, Quantization, Runtime
+from trtspec.speculative.drafters import DrafterKind
 
 BLOCK_SIZE_4BIT = 128
 
@@ -248,7 +249,8 @@ def _check_drafter(report: CheckReport, spec: BuildSpec, t: NormalizedConfig, tt
     if not drafter.uses_pool:
         return
     pool = spec.ngram_pool_path
-    if not pool.is_file() and spec.speculative.ngram_pool is None and spec.runtime is Runtime.TORCH:
+    if not pool.is_file() and spec.speculative.ngram_pool is None:
+        # The default pool (next to the draft) is optional: without it the drafter proposes by prompt lookup only.
         report.add(
             "n-gram pool",
             Level.WARN,

@@ -58,8 +58,9 @@ def generate(
     as_json: JsonOpt = False,
 ) -> None:
     """Generate text for PROMPT with draft-target speculative decoding (in process, or from a server with --url)."""
+    from trtspec.build.check import check_pair
     from trtspec.errors import GenerationError
-    from trtspec.validation import check_pair, validate_request
+    from trtspec.validation import validate_request
 
     k = num_draft_tokens if num_draft_tokens is not None else draft_len
     if no_draft and k:

@@ -17,8 +17,8 @@ def repo(
     as_json: JsonOpt = False,
 ) -> None:
     """Write the Triton model repository (ensemble, pre/postprocessing, orchestrator, target and draft models)."""
+    from trtspec.build.check import check_pair
     from trtspec.triton_repo.writer import write_repo
-    from trtspec.validation import check_pair
 
     spec = resolve_spec(spec_path)
     check_pair(spec)  # one tokenizer for both models, before anything is written

@@ -16,6 +16,31 @@ from typing import Any
 
 from trtspec.errors import GenerationError
 
+SEED_MAX = 2**64 - 1  # the ensemble's seed is UINT64
+
+
+def number_of(name: str, value: Any, kind: type) -> Any:
+    """``value`` when it is a number of ``kind`` (int, or int/float; never bool), else a GenerationError."""
+    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
+        raise GenerationError(
+            f"{name} must be {'a number' if kind is float else 'an integer'}, got {value!r}",
+            hint=f"pass {name} as {'a number' if kind is float else 'an integer'}",
+        )
+    return value
+
+
+def validate_sampling(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None) -> None:
+    """Temperature >= 0 (0 = greedy), top_k >= 0 (0 = off), 0 < top_p <= 1 (1 = off), 0 <= seed < 2**64."""
+    if number_of("temperature", temperature, float) < 0 or temperature != temperature:
+        raise GenerationError(f"temperature must be >= 0, got {temperature}", hint="0 means greedy")
+    if number_of("top_k", top_k, int) < 0:
+        raise GenerationError(f"top_k must be >= 0, got {top_k}", hint="0 disables top-k filtering")
+    if not 0.0 < number_of("top_p", top_p, float) <= 1.0:
+        raise GenerationError(f"top_p must be in (0, 1], got {top_p}", hint="1.0 disables top-p filtering")
+    if seed is not None and not 0 <= number_of("seed", seed, int) <= SEED_MAX:
+        raise GenerationError(f"seed must be in 0..2**64-1, got {seed}", hint="any non-negative integer")
+
+
 # The most draft tokens per step any trtspec path accepts (the spec's speculative.max_draft_len is 1..this).
 MAX_DRAFT_LEN = 16
 
@@ -30,8 +55,6 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        from trtspec.validation import validate_sampling  # the one set of request rules (imports this module)
-
         validate_sampling(self.temperature, self.top_k, self.top_p, self.seed)
 
     @property

@@ -21,11 +21,20 @@ Light to import (no torch): the Triton models and the CLI load it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Protocol, Sequence
 
-from trtspec.spec import DrafterKind
-
 __all__ = ["Drafter", "DrafterKind", "EngineDrafter", "LocalDrafter", "Proposal", "UNLIMITED", "in_vocab"]
+
+
+class DrafterKind(str, Enum):
+    """What proposes the draft tokens (``speculative.drafter``; each kind's entry: ``registry.DRAFTERS``)."""
+
+    MODEL = "model"
+    NGRAM = "ngram"
+    HYBRID = "hybrid"
+    ADAPTIVE = "adaptive"
+
 
 UNLIMITED = 1 << 30  # a drafter without per-job memory (n-grams) takes any number of jobs
 

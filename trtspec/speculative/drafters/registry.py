@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trtspec.errors import GenerationError
-from trtspec.spec import DrafterKind, Orchestration, Runtime
+from trtspec.speculative.drafters import DrafterKind
 
 # Where a kind can run: the torch runtime in process (the in-flight engine) or with a BLS orchestrator, a TensorRT-LLM
 # engine repository (always a BLS orchestrator), the LLM API (TensorRT-LLM's own speculation).
@@ -169,16 +169,17 @@ def entry(kind: DrafterKind | str) -> DrafterEntry:
         raise ValueError(f"unknown drafter {kind!r} (known: {known})") from None
 
 
-def place(runtime: Runtime, orchestration: Orchestration) -> str:
-    """Where a deployment runs its drafter (IN_PROCESS, TORCH_BLS, ENGINE_BLS or LLMAPI)."""
-    if runtime is Runtime.TRTLLM_LLMAPI:
+def place(runtime: str, orchestration: str) -> str:
+    """Where a deployment runs its drafter (IN_PROCESS, TORCH_BLS, ENGINE_BLS or LLMAPI), from the spec's
+    ``runtime`` and ``triton.orchestration`` values (their str enums compare equal to these strings)."""
+    if runtime == "trtllm-llmapi":
         return LLMAPI
-    if runtime is Runtime.TRTLLM_ENGINE:
+    if runtime == "trtllm-engine":
         return ENGINE_BLS
-    return TORCH_BLS if orchestration is Orchestration.BLS else IN_PROCESS
+    return TORCH_BLS if orchestration == "bls" else IN_PROCESS
 
 
-def served(runtime: Runtime, orchestration: Orchestration = Orchestration.AUTO) -> list[DrafterKind]:
+def served(runtime: str, orchestration: str = "auto") -> list[DrafterKind]:
     """The kinds a deployment of ``runtime`` with ``orchestration`` serves."""
     where = place(runtime, orchestration)
     return [kind for kind, e in DRAFTERS.items() if where in e.served]
