@@ -228,8 +228,8 @@ def test_unknown_stage_and_missing_stage_module_are_one_line_errors(tmp_path, ti
 
 def test_standalone_repo_and_serve_docker_run_the_version_guard(tmp_path, tiny_pair, trtllm_checkpoints, with_standin):
     """`trtspec repo` (the real writer) and `serve --docker IMAGE` refuse engines of another TensorRT-LLM release."""
-    from trtspec.engines.engine_dir import check_repo_engines
     from trtspec.triton_repo.writer import write_repo
+    from trtspec.trtllm.engine_dir import check_repo_engines
 
     bodies = TinyStageBodies(trtllm_checkpoints)
     spec = engine_spec(tmp_path, tiny_pair)  # engines by TRT-LLM 1.0.0

@@ -44,7 +44,7 @@ def repo_inputs(spec: BuildSpec) -> tuple[dict[str, Path | None], dict]:
         "gpu": spec.gpu.model_dump(mode="json"),  # the memory plan sizes the engines' KV caches
         "parallel": {r: getattr(spec, r).tp_size for r in ROLES},
     }
-    from trtspec.engines.engine_dir import version_guard_settings
+    from trtspec.trtllm.engine_dir import version_guard_settings
 
     settings.update(version_guard_settings(spec))
     # The pool is copied into (or read by) the repository: a rebuilt pool rewrites it.
