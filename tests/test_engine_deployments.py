@@ -47,7 +47,7 @@ def _fake_checkpoint(out: Path, tp: int) -> None:
 def _deploy(tmp_path, tiny_pair, monkeypatch, overrides):
     """Engines built by the stand-in with trtspec's commands, then the repository trtspec writes for them."""
     from tests.standin.trtllm_build_standin import main as standin_build
-    from trtspec.triton_repo.writer import write_repo
+    from trtspec.pipeline import write_repo
 
     spec = engine_spec(tmp_path, tiny_pair, **overrides)
     monkeypatch.setenv("TRTLLM_STANDIN_VERSION", spec.engine.trtllm_version)

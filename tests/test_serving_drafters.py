@@ -34,8 +34,8 @@ def served(request, tiny_pair, reference, tmp_path_factory):
     from trtspec.engines.drafters.ngram import NgramPool
     from trtspec.engines.torch_runtime.loading import load_tokenizer
     from trtspec.families import read_config
+    from trtspec.pipeline import write_repo
     from trtspec.serving.server import TritonServer
-    from trtspec.triton_repo.writer import write_repo
 
     drafter, orchestration = request.param
     root = tmp_path_factory.mktemp(f"serving-{drafter}-{orchestration}")

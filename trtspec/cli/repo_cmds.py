@@ -17,7 +17,7 @@ def repo(
     as_json: JsonOpt = False,
 ) -> None:
     """Write the Triton model repository (ensemble, pre/postprocessing, orchestrator, target and draft models)."""
-    from trtspec.triton_repo.writer import write_repo
+    from trtspec.pipeline import write_repo
     from trtspec.validation import check_pair
 
     spec = resolve_spec(spec_path)

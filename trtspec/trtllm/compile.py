@@ -1,6 +1,6 @@
 """The compile stage: `trtllm-build` for the target and the draft, run where it exists, explained where it does not.
 
-Stage body (named in trtspec.build.pipeline.DEFAULT_BODIES): ``compile_inputs(spec, role)`` says what the output
+Stage body (run by trtspec.pipeline): ``compile_inputs(spec, role)`` says what the output
 depends on, ``compile_into(spec, role, out_dir, progress)`` writes the engine into ``out_dir`` (a temporary directory
 the pipeline renames into ``engines/<role>`` and stamps with a manifest). Where `trtllm-build` is absent, the error
 carries the exact `docker run` line that builds the same engine in the NGC image; an engine that line produced
