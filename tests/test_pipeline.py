@@ -299,9 +299,8 @@ def _quant_algo(spec, role) -> str | None:
 
 @pytest.mark.parametrize("runtime", sorted(REAL_RUNTIMES))  # about 5-7 s each on a CPU
 def test_real_stages_build_then_skip(tmp_path, tiny_pair, runtime, request):
-    from trtspec.build.formats import get_format
+    from trtspec.build.formats import Quantization, get_format
     from trtspec.build.layout import ROLES, checkpoint_dir
-    from trtspec.spec import Quantization
     from trtspec.triton_repo.definitions import repository_models
     from trtspec.triton_repo.pbtxt import parse
     from trtspec.triton_repo.validate import validate_repo

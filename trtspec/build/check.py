@@ -6,15 +6,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 
+from trtspec.build.formats import block_size_problem, block_size_text, formats_that_fit, linear_input_dims, needs_cuda
 from trtspec.build.layout import ROLES, is_quantized
 from trtspec.build.memory import GIB, HostMemoryPlan, MemoryPlan, plan_host_memory, plan_memory
 from trtspec.build.tokenizers import TokenizerInfo, first_vocab_difference, read_tokenizer
 from trtspec.build.toolchain import Toolchain, detect_toolchain
 from trtspec.errors import IncompatibleModelsError, TrtspecError
 from trtspec.families import NormalizedConfig, known_families, read_config
-from trtspec.spec import BuildSpec, DrafterKind, Quantization, Runtime
+from trtspec.spec import BuildSpec, DrafterKind, Runtime
 
-BLOCK_SIZE_4BIT = 128
 # Which drafters each runtime serves. The torch runtime's in-flight engine drafts with the draft model, n-grams or
 # the hybrid (trtspec.engines.inflight.token_drafters), in process and in its in-process Triton model; the BLS
 # orchestrator (torch with orchestration bls, and trtllm-engine) proposes n-grams in its own process and sends them
@@ -31,9 +31,6 @@ DRAFTERS_SERVED = {
 def drafters_served(spec: BuildSpec) -> set[DrafterKind]:
     """The drafters ``spec``'s runtime and orchestration serve."""
     return DRAFTERS_SERVED[spec.runtime]
-
-
-CUDA_ONLY_FORMATS = (Quantization.NVFP4,)
 
 
 class Level(str, Enum):
@@ -177,28 +174,24 @@ def _check_quantization(
     report: CheckReport, spec: BuildSpec, role: str, cfg: NormalizedConfig, tools: Toolchain
 ) -> None:
     q = getattr(spec, role).quantization
-    if q in (Quantization.INT4_AWQ, Quantization.W4A8_AWQ):
-        dims = {
-            "hidden_size": cfg.hidden_size,
-            "intermediate_size": cfg.intermediate_size,
-            "num_attention_heads x head_dim": cfg.num_attention_heads * cfg.head_dim,
-        }
-        bad = {k: v for k, v in dims.items() if v % BLOCK_SIZE_4BIT}
-        if bad:
-            name, dim = next(iter(bad.items()))
-            report.add(
-                f"{role} quantization",
-                Level.ERROR,
-                f"{q.value} needs input dimensions that are multiples of {BLOCK_SIZE_4BIT}; {name} is {dim}",
-                "use fp8, int8_sq or int8_wo for this model",
-            )
-            return
-    if q in CUDA_ONLY_FORMATS and not tools.has_gpu:
+    dims = linear_input_dims(cfg)
+    problem = block_size_problem(q, dims)
+    if problem is not None:
+        report.add(
+            f"{role} quantization",
+            Level.ERROR,
+            block_size_text(q, problem),
+            f"use {', '.join(f for f in formats_that_fit(dims, cuda_available=tools.has_gpu) if f != 'none')} "
+            "for this model",
+        )
+        return
+    if needs_cuda(q) and not tools.has_gpu:
+        others = [f for f in formats_that_fit(dims, cuda_available=False) if f != "none"]
         report.add(
             f"{role} quantization",
             Level.ERROR,
             f"{q.value} calibration needs a CUDA GPU and none is here",
-            "run `trtspec quantize` on a GPU machine, or pick fp8 / int4_awq",
+            f"run `trtspec quantize` on a GPU machine, or pick one of {', '.join(others)}",
         )
         return
     report.add(f"{role} quantization", Level.OK, f"{q.value}")

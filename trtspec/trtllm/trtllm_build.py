@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from trtspec.build.formats import KVCacheFormat, Quantization
 from trtspec.build.layout import ROLES
 from trtspec.errors import EngineBuildError
-from trtspec.spec import BuildSpec, KVCacheFormat, Quantization
+from trtspec.spec import BuildSpec
 from trtspec.trtllm.trtllm_versions import (
     RELEASES,
     Flag,
