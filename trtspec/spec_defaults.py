@@ -8,10 +8,12 @@ spec.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trtspec.build.formats import choose_format, default_format, linear_input_dims, parse_capability
+from trtspec.build.engine_rules import refusal
+from trtspec.build.formats import KVCacheFormat, Quantization, choose_format, linear_input_dims, parse_capability
 
 
 def _read_model_config(ref: Any, base: Path) -> Any:
@@ -28,6 +30,19 @@ def _read_model_config(ref: Any, base: Path) -> Any:
         return None
 
 
+def _engine_refusal(
+    runtime: str, kv_raw: Any, capability: tuple[int, int] | None
+) -> Callable[[Quantization], str | None] | None:
+    """For trtllm-engine, the builder rules for this model's KV cache (trtspec.build.engine_rules); else None."""
+    if runtime != "trtllm-engine":
+        return None
+    try:
+        kv = KVCacheFormat(kv_raw if kv_raw is not None else KVCacheFormat.AUTO.value)
+    except ValueError:
+        return None  # validation reports the value
+    return lambda q: refusal(q, kv, capability)
+
+
 def fill_gpu_defaults(data: dict[str, Any], base: Path) -> dict[str, str]:
     """Set each empty ``<role>.quantization`` of a GPU-runtime spec dict in place; return notes by field path."""
     runtime = data.get("runtime", "torch")
@@ -41,15 +56,17 @@ def fill_gpu_defaults(data: dict[str, Any], base: Path) -> dict[str, str]:
         section = data.get(role)
         if not isinstance(section, dict) or section.get("quantization") is not None:
             continue
+        refused = _engine_refusal(runtime, section.get("kv_cache"), capability)
         cfg = _read_model_config(section.get("model"), base)
         if cfg is None:
-            static = default_format(role, gpu_runtime=True).value
-            section["quantization"] = static
+            static, _ = choose_format(role, [], None, refused)  # the first preference the builder takes
+            section["quantization"] = static.value
             notes[f"{role}.quantization"] = (
-                f"{static}: the {runtime} default; not checked against the model (its config.json could not be read)"
+                f"{static.value}: the {runtime} default; not checked against the model "
+                "(its config.json could not be read)"
             )
             continue
-        chosen, passed = choose_format(role, linear_input_dims(cfg), capability)
+        chosen, passed = choose_format(role, linear_input_dims(cfg), capability, refused)
         section["quantization"] = chosen.value
         why = f" (passed over: {'; '.join(passed)})" if passed else ""
         notes[f"{role}.quantization"] = f"{chosen.value}, the best format this {role} takes on {runtime}{why}"

@@ -6,7 +6,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 
-from trtspec.build.formats import block_size_problem, block_size_text, formats_that_fit, linear_input_dims, needs_cuda
+from trtspec.build.engine_rules import broken_rules
+from trtspec.build.formats import (
+    Quantization,
+    block_size_problem,
+    block_size_text,
+    formats_that_fit,
+    linear_input_dims,
+    needs_cuda,
+    parse_capability,
+)
 from trtspec.build.layout import ROLES, is_quantized
 from trtspec.build.memory import GIB, HostMemoryPlan, MemoryPlan, plan_host_memory, plan_memory
 from trtspec.build.tokenizers import TokenizerInfo, first_vocab_difference, read_tokenizer
@@ -181,8 +190,7 @@ def _check_quantization(
             f"{role} quantization",
             Level.ERROR,
             block_size_text(q, problem),
-            f"use {', '.join(f for f in formats_that_fit(dims, cuda_available=tools.has_gpu) if f != 'none')} "
-            "for this model",
+            f"use {', '.join(_formats_that_build(spec, role, dims, tools))} for this model",
         )
         return
     if needs_cuda(q) and not tools.has_gpu:
@@ -195,6 +203,33 @@ def _check_quantization(
         )
         return
     report.add(f"{role} quantization", Level.OK, f"{q.value}")
+    if spec.runtime is Runtime.TRTLLM_ENGINE:
+        _check_engine_build(report, spec, role)
+
+
+def _formats_that_build(spec: BuildSpec, role: str, dims: list[tuple[str, int]], tools: Toolchain) -> list[str]:
+    """The quantization formats this model's shapes take here that the runtime's builder rules also allow."""
+    fits = [f for f in formats_that_fit(dims, cuda_available=tools.has_gpu) if f != "none"]
+    if spec.runtime is not Runtime.TRTLLM_ENGINE:
+        return fits
+    kv, cc = getattr(spec, role).kv_cache, parse_capability(spec.gpu.compute_capability)
+    return [f for f in fits if not broken_rules(Quantization(f), kv, cc)]
+
+
+def _check_engine_build(report: CheckReport, spec: BuildSpec, role: str) -> None:
+    """The TensorRT-LLM builder rules (trtspec.build.engine_rules) for this model's formats and the spec's GPU."""
+    model = getattr(spec, role)
+    q, kv = model.quantization, model.kv_cache
+    broken = broken_rules(q, kv, parse_capability(spec.gpu.compute_capability))
+    for rule in broken:
+        report.add(
+            f"{role} engine build",
+            Level.ERROR,
+            f"{q.value} with kv_cache {kv.value} breaks TensorRT-LLM builder rule {rule.name}: {rule.upstream}",
+            f"use {rule.works(q, kv)} ({rule.source})",
+        )
+    if not broken:
+        report.add(f"{role} engine build", Level.OK, f"{q.value} with kv_cache {kv.value}: no builder rule broken")
 
 
 def _check_speculative(report: CheckReport, spec: BuildSpec, t: NormalizedConfig, d: NormalizedConfig) -> None:

@@ -6,12 +6,13 @@ The spec (its field descriptions and runtime defaults), `trtspec init` (trtspec.
 quantize stage all read them from here. Every guard runs before a model's weights are loaded or calibrated, so a
 format that cannot work on this model or this machine fails in a second with a hint, never after minutes of
 calibration. This module imports no torch and nothing of trtspec but its errors, so that the spec can import it.
+The TensorRT-LLM builder's rules on format combinations are in :mod:`trtspec.build.engine_rules`.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -259,13 +260,21 @@ def linear_input_dims(cfg: Any) -> list[tuple[str, int]]:
 
 
 def choose_format(
-    role: str, dims: Sequence[tuple[str, int]], compute_capability: tuple[int, int] | None
+    role: str,
+    dims: Sequence[tuple[str, int]],
+    compute_capability: tuple[int, int] | None,
+    refused: Callable[[Quantization], str | None] | None = None,
 ) -> tuple[Quantization, list[str]]:
-    """The best format of ``role``'s preference list that these dimensions and GPU allow, and why the better ones
+    """The best format of ``role``'s preference list that these dimensions and GPU allow and that ``refused`` (the
+    runtime's rules for the model's KV cache: trtspec.build.engine_rules) does not refuse, and why the better ones
     were passed over."""
     passed: list[str] = []
     for q in PREFERENCES[role]:
         fmt = FORMATS[q]
+        why_not = refused(q) if refused is not None else None
+        if why_not is not None:
+            passed.append(why_not)
+            continue
         if fmt.uses_fp8 and compute_capability is not None and compute_capability < FP8_FAST_CC:
             passed.append(
                 f"{q.value} needs compute capability >= {FP8_FAST_CC[0]}.{FP8_FAST_CC[1]}, "
