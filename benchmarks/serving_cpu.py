@@ -53,7 +53,7 @@ import sys
 from pathlib import Path
 from trtspec.example import example_models, example_spec_dict
 from trtspec.spec import spec_from_dict
-from trtspec.triton_repo.writer import write_repo
+from trtspec.pipeline import write_repo
 root, pair, orchestration = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 drafter = sys.argv[4] if len(sys.argv) > 4 else "model"
 paths = example_models()

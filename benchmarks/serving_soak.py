@@ -48,7 +48,7 @@ import sys, json
 from pathlib import Path
 sys.path.insert(0, {str(ROOT / "tests")!r})
 from trtspec.spec import spec_from_dict
-from trtspec.triton_repo.writer import write_repo
+from trtspec.pipeline import write_repo
 root = Path({str(root)!r})
 if {pair!r} == "tiny":
     from tiny import make_tokenizer, make_llama

@@ -79,7 +79,7 @@ class TinyStageBodies:
         return {"models": sorted(p.name for p in out_dir.iterdir())}
 
     def bodies(self):
-        from trtspec.build.pipeline import StageBodies
+        from trtspec.pipeline import StageBodies
 
         return StageBodies(
             quantize_inputs=self.quantize_inputs, quantize_into=self.quantize_into, write_repo_into=self.write_repo_into

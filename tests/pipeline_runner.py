@@ -9,7 +9,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the root, for the tests package
 
 from tests.engine_helpers import TinyStageBodies  # noqa: E402
-from trtspec.build.pipeline import run_pipeline  # noqa: E402
+from trtspec.pipeline import run_pipeline  # noqa: E402
 from trtspec.spec import load_spec  # noqa: E402
 
 

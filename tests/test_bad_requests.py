@@ -33,8 +33,8 @@ TYPES = {"text_input": ("BYTES", object), "max_tokens": ("INT32", np.int32), "st
 
 @pytest.fixture(scope="module", params=[True, False], ids=["decoupled", "not-decoupled"])
 def served(request, tiny_pair, tmp_path_factory):
+    from trtspec.pipeline import write_repo
     from trtspec.serving.server import TritonServer
-    from trtspec.triton_repo.writer import write_repo
 
     root = tmp_path_factory.mktemp("bad")
     spec = spec_from_dict(torch_spec_dict(*tiny_pair, triton={"decoupled": request.param}), base_dir=root, environ={})

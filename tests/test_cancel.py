@@ -30,8 +30,8 @@ LONG = 3800
 @pytest.fixture(scope="module", params=["bls", "in_process"])
 def served(request, tiny_pair, tmp_path_factory):
     """bls: the orchestrator and two engine models; in_process: one model `tensorrt_llm` with draft and target."""
+    from trtspec.pipeline import write_repo
     from trtspec.serving.server import TritonServer
-    from trtspec.triton_repo.writer import write_repo
 
     root = tmp_path_factory.mktemp(f"cancel-{request.param}")
     spec = spec_from_dict(

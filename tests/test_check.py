@@ -78,7 +78,21 @@ def test_4bit_on_hidden_not_multiple_of_128_is_blocking(tmp_path, tiny_tokenizer
 
 def test_nvfp4_without_gpu_is_blocking(tiny_pair):
     report = run_check(_spec(*tiny_pair, target={"quantization": "nvfp4"}), NO_TOOLS)
-    assert _by_check(report)["target quantization"].level is Level.ERROR
+    f = _by_check(report)["target quantization"]
+    assert f.level is Level.ERROR and "needs a CUDA GPU" in f.detail and "int4_awq" in f.hint
+
+
+def test_nvfp4_checks_its_16_channel_block_even_on_a_gpu(tmp_path, tiny_tokenizer):
+    """NVFP4 packs weights in blocks of 16 input channels (trtspec.build.formats): hidden 120 cannot take it, and
+    the hint names only the formats that fit (no 4-bit ones of block 128)."""
+    from tests.tiny import make_llama
+
+    t = make_llama(tmp_path / "t", tiny_tokenizer, hidden=120, heads=4, kv_heads=2, intermediate=240, layers=1)
+    gpu_tools = Toolchain(None, "/usr/bin/nvidia-smi", None, None, True, True)
+    report = run_check(_spec(t, t, target={"quantization": "nvfp4"}), gpu_tools)
+    f = _by_check(report)["target quantization"]
+    assert f.level is Level.ERROR and "multiples of 16, hidden_size is 120" in f.detail
+    assert "fp8" in f.hint and "int4_awq" not in f.hint and "nvfp4" not in f.hint
 
 
 def test_missing_directory_and_corrupt_config_are_reported(tiny_pair, tmp_path):

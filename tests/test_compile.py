@@ -18,10 +18,10 @@ import yaml
 
 from tests.engine_helpers import engine_spec
 from trtspec.build.layout import checkpoint_dir, engine_dir
-from trtspec.build.pipeline import run_pipeline
-from trtspec.engines.compile import compile_into, docker_command
-from trtspec.engines.trtllm_build import trtllm_build_command
 from trtspec.errors import EngineBuildError
+from trtspec.pipeline import run_pipeline
+from trtspec.trtllm.compile import compile_into, docker_command
+from trtspec.trtllm.trtllm_build import trtllm_build_command
 
 
 def _place_checkpoints(spec, checkpoints):

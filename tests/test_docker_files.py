@@ -7,9 +7,9 @@ from pathlib import Path
 
 import yaml
 
-from trtspec.engines.container import PORTS
-from trtspec.engines.trtllm_versions import ngc_image
 from trtspec.spec import EngineSpec
+from trtspec.trtllm.container import PORTS
+from trtspec.trtllm.trtllm_versions import ngc_image
 
 DOCKER = Path(__file__).resolve().parents[1] / "docker"
 BASE = ngc_image(EngineSpec().trtllm_version)  # the image for the default TensorRT-LLM release

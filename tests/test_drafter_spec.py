@@ -117,7 +117,7 @@ def test_spec_rejects_an_unknown_drafter(tiny_pair):
 def test_llmapi_maps_ngram_to_tensorrt_llm_s_ngram_decoding_config(tiny_pair, pool_file, version):
     """Every key of the NGram speculative_config is a field of the release's recorded NGramDecodingConfig (strict
     there), the dispatch key is the recorded one, and the match size is set (its 1.0-era default is 0)."""
-    from trtspec.engines.llmapi import model_yaml
+    from trtspec.trtllm.llmapi import model_yaml
 
     spec = _spec(tiny_pair, "trtllm-llmapi", "ngram", pool_file)
     spec.engine.trtllm_version = version
@@ -129,8 +129,8 @@ def test_llmapi_maps_ngram_to_tensorrt_llm_s_ngram_decoding_config(tiny_pair, po
 
 
 def test_llmapi_refuses_hybrid(tiny_pair, pool_file):
-    from trtspec.engines.llmapi import model_yaml
     from trtspec.errors import SpecError
+    from trtspec.trtllm.llmapi import model_yaml
 
     with pytest.raises(SpecError, match="does not serve drafter hybrid"):
         model_yaml(_spec(tiny_pair, "trtllm-llmapi", "hybrid", pool_file))

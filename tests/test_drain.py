@@ -24,7 +24,7 @@ MAX_SEQ_LEN = 2048
 
 @pytest.fixture(scope="module", params=["in_process", "bls"])
 def repo(request, tiny_pair, tmp_path_factory):
-    from trtspec.triton_repo.writer import write_repo
+    from trtspec.pipeline import write_repo
 
     root = tmp_path_factory.mktemp(f"drain-{request.param}")
     spec = spec_from_dict(

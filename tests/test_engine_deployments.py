@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 from tests.engine_helpers import engine_spec
 from tests.upstream import facts
 from trtspec.build.layout import checkpoint_dir, engine_dir
-from trtspec.engines.trtllm_build import trtllm_build_command
-from trtspec.engines.trtllm_versions import ngc_image
+from trtspec.trtllm.trtllm_build import trtllm_build_command
+from trtspec.trtllm.trtllm_versions import ngc_image
 
 DEPLOYMENTS = {
     "a-tp1-greedy": {},
@@ -47,7 +47,7 @@ def _fake_checkpoint(out: Path, tp: int) -> None:
 def _deploy(tmp_path, tiny_pair, monkeypatch, overrides):
     """Engines built by the stand-in with trtspec's commands, then the repository trtspec writes for them."""
     from tests.standin.trtllm_build_standin import main as standin_build
-    from trtspec.triton_repo.writer import write_repo
+    from trtspec.pipeline import write_repo
 
     spec = engine_spec(tmp_path, tiny_pair, **overrides)
     monkeypatch.setenv("TRTLLM_STANDIN_VERSION", spec.engine.trtllm_version)
@@ -126,7 +126,7 @@ def test_a_tp1_greedy_pair_launches_as_upstream_multi_model_with_spawned_workers
 
 
 def test_b_draft_logits_engines_gather_generation_logits_and_the_orchestrator_knows(tmp_path, tiny_pair, monkeypatch):
-    from trtspec.engines.engine_dir import read_engine
+    from trtspec.trtllm.engine_dir import read_engine
 
     spec, result = _deploy(tmp_path, tiny_pair, monkeypatch, DEPLOYMENTS["b-draft-logits"])
     for role in ("target", "draft"):  # run_dtm_pld.py: both engines, for logits-based acceptance

@@ -48,7 +48,7 @@ def test_quantize_and_quality_stages_run_on_the_example_pair_int8_wo(example_pat
     """Both models int8_wo, the smallest calibration the stage allows to be meaningful; the quantized draft keeps its
     frequent head record through ModelOpt's export and the torch runtime applies it."""
     from trtspec.build.quality import write_quality_report
-    from trtspec.build.quantize import quantize_models
+    from trtspec.pipeline import quantize_models
     from trtspec.runtimes.torch.loading import load_model
 
     spec = _example_spec(

@@ -6,8 +6,8 @@ import pytest
 import yaml
 
 from tests.engine_helpers import engine_spec
-from trtspec.engines.llmapi import model_yaml_text
 from trtspec.errors import SpecError
+from trtspec.trtllm.llmapi import model_yaml_text
 
 
 @pytest.mark.parametrize(

@@ -39,8 +39,8 @@ def _llmapi_spec(root: Path, target: Path, draft: Path, version: str = "1.1.0"):
 
 
 def test_llmapi_repository_has_one_model_with_model_yaml(tmp_path, tiny_pair):
+    from trtspec.pipeline import write_repo
     from trtspec.triton_repo.validate import load_configs
-    from trtspec.triton_repo.writer import write_repo
 
     spec = _llmapi_spec(tmp_path, *tiny_pair)
     result = write_repo(spec)
@@ -67,8 +67,8 @@ def test_llmapi_repository_has_one_model_with_model_yaml(tmp_path, tiny_pair):
 
 
 def _serve(tiny_pair, root: Path, spec_metrics: str):
+    from trtspec.pipeline import write_repo
     from trtspec.serving.server import TritonServer
-    from trtspec.triton_repo.writer import write_repo
 
     draft = make_noisy_draft(tiny_pair[0], root / "draft")  # accepts part of the time
     spec = _llmapi_spec(root, tiny_pair[0], draft)

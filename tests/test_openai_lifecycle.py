@@ -23,8 +23,8 @@ pytestmark = pytest.mark.triton
 
 @pytest.fixture(scope="module")
 def repo(tiny_pair, tmp_path_factory) -> Path:
+    from trtspec.pipeline import write_repo
     from trtspec.spec import spec_from_dict
-    from trtspec.triton_repo.writer import write_repo
 
     root = tmp_path_factory.mktemp("openai-life")
     target = with_chat_template(tiny_pair[0], root / "target")

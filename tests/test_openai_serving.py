@@ -82,7 +82,7 @@ def reference(chat_pair):
 
 @pytest.fixture(scope="module", params=["ensemble", "llmapi"])
 def served(request, chat_pair, tmp_path_factory):
-    from trtspec.triton_repo.writer import write_repo
+    from trtspec.pipeline import write_repo
 
     root = tmp_path_factory.mktemp(f"openai-{request.param}")
     spec, env = _spec(request.param, root, *chat_pair)

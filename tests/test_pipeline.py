@@ -22,8 +22,8 @@ import yaml
 from tests.engine_helpers import TinyStageBodies, engine_spec
 from tests.serving_helpers import default_sigint
 from trtspec.build.layout import engine_dir
-from trtspec.build.pipeline import StageBodies, run_pipeline
-from trtspec.errors import EngineBuildError, MissingDependencyError, SpecError
+from trtspec.errors import EngineBuildError, SpecError
+from trtspec.pipeline import run_pipeline
 
 OUTPUT_STAGES = ["quantize:target", "quantize:draft", "quality", "compile:target", "compile:draft", "repo"]
 
@@ -214,22 +214,16 @@ def test_failed_preflight_stops_before_any_stage(tmp_path, tiny_pair, trtllm_che
     assert bodies.calls == [] and not spec.engines_dir.exists()
 
 
-def test_unknown_stage_and_missing_stage_module_are_one_line_errors(tmp_path, tiny_pair, monkeypatch):
-    from trtspec.build import pipeline
-
+def test_unknown_stage_is_a_one_line_error(tmp_path, tiny_pair):
     spec = engine_spec(tmp_path, tiny_pair)
     with pytest.raises(SpecError, match="no stage named compile:tokenizer"):
         run_pipeline(spec, only=["compile:tokenizer"])
-    monkeypatch.setitem(pipeline.DEFAULT_BODIES, "quantize_inputs", ("trtspec.no_such_stage", "quantize_inputs"))
-    with pytest.raises(MissingDependencyError, match="no quantize_inputs") as exc:
-        run_pipeline(spec, only=["quantize:target"], bodies=StageBodies())
-    assert "No module named 'trtspec.no_such_stage'" in exc.value.hint
 
 
 def test_standalone_repo_and_serve_docker_run_the_version_guard(tmp_path, tiny_pair, trtllm_checkpoints, with_standin):
     """`trtspec repo` (the real writer) and `serve --docker IMAGE` refuse engines of another TensorRT-LLM release."""
-    from trtspec.engines.engine_dir import check_repo_engines
-    from trtspec.triton_repo.writer import write_repo
+    from trtspec.pipeline import write_repo
+    from trtspec.trtllm.engine_dir import check_repo_engines
 
     bodies = TinyStageBodies(trtllm_checkpoints)
     spec = engine_spec(tmp_path, tiny_pair)  # engines by TRT-LLM 1.0.0
@@ -273,7 +267,7 @@ def test_standalone_repo_and_serve_docker_run_the_version_guard(tmp_path, tiny_p
 
 def test_a_second_build_or_quantize_of_the_same_spec_is_refused_while_one_runs(tmp_path, tiny_pair):
     from trtspec.build.artifacts import build_lock
-    from trtspec.build.quantize import quantize_models
+    from trtspec.pipeline import quantize_models
 
     spec = engine_spec(tmp_path, tiny_pair)
     with build_lock(spec.build_dir):
@@ -305,9 +299,8 @@ def _quant_algo(spec, role) -> str | None:
 
 @pytest.mark.parametrize("runtime", sorted(REAL_RUNTIMES))  # about 5-7 s each on a CPU
 def test_real_stages_build_then_skip(tmp_path, tiny_pair, runtime, request):
-    from trtspec.build.formats import get_format
+    from trtspec.build.formats import Quantization, get_format
     from trtspec.build.layout import ROLES, checkpoint_dir
-    from trtspec.spec import Quantization
     from trtspec.triton_repo.definitions import repository_models
     from trtspec.triton_repo.pbtxt import parse
     from trtspec.triton_repo.validate import validate_repo

@@ -7,8 +7,8 @@ import pytest
 
 from tests.engine_helpers import engine_spec
 from trtspec.build.layout import NO_DRAFT_MODEL, ROLES, checkpoint_dir, engine_dir
-from trtspec.build.pipeline import pipeline_stages
-from trtspec.build.plan import build_plan
+from trtspec.pipeline import pipeline_stages
+from trtspec.plan import build_plan
 from trtspec.triton_repo.definitions import repository_models
 
 RUNTIMES = ["torch", "trtllm-engine", "trtllm-llmapi"]

@@ -8,8 +8,8 @@ import pytest
 
 from trtspec.build import formats
 from trtspec.build.calibration import Document, is_heldout, read_documents, shipped_corpus, tokenize_calibration
+from trtspec.build.formats import KVCacheFormat, Quantization
 from trtspec.errors import QuantizationError
-from trtspec.spec import KVCacheFormat, Quantization
 
 SMOLLM2_LIKE = [
     ("model.layers.0.self_attn.q_proj", 576),

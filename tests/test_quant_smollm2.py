@@ -35,7 +35,7 @@ def _greedy_answer(model, tokenizer, prompt: str, max_new_tokens: int = 12) -> s
 def test_smollm2_target_quantized_reloads_and_still_answers(fmt, min_top1, example_paths, tmp_path):
     from transformers import AutoTokenizer
 
-    from trtspec.build.quantize import quantize_stage
+    from trtspec.pipeline import quantize_stage
     from trtspec.runtimes.torch.quantized_loader import is_modelopt_checkpoint
     from trtspec.spec import spec_from_dict
 

@@ -30,7 +30,7 @@ def run(*args, timeout=300):
 
 
 def _repo(tiny_pair, root):
-    from trtspec.triton_repo.writer import write_repo
+    from trtspec.pipeline import write_repo
 
     draft = make_noisy_draft(tiny_pair[0], root / "draft")
     spec = spec_from_dict(

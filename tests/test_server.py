@@ -134,9 +134,9 @@ def test_busy_port_and_missing_repository_are_refused(tmp_path):
 def test_a_non_decoupled_repository_answers_and_refuses_streaming(tiny_pair, tmp_path):
     from tests.serving_helpers import torch_spec_dict
     from trtspec.errors import GenerationError
+    from trtspec.pipeline import write_repo
     from trtspec.serving.client import TritonLLMClient
     from trtspec.spec import spec_from_dict
-    from trtspec.triton_repo.writer import write_repo
 
     spec = spec_from_dict(
         torch_spec_dict(tiny_pair[0], tiny_pair[0], triton={"decoupled": False}), base_dir=tmp_path, environ={}

@@ -38,8 +38,8 @@ ROUTE = 8
 def served(request, tiny_pair, tmp_path_factory):
     """The torch runtime served both ways: the in-process draft-target model, and the BLS orchestrator over two
     engine models (the path runtime trtllm-engine takes, with the torch models speaking the engines' contract)."""
+    from trtspec.pipeline import write_repo
     from trtspec.serving.server import TritonServer
-    from trtspec.triton_repo.writer import write_repo
 
     root = tmp_path_factory.mktemp("serving")
     draft = make_noisy_draft(tiny_pair[0], root / "draft")

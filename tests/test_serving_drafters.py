@@ -32,10 +32,10 @@ def reference(tiny_pair):
 def served(request, tiny_pair, reference, tmp_path_factory):
     """A pool of the target's own answers to the first prompt (its proposals are accepted there)."""
     from trtspec.families import read_config
+    from trtspec.pipeline import write_repo
     from trtspec.runtimes.torch.loading import load_tokenizer
     from trtspec.serving.server import TritonServer
     from trtspec.speculative.drafters.ngram import NgramPool
-    from trtspec.triton_repo.writer import write_repo
 
     drafter, orchestration = request.param
     root = tmp_path_factory.mktemp(f"serving-{drafter}-{orchestration}")

@@ -15,9 +15,9 @@ QUESTIONS = ["What is the capital of France?", "How do you say 'thank you' in Ja
 @pytest.fixture(scope="module")
 def example(tmp_path_factory, example_paths):
     from trtspec.example import example_spec_dict
+    from trtspec.pipeline import write_repo
     from trtspec.serving.server import TritonServer
     from trtspec.spec import spec_from_dict
-    from trtspec.triton_repo.writer import write_repo
 
     root = tmp_path_factory.mktemp("example")
     data = example_spec_dict(example_paths.target, example_paths.draft)

@@ -38,8 +38,8 @@ REQUESTS, CONCURRENCY, BURNERS = 900, 16, 2
 
 @pytest.fixture(scope="module", params=["bls", "in_process"])
 def served(request, tiny_pair, tmp_path_factory):
+    from trtspec.pipeline import write_repo
     from trtspec.serving.server import TritonServer
-    from trtspec.triton_repo.writer import write_repo
 
     root = tmp_path_factory.mktemp("stress")
     draft = make_noisy_draft(tiny_pair[0], root / "draft")

@@ -3,8 +3,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from trtspec.build.formats import Quantization
 from trtspec.errors import SpecError
-from trtspec.spec import BuildSpec, Quantization, Runtime, load_spec, spec_from_dict
+from trtspec.spec import BuildSpec, Runtime, load_spec, spec_from_dict
 from trtspec.spec_doc import commented_yaml
 
 BASE = {"target": {"model": "t"}, "draft": {"model": "d"}}

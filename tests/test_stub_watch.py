@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.triton, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def repo(tiny_pair, tmp_path_factory):
-    from trtspec.triton_repo.writer import write_repo
+    from trtspec.pipeline import write_repo
 
     root = tmp_path_factory.mktemp("stubs")
     # The orchestrator's stub is the one that died under load (BLS); the in-process model is watched the same way.

@@ -61,8 +61,8 @@ def test_the_watch_names_the_model_and_instance_of_a_stub_that_died(tmp_path):
 
 def test_expected_stubs_are_the_python_models_instance_counts(tmp_path, tiny_pair):
     from tests.serving_helpers import torch_spec_dict
+    from trtspec.pipeline import write_repo
     from trtspec.spec import spec_from_dict
-    from trtspec.triton_repo.writer import write_repo
 
     spec = spec_from_dict(
         torch_spec_dict(*tiny_pair, triton={"orchestrator_instances": 2, "orchestration": "bls"}),

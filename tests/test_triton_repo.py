@@ -13,10 +13,10 @@ import yaml
 
 from tests.serving_helpers import torch_spec_dict
 from trtspec.errors import SpecError, TrtspecError
+from trtspec.pipeline import write_repo
 from trtspec.spec import spec_from_dict
 from trtspec.triton_repo import pbtxt
 from trtspec.triton_repo.validate import load_configs, validate_repo
-from trtspec.triton_repo.writer import write_repo
 
 MODELS = {"ensemble", "preprocessing", "postprocessing", "tensorrt_llm_bls", "tensorrt_llm", "tensorrt_llm_draft"}
 IN_PROCESS_MODELS = {"ensemble", "preprocessing", "postprocessing", "tensorrt_llm"}

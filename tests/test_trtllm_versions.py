@@ -8,8 +8,9 @@ import pytest
 
 from tests.engine_helpers import engine_spec
 from tests.standin.trtllm_build_standin import make_parser
-from trtspec.engines.trtllm_build import trtllm_build_command, validate_command
-from trtspec.engines.trtllm_versions import (
+from trtspec.errors import EngineBuildError
+from trtspec.trtllm.trtllm_build import trtllm_build_command, validate_command
+from trtspec.trtllm.trtllm_versions import (
     NGC_TAGS,
     RELEASES,
     get_release,
@@ -18,7 +19,6 @@ from trtspec.engines.trtllm_versions import (
     normalize_version,
     release_line,
 )
-from trtspec.errors import EngineBuildError
 
 VERSIONS = {"0.20": "0.20.0", "0.21": "0.21.0", "1.0": "1.0.0", "1.1": "1.1.0", "1.2": "1.2.0"}
 

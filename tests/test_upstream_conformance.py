@@ -12,10 +12,10 @@ from tritonclient.grpc import model_config_pb2 as pb
 from tests.engine_helpers import engine_spec
 from tests.standin.trtllm_build_standin import make_parser
 from tests.upstream import facts
-from trtspec.engines.trtllm_build import trtllm_build_command
-from trtspec.engines.trtllm_versions import NGC_TAGS, RELEASES, normalize_version
 from trtspec.triton_repo.engine_definitions import engine_model_configs
 from trtspec.triton_repo.pbtxt import serialize
+from trtspec.trtllm.trtllm_build import trtllm_build_command
+from trtspec.trtllm.trtllm_versions import NGC_TAGS, RELEASES, normalize_version
 
 VERSIONS = {"0.20": "0.20.0", "0.21": "0.21.0", "1.0": "1.0.0", "1.1": "1.1.0", "1.2": "1.2.1"}
 _DTYPES = {"float16": "TYPE_FP16", "bfloat16": "TYPE_BF16", "float32": "TYPE_FP32"}
@@ -161,7 +161,7 @@ def test_kv_caches_are_sized_in_tokens_whatever_the_load_order(tmp_path, tiny_pa
 # -- LLM API -----------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("version", ["1.0.0", "1.1.0", "1.2.1"])
 def test_model_yaml_speaks_the_recorded_llm_api(tmp_path, tiny_pair, version):
-    from trtspec.engines.llmapi import model_yaml_text
+    from trtspec.trtllm.llmapi import model_yaml_text
 
     spec = engine_spec(
         tmp_path,
@@ -185,7 +185,7 @@ def test_model_yaml_speaks_the_recorded_llm_api(tmp_path, tiny_pair, version):
 
 
 def test_the_unverified_1_2_llm_api_row_says_so_in_model_yaml(tmp_path, tiny_pair):
-    from trtspec.engines.llmapi import model_yaml_text
+    from trtspec.trtllm.llmapi import model_yaml_text
 
     spec = engine_spec(
         tmp_path,

@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
+from trtspec.build.formats import KVCacheFormat, Quantization, default_format, preferences_text
 from trtspec.errors import SpecError
 from trtspec.speculative.drafters import DrafterKind
 from trtspec.speculative.rules import MAX_DRAFT_LEN
@@ -41,26 +42,6 @@ class DType(str, Enum):
         return 4 if self is DType.FLOAT32 else 2
 
 
-class Quantization(str, Enum):
-    """ModelOpt post-training quantization formats trtspec knows."""
-
-    NONE = "none"
-    FP8 = "fp8"
-    INT8_SQ = "int8_sq"
-    INT8_WO = "int8_wo"
-    INT4_AWQ = "int4_awq"
-    W4A8_AWQ = "w4a8_awq"
-    NVFP4 = "nvfp4"
-
-
-class KVCacheFormat(str, Enum):
-    """KV-cache storage format; ``auto`` keeps the model dtype."""
-
-    AUTO = "auto"
-    FP8 = "fp8"
-    INT8 = "int8"
-
-
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", use_enum_values=False, validate_assignment=True)
 
@@ -80,7 +61,7 @@ class ModelSpec(_Section):
     quantization: Quantization | None = Field(
         None,
         description="ModelOpt PTQ format; empty: none on torch; on GPU runtimes the best format that fits the "
-        "model (target: fp8, int4_awq, int8_sq, int8_wo; draft: int4_awq, fp8, int8_wo, int8_sq)",
+        f"model ({preferences_text()})",
     )
     kv_cache: KVCacheFormat = Field(KVCacheFormat.AUTO, description="KV-cache format; fp8 halves KV memory on GPUs")
     tp_size: int = Field(1, ge=1, le=64, description="tensor-parallel GPUs (the draft always runs on one GPU)")
@@ -205,10 +186,10 @@ class BuildSpec(_Section):
     @model_validator(mode="after")
     def _fill_runtime_defaults(self) -> BuildSpec:
         gpu_runtime = self.runtime is not Runtime.TORCH
-        if self.target.quantization is None:
-            self.target.quantization = Quantization.FP8 if gpu_runtime else Quantization.NONE
-        if self.draft.quantization is None:
-            self.draft.quantization = Quantization.INT4_AWQ if gpu_runtime else Quantization.NONE
+        for role in ("target", "draft"):
+            model = getattr(self, role)
+            if model.quantization is None:  # spec_defaults chose from the model's shapes when it could read them
+                model.quantization = default_format(role, gpu_runtime)
         if self.draft.tp_size != 1:
             raise ValueError("draft.tp_size must be 1: the draft runs on one GPU")
         if self.triton.orchestration is Orchestration.IN_PROCESS and self.runtime is not Runtime.TORCH:

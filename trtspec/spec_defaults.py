@@ -1,58 +1,19 @@
 """Defaults that depend on the models: the quantization format of each model on a GPU runtime.
 
 An empty ``quantization`` on runtime trtllm-engine or trtllm-llmapi becomes the first format of the role's preference
-list that the model's shapes and the GPU allow (trtspec.build.formats knows which fit), read from config.json only.
-The torch runtime keeps ``none``. Each choice comes with a note that `trtspec init` writes into the spec.
+list that the model's shapes and the GPU allow (trtspec.build.formats owns the lists and the rules), read from
+config.json only. The torch runtime keeps ``none``. Each choice comes with a note that `trtspec init` writes into the
+spec.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-# Best first. Target: FP8 on Ada/Hopper/Blackwell; 4-bit weights where FP8 tensor cores are missing. Draft: 4-bit
-# weights first (a draft step is memory-bound, its weights are what it reads), then FP8.
-PREFERENCES: dict[str, tuple[str, ...]] = {
-    "target": ("fp8", "int4_awq", "int8_sq", "int8_wo"),
-    "draft": ("int4_awq", "fp8", "int8_wo", "int8_sq"),
-}
-_STATIC = {"target": "fp8", "draft": "int4_awq"}  # when the model's config cannot be read
-
-
-def linear_input_dims(cfg: Any) -> list[tuple[str, int]]:
-    """The input dimensions of a decoder's quantized linears, named as the config names them."""
-    return [
-        ("hidden_size", cfg.hidden_size),
-        ("num_attention_heads x head_dim", cfg.num_attention_heads * cfg.head_dim),
-        ("intermediate_size", cfg.intermediate_size),
-    ]
-
-
-def choose_format(
-    role: str, dims: list[tuple[str, int]], compute_capability: tuple[int, int] | None
-) -> tuple[str, list[str]]:
-    """The best format of ``role``'s preference list that these dimensions and GPU allow, and why the better ones
-    were passed over."""
-    from trtspec.build.formats import FORMATS, FP8_FAST_CC
-    from trtspec.spec import Quantization
-
-    passed: list[str] = []
-    for name in PREFERENCES[role]:
-        fmt = FORMATS[Quantization(name)]
-        if fmt.uses_fp8 and compute_capability is not None and compute_capability < FP8_FAST_CC:
-            passed.append(
-                f"{name} needs compute capability >= {FP8_FAST_CC[0]}.{FP8_FAST_CC[1]}, "
-                f"gpu.compute_capability is {compute_capability[0]}.{compute_capability[1]}"
-            )
-            continue
-        bad = [(n, d) for n, d in dims if fmt.block_size and d % fmt.block_size]
-        if bad:
-            passed.append(
-                f"{name} needs input dimensions that are multiples of {fmt.block_size}, {bad[0][0]} is {bad[0][1]}"
-            )
-            continue
-        return name, passed
-    return "none", passed
+from trtspec.build.engine_rules import refusal
+from trtspec.build.formats import KVCacheFormat, Quantization, choose_format, linear_input_dims, parse_capability
 
 
 def _read_model_config(ref: Any, base: Path) -> Any:
@@ -69,10 +30,21 @@ def _read_model_config(ref: Any, base: Path) -> Any:
         return None
 
 
+def _engine_refusal(
+    runtime: str, kv_raw: Any, capability: tuple[int, int] | None
+) -> Callable[[Quantization], str | None] | None:
+    """For trtllm-engine, the builder rules for this model's KV cache (trtspec.build.engine_rules); else None."""
+    if runtime != "trtllm-engine":
+        return None
+    try:
+        kv = KVCacheFormat(kv_raw if kv_raw is not None else KVCacheFormat.AUTO.value)
+    except ValueError:
+        return None  # validation reports the value
+    return lambda q: refusal(q, kv, capability)
+
+
 def fill_gpu_defaults(data: dict[str, Any], base: Path) -> dict[str, str]:
     """Set each empty ``<role>.quantization`` of a GPU-runtime spec dict in place; return notes by field path."""
-    from trtspec.build.formats import parse_capability
-
     runtime = data.get("runtime", "torch")
     if runtime not in ("trtllm-engine", "trtllm-llmapi"):
         return {}
@@ -84,16 +56,18 @@ def fill_gpu_defaults(data: dict[str, Any], base: Path) -> dict[str, str]:
         section = data.get(role)
         if not isinstance(section, dict) or section.get("quantization") is not None:
             continue
+        refused = _engine_refusal(runtime, section.get("kv_cache"), capability)
         cfg = _read_model_config(section.get("model"), base)
         if cfg is None:
-            section["quantization"] = _STATIC[role]
+            static, _ = choose_format(role, [], None, refused)  # the first preference the builder takes
+            section["quantization"] = static.value
             notes[f"{role}.quantization"] = (
-                f"{_STATIC[role]}: the {runtime} default; not checked against the model "
+                f"{static.value}: the {runtime} default; not checked against the model "
                 "(its config.json could not be read)"
             )
             continue
-        name, passed = choose_format(role, linear_input_dims(cfg), capability)
-        section["quantization"] = name
+        chosen, passed = choose_format(role, linear_input_dims(cfg), capability, refused)
+        section["quantization"] = chosen.value
         why = f" (passed over: {'; '.join(passed)})" if passed else ""
-        notes[f"{role}.quantization"] = f"{name}, the best format this {role} takes on {runtime}{why}"
+        notes[f"{role}.quantization"] = f"{chosen.value}, the best format this {role} takes on {runtime}{why}"
     return notes

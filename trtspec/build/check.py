@@ -6,16 +6,24 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 
+from trtspec.build.engine_rules import broken_rules
+from trtspec.build.formats import (
+    Quantization,
+    block_size_problem,
+    block_size_text,
+    formats_that_fit,
+    linear_input_dims,
+    needs_cuda,
+    parse_capability,
+)
 from trtspec.build.layout import ROLES, is_quantized
 from trtspec.build.memory import GIB, HostMemoryPlan, MemoryPlan, plan_host_memory, plan_memory
 from trtspec.build.tokenizers import TokenizerInfo, first_vocab_difference, read_tokenizer
 from trtspec.build.toolchain import Toolchain, detect_toolchain
 from trtspec.errors import IncompatibleModelsError, TrtspecError
 from trtspec.families import NormalizedConfig, known_families, read_config
-from trtspec.spec import BuildSpec, Quantization, Runtime
+from trtspec.spec import BuildSpec, Runtime
 from trtspec.speculative.drafters import DrafterKind
-
-BLOCK_SIZE_4BIT = 128
 
 
 def drafters_served(spec: BuildSpec) -> set[DrafterKind]:
@@ -23,9 +31,6 @@ def drafters_served(spec: BuildSpec) -> set[DrafterKind]:
     from trtspec.speculative.drafters.registry import served
 
     return set(served(spec.runtime, spec.triton.orchestration))
-
-
-CUDA_ONLY_FORMATS = (Quantization.NVFP4,)
 
 
 class Level(str, Enum):
@@ -169,31 +174,53 @@ def _check_quantization(
     report: CheckReport, spec: BuildSpec, role: str, cfg: NormalizedConfig, tools: Toolchain
 ) -> None:
     q = getattr(spec, role).quantization
-    if q in (Quantization.INT4_AWQ, Quantization.W4A8_AWQ):
-        dims = {
-            "hidden_size": cfg.hidden_size,
-            "intermediate_size": cfg.intermediate_size,
-            "num_attention_heads x head_dim": cfg.num_attention_heads * cfg.head_dim,
-        }
-        bad = {k: v for k, v in dims.items() if v % BLOCK_SIZE_4BIT}
-        if bad:
-            name, dim = next(iter(bad.items()))
-            report.add(
-                f"{role} quantization",
-                Level.ERROR,
-                f"{q.value} needs input dimensions that are multiples of {BLOCK_SIZE_4BIT}; {name} is {dim}",
-                "use fp8, int8_sq or int8_wo for this model",
-            )
-            return
-    if q in CUDA_ONLY_FORMATS and not tools.has_gpu:
+    dims = linear_input_dims(cfg)
+    problem = block_size_problem(q, dims)
+    if problem is not None:
+        report.add(
+            f"{role} quantization",
+            Level.ERROR,
+            block_size_text(q, problem),
+            f"use {', '.join(_formats_that_build(spec, role, dims, tools))} for this model",
+        )
+        return
+    if needs_cuda(q) and not tools.has_gpu:
+        others = [f for f in formats_that_fit(dims, cuda_available=False) if f != "none"]
         report.add(
             f"{role} quantization",
             Level.ERROR,
             f"{q.value} calibration needs a CUDA GPU and none is here",
-            "run `trtspec quantize` on a GPU machine, or pick fp8 / int4_awq",
+            f"run `trtspec quantize` on a GPU machine, or pick one of {', '.join(others)}",
         )
         return
     report.add(f"{role} quantization", Level.OK, f"{q.value}")
+    if spec.runtime is Runtime.TRTLLM_ENGINE:
+        _check_engine_build(report, spec, role)
+
+
+def _formats_that_build(spec: BuildSpec, role: str, dims: list[tuple[str, int]], tools: Toolchain) -> list[str]:
+    """The quantization formats this model's shapes take here that the runtime's builder rules also allow."""
+    fits = [f for f in formats_that_fit(dims, cuda_available=tools.has_gpu) if f != "none"]
+    if spec.runtime is not Runtime.TRTLLM_ENGINE:
+        return fits
+    kv, cc = getattr(spec, role).kv_cache, parse_capability(spec.gpu.compute_capability)
+    return [f for f in fits if not broken_rules(Quantization(f), kv, cc)]
+
+
+def _check_engine_build(report: CheckReport, spec: BuildSpec, role: str) -> None:
+    """The TensorRT-LLM builder rules (trtspec.build.engine_rules) for this model's formats and the spec's GPU."""
+    model = getattr(spec, role)
+    q, kv = model.quantization, model.kv_cache
+    broken = broken_rules(q, kv, parse_capability(spec.gpu.compute_capability))
+    for rule in broken:
+        report.add(
+            f"{role} engine build",
+            Level.ERROR,
+            f"{q.value} with kv_cache {kv.value} breaks TensorRT-LLM builder rule {rule.name}: {rule.upstream}",
+            f"use {rule.works(q, kv)} ({rule.source})",
+        )
+    if not broken:
+        report.add(f"{role} engine build", Level.OK, f"{q.value} with kv_cache {kv.value}: no builder rule broken")
 
 
 def _check_speculative(report: CheckReport, spec: BuildSpec, t: NormalizedConfig, d: NormalizedConfig) -> None:

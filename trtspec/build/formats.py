@@ -1,20 +1,65 @@
-"""Quantization formats: what each spec value means to ModelOpt and TensorRT-LLM, and the guards that run first.
+"""Quantization formats, the one home of their rules: the spec values (``Quantization``, ``KVCacheFormat``), what
+each means to ModelOpt and TensorRT-LLM (``FORMATS``), the default and the preference order per role, and the guards
+(block size, CUDA only, FP8 compute capability).
 
-Every guard here runs before a model's weights are loaded or calibrated, so a format that cannot work on this model or
-this machine fails in a second with a hint, never after minutes of calibration.
+The spec (its field descriptions and runtime defaults), `trtspec init` (trtspec.spec_defaults), `trtspec check` and the
+quantize stage all read them from here. Every guard runs before a model's weights are loaded or calibrated, so a
+format that cannot work on this model or this machine fails in a second with a hint, never after minutes of
+calibration. This module imports no torch and nothing of trtspec but its errors, so that the spec can import it.
+The TensorRT-LLM builder's rules on format combinations are in :mod:`trtspec.build.engine_rules`.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from trtspec.errors import QuantizationError
-from trtspec.spec import KVCacheFormat, Quantization
 
 FP8_FAST_CC = (8, 9)  # FP8 tensor cores: Ada (8.9), Hopper (9.0), Blackwell
+
+
+class Quantization(str, Enum):
+    """ModelOpt post-training quantization formats trtspec knows."""
+
+    NONE = "none"
+    FP8 = "fp8"
+    INT8_SQ = "int8_sq"
+    INT8_WO = "int8_wo"
+    INT4_AWQ = "int4_awq"
+    W4A8_AWQ = "w4a8_awq"
+    NVFP4 = "nvfp4"
+
+
+class KVCacheFormat(str, Enum):
+    """KV-cache storage format; ``auto`` keeps the model dtype."""
+
+    AUTO = "auto"
+    FP8 = "fp8"
+    INT8 = "int8"
+
+
+# Best first, per role, on the GPU runtimes. Target: FP8 on Ada/Hopper/Blackwell; 4-bit weights where FP8 tensor cores
+# are missing. Draft: 4-bit weights first (a draft step is memory-bound, its weights are what it reads), then FP8.
+# The first of each list is also the default when the model's config cannot be read; the torch runtime keeps none.
+PREFERENCES: dict[str, tuple[Quantization, ...]] = {
+    "target": (Quantization.FP8, Quantization.INT4_AWQ, Quantization.INT8_SQ, Quantization.INT8_WO),
+    "draft": (Quantization.INT4_AWQ, Quantization.FP8, Quantization.INT8_WO, Quantization.INT8_SQ),
+}
+
+
+def default_format(role: str, gpu_runtime: bool) -> Quantization:
+    """The format of an empty ``<role>.quantization`` when nothing about the model is known: the role's first
+    preference on a GPU runtime, none on the torch runtime."""
+    return PREFERENCES[role][0] if gpu_runtime else Quantization.NONE
+
+
+def preferences_text() -> str:
+    """The preference lists as the spec's field description and the README say them."""
+    return "; ".join(f"{role}: {', '.join(q.value for q in order)}" for role, order in PREFERENCES.items())
 
 
 # The torch runtime's QuantLinear (trtspec.runtimes.torch.qlinear): TRT-LLM QuantAlgo of a layer -> how its
@@ -170,6 +215,11 @@ def parse_capability(text: str | None) -> tuple[int, int] | None:
         return None
 
 
+def needs_cuda(q: Quantization) -> bool:
+    """ModelOpt calibrates this format only on a CUDA GPU (its NVFP4/MX fake-quant kernels are CUDA-only)."""
+    return get_format(q).needs_cuda
+
+
 def block_size_problem(q: Quantization, linears: Iterable[tuple[str, int]]) -> tuple[str, int] | None:
     """The first quantized linear (name, input dimension) whose input dimension is not a multiple of the block."""
     fmt = get_format(q)
@@ -181,16 +231,62 @@ def block_size_problem(q: Quantization, linears: Iterable[tuple[str, int]]) -> t
     return None
 
 
-def formats_that_fit(linears: list[tuple[str, int]], *, cuda_available: bool) -> list[str]:
+def block_size_text(q: Quantization, problem: tuple[str, int]) -> str:
+    """One line saying why a block format does not fit: the block and the first dimension it cannot pack."""
+    block = get_format(q).block_size
+    return f"{q.value} needs input dimensions that are multiples of {block}, {problem[0]} is {problem[1]}"
+
+
+def formats_that_fit(linears: Sequence[tuple[str, int]], *, cuda_available: bool) -> list[str]:
     """Quantization formats that this model's linear shapes and this machine allow."""
     ok = []
     for fmt in FORMATS.values():
         if fmt.modelopt_cfg is None or (fmt.needs_cuda and not cuda_available):
             continue
-        if fmt.block_size and any(d % fmt.block_size for _, d in linears):
+        if block_size_problem(fmt.quantization, linears) is not None:
             continue
         ok.append(fmt.quantization.value)
     return ok
+
+
+def linear_input_dims(cfg: Any) -> list[tuple[str, int]]:
+    """The input dimensions of a decoder's quantized linears, named as its config names them (from config.json only;
+    ``quantized_linears`` reads the same from a loaded model)."""
+    return [
+        ("hidden_size", cfg.hidden_size),
+        ("num_attention_heads x head_dim", cfg.num_attention_heads * cfg.head_dim),
+        ("intermediate_size", cfg.intermediate_size),
+    ]
+
+
+def choose_format(
+    role: str,
+    dims: Sequence[tuple[str, int]],
+    compute_capability: tuple[int, int] | None,
+    refused: Callable[[Quantization], str | None] | None = None,
+) -> tuple[Quantization, list[str]]:
+    """The best format of ``role``'s preference list that these dimensions and GPU allow and that ``refused`` (the
+    runtime's rules for the model's KV cache: trtspec.build.engine_rules) does not refuse, and why the better ones
+    were passed over."""
+    passed: list[str] = []
+    for q in PREFERENCES[role]:
+        fmt = FORMATS[q]
+        why_not = refused(q) if refused is not None else None
+        if why_not is not None:
+            passed.append(why_not)
+            continue
+        if fmt.uses_fp8 and compute_capability is not None and compute_capability < FP8_FAST_CC:
+            passed.append(
+                f"{q.value} needs compute capability >= {FP8_FAST_CC[0]}.{FP8_FAST_CC[1]}, "
+                f"gpu.compute_capability is {compute_capability[0]}.{compute_capability[1]}"
+            )
+            continue
+        problem = block_size_problem(q, dims)
+        if problem is not None:
+            passed.append(block_size_text(q, problem))
+            continue
+        return q, passed
+    return Quantization.NONE, passed
 
 
 def check_block_size(q: Quantization, linears: list[tuple[str, int]], *, cuda_available: bool) -> None:

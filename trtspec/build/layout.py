@@ -8,7 +8,8 @@ from __future__ import annotations
 from enum import Enum
 from pathlib import Path
 
-from trtspec.spec import BuildSpec, KVCacheFormat, Quantization, Runtime
+from trtspec.build.formats import KVCacheFormat, Quantization
+from trtspec.spec import BuildSpec, Runtime
 from trtspec.speculative.drafters.registry import entry as drafter_entry
 
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from trtspec.build.formats import KVCacheFormat, Quantization
 from trtspec.build.layout import ROLES, Role, runs
 from trtspec.families import NormalizedConfig
-from trtspec.spec import BuildSpec, DType, KVCacheFormat, ModelSpec, Quantization
+from trtspec.spec import BuildSpec, DType, ModelSpec
 
 GIB = 1024**3
 # Runtime workspace per GPU (CUDA context, cuBLAS workspace, activations at max batch): a planning margin.

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtspec.build.artifacts import hash_dir, tool_versions
-from trtspec.build.formats import get_format
+from trtspec.build.formats import Quantization, get_format
 from trtspec.build.layout import is_quantized
 from trtspec.build.quiet import quiet_libraries
 from trtspec.errors import ModelLoadError, QuantizationError
-from trtspec.spec import BuildSpec, DType, Quantization, Runtime
+from trtspec.spec import BuildSpec, DType, Runtime
 
 if TYPE_CHECKING:
     from rich.progress import Progress

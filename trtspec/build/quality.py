@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtspec.build.artifacts import read_manifest
+from trtspec.build.formats import Quantization
 from trtspec.build.layout import QUALITY_REPORT, ROLES, checkpoint_dir
-from trtspec.spec import BuildSpec, Quantization
+from trtspec.spec import BuildSpec
 
 if TYPE_CHECKING:
     import torch

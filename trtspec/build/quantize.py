@@ -1,8 +1,8 @@
 """The quantize stage: ModelOpt post-training quantization of the target or the draft, and its export.
 
-``quantize_into`` is the stage body the pipeline calls inside an atomic output directory (the work itself is in
-:mod:`trtspec.build.ptq`); ``quantize_stage`` runs the pipeline's quantize stage of one role through the one runner
-(:mod:`trtspec.build.stages`), for ``trtspec quantize``.
+``quantize_inputs`` (what to hash), ``quantize_into`` (the body, run inside an atomic output directory; the work itself
+is in :mod:`trtspec.build.ptq`) and ``quantize_plan`` (the plan entry) are what :mod:`trtspec.pipeline` runs as the
+quantize stage of one role, for `trtspec build` and `trtspec quantize`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from trtspec.build.artifacts import tool_versions
 from trtspec.build.calibration import calibration_source
 from trtspec.build.layout import ROLES, is_quantized, needs_checkpoint
 from trtspec.build.ptq import export_kind
-from trtspec.build.stages import NOT_NEEDED, PlanEntry, StageResult, run_stage
+from trtspec.build.stages import PlanEntry
 from trtspec.errors import QuantizationError
 from trtspec.spec import BuildSpec, Runtime
 
@@ -84,34 +84,3 @@ def quantize_plan(spec: BuildSpec, role: str) -> PlanEntry:
     return PlanEntry(
         f"ModelOpt PTQ {model.quantization.value} (KV cache {model.kv_cache.value}) -> {fmt}", [src, "calibration data"]
     )
-
-
-def quantize_stage(spec: BuildSpec, role: str, progress: Progress | None = None, force: bool = False) -> StageResult:
-    """Run the quantize stage for one role into ``build/<role>/`` (the pipeline's stage, through the one runner)."""
-    from trtspec.build.pipeline import stage_named
-
-    result = run_stage(stage_named(spec, f"quantize:{role}"), force, progress)
-    if result.status == NOT_NEEDED:
-        result.output = str(spec.model_path(role))  # what is served instead
-    return result
-
-
-def quantize_models(
-    spec: BuildSpec, roles: tuple[str, ...] = ROLES, progress: Progress | None = None, force: bool = False
-) -> list[StageResult]:
-    """``trtspec quantize``: each role's stage under the build lock; a failure leaves no new build directory behind."""
-    from trtspec.build.artifacts import build_lock
-
-    build = spec.build_dir
-    existed = build.exists()
-    ok = False
-    with build_lock(build) as lock_file:  # the lock `trtspec build` takes
-        try:
-            outcomes = [quantize_stage(spec, role, progress, force) for role in roles]
-            ok = True
-            return outcomes
-        finally:
-            if not ok and not existed:
-                lock_file.unlink(missing_ok=True)
-                if build.is_dir() and not any(build.iterdir()):
-                    build.rmdir()

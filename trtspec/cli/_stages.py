@@ -12,8 +12,8 @@ def run_stages(spec, only, force: bool, as_json: bool):
     ``as_json``."""
     from rich.progress import BarColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from trtspec.build.pipeline import run_pipeline
     from trtspec.cli._progress import make_progress
+    from trtspec.pipeline import run_pipeline
 
     def show(result) -> None:
         if as_json:
@@ -39,7 +39,7 @@ def run_stages(spec, only, force: bool, as_json: bool):
         with progress:
             report = run_pipeline(spec, only=only, force=force, progress=progress, on_result=show)
     except KeyboardInterrupt as exc:
-        from trtspec.build.pipeline import interrupted_error
+        from trtspec.pipeline import interrupted_error
 
         raise interrupted_error(exc) from None
     if as_json:

@@ -15,9 +15,9 @@ def compile(spec_path: SpecArg = None, only: OnlyOpt = None, force: ForceOpt = F
 
     from trtspec.build.artifacts import MANIFEST
     from trtspec.build.layout import engine_dir, served_roles
-    from trtspec.engines.compile import docker_command, find_trtllm_build
     from trtspec.errors import EngineBuildError, SpecError
     from trtspec.spec import Runtime
+    from trtspec.trtllm.compile import docker_command, find_trtllm_build
 
     spec = resolve_spec(spec_path)
     if spec.runtime is not Runtime.TRTLLM_ENGINE:

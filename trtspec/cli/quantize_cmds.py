@@ -47,8 +47,8 @@ def quantize(
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
     from trtspec.build.quality import write_quality_report
-    from trtspec.build.quantize import quantize_models
     from trtspec.cli._progress import make_progress
+    from trtspec.pipeline import quantize_models
 
     spec = resolve_spec(spec_path)
     roles = (only.value,) if only is not None else ("target", "draft")

@@ -18,7 +18,7 @@ def repo(
 ) -> None:
     """Write the Triton model repository (ensemble, pre/postprocessing, orchestrator, target and draft models)."""
     from trtspec.build.check import check_pair
-    from trtspec.triton_repo.writer import write_repo
+    from trtspec.pipeline import write_repo
 
     spec = resolve_spec(spec_path)
     check_pair(spec)  # one tokenizer for both models, before anything is written

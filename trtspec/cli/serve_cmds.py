@@ -137,8 +137,8 @@ def _serve_docker(path: Path, image: str, http: int, grpc: int, metrics: int, dr
     import shlex
     import shutil
 
-    from trtspec.engines.engine_dir import check_repo_engines
     from trtspec.serving.docker import docker_command, repo_mounts
+    from trtspec.trtllm.engine_dir import check_repo_engines
 
     check_repo_engines(path, image)  # engines only load in the TensorRT-LLM release that built them
     mounts, env = repo_mounts(path)

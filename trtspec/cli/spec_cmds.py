@@ -122,7 +122,7 @@ def check(spec_path: SpecArg = None, as_json: JsonOpt = False) -> None:
 
 def plan(spec_path: SpecArg = None, as_json: JsonOpt = False) -> None:
     """Every stage, its inputs, outputs and external commands, without running anything."""
-    from trtspec.build.plan import build_plan
+    from trtspec.plan import build_plan
 
     spec = resolve_spec(spec_path)
     stages = build_plan(spec)

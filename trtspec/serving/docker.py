@@ -25,7 +25,7 @@ def docker_command(
     configs reference mounted read-only (``mounts``: host path -> path in the container, as the configs name it), and
     this trtspec package mounted and announced in TRTSPEC_PYTHONPATH for the Python models. The server command is the
     repository's launch (``trtspec.serving.launch``): for two TensorRT-LLM engines, upstream's ``--multi-model`` one."""
-    from trtspec.engines.container import DOCKER_GPU_FLAGS, REPO_MOUNT
+    from trtspec.trtllm.container import DOCKER_GPU_FLAGS, REPO_MOUNT
 
     repo = Path(repo).resolve()
     cmd = ["docker", "run", "--rm", "--init"] + (list(DOCKER_GPU_FLAGS) if gpus else ["--shm-size=2g"])

@@ -159,9 +159,9 @@ def serve_plan(spec: Any) -> Any:
     """`trtspec plan`'s serve entry: the command that serves the repository (and, for engines, the launch it runs
     in the container)."""
     from trtspec.build.stages import PlanEntry
-    from trtspec.engines.container import REPO_MOUNT
-    from trtspec.engines.trtllm_build import ngc_image
     from trtspec.spec import Runtime
+    from trtspec.trtllm.container import REPO_MOUNT
+    from trtspec.trtllm.trtllm_build import ngc_image
 
     repo = str(spec.repo_dir)
     if spec.runtime is Runtime.TORCH:

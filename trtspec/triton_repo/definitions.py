@@ -325,8 +325,8 @@ def trtllm_engine_models(spec: BuildSpec) -> list[ModelDefinition]:
     """Backend ``tensorrtllm`` on the engines (trtspec.triton_repo.engine_definitions), decoupled so that the
     orchestrator can stream routed requests. The engines are read at their container paths (/engines/<role>)."""
     from trtspec.build.layout import engine_dir
-    from trtspec.engines.container import engine_path_in_container
     from trtspec.triton_repo.engine_definitions import SERVER_ENV, engine_model_configs
+    from trtspec.trtllm.container import engine_path_in_container
 
     configs = engine_model_configs(spec, decoupled=True)
     out = []
@@ -347,11 +347,11 @@ def trtllm_engine_models(spec: BuildSpec) -> list[ModelDefinition]:
 
 def llmapi_models(spec: BuildSpec) -> list[ModelDefinition]:
     """Runtime trtllm-llmapi: one Python model, ``tensorrt_llm``, running TensorRT-LLM's LLM API with draft-target
-    speculative decoding configured in ``1/model.yaml`` (trtspec.engines.llmapi). The LLM API runs the draft-target
+    speculative decoding configured in ``1/model.yaml`` (trtspec.trtllm.llmapi). The LLM API runs the draft-target
     loop and in-flight batching itself, so there is no separate draft model, orchestrator or ensemble; the tensor
     contract is that of TensorRT-LLM's own llmapi model (text in, text out)."""
-    from trtspec.engines.container import checkpoint_path_in_container
-    from trtspec.engines.llmapi import model_yaml, model_yaml_text
+    from trtspec.trtllm.container import checkpoint_path_in_container
+    from trtspec.trtllm.llmapi import model_yaml, model_yaml_text
 
     triton = model_yaml(spec)["triton_config"]
     c = new_config(

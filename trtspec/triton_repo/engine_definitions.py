@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from trtspec.build.layout import served_roles
-from trtspec.engines.container import engine_path_in_container
 from trtspec.errors import SpecError
 from trtspec.spec import BuildSpec, DType
 from trtspec.triton_repo.names import ROLE_MODELS
 from trtspec.triton_repo.pbtxt import Batching, new_config
 from trtspec.triton_repo.tensors import BACKEND_INPUTS, BACKEND_OUTPUTS, with_dtypes
+from trtspec.trtllm.container import engine_path_in_container
 
 if TYPE_CHECKING:
     from tritonclient.grpc import model_config_pb2

@@ -1,8 +1,8 @@
 """``trtspec repo``: write the Triton model repository for a spec, atomically, with a manifest.
 
-The pipeline's repo stage calls ``repo_inputs`` (what to hash) and ``write_repo_into`` (write into a temporary
-directory it renames); ``write_repo`` runs that same stage for the standalone command (skipping an up-to-date
-repository), and ``repo_plan`` is its entry in `trtspec plan`.
+The pipeline's repo stage (:mod:`trtspec.pipeline`, for `trtspec build` and `trtspec repo`) calls ``repo_inputs``
+(what to hash) and ``write_repo_into`` (write into a temporary directory it renames); ``repo_plan`` is its entry in
+`trtspec plan`. The writer never imports the pipeline: the pipeline calls the writer.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from trtspec.build.artifacts import MANIFEST
 from trtspec.build.layout import ROLES, served_ngram_pool, serving_model_dir
-from trtspec.build.stages import SKIPPED, PlanEntry, run_stage
+from trtspec.build.stages import PlanEntry
 from trtspec.errors import SpecError
 from trtspec.spec import BuildSpec
 from trtspec.triton_repo.definitions import ENSEMBLE, MODELS_DIR, ModelDefinition, repository_models
@@ -44,7 +44,7 @@ def repo_inputs(spec: BuildSpec) -> tuple[dict[str, Path | None], dict]:
         "gpu": spec.gpu.model_dump(mode="json"),  # the memory plan sizes the engines' KV caches
         "parallel": {r: getattr(spec, r).tp_size for r in ROLES},
     }
-    from trtspec.engines.engine_dir import version_guard_settings
+    from trtspec.trtllm.engine_dir import version_guard_settings
 
     settings.update(version_guard_settings(spec))
     # The pool is copied into (or read by) the repository: a rebuilt pool rewrites it.
@@ -90,11 +90,8 @@ def write_repo_into(spec: BuildSpec, out_dir: Path) -> dict:
     # Host directory -> its path inside a serving container (the same path unless a definition says otherwise).
     mounts = {str(p): m.container_paths.get(p, str(p)) for m in models for p in m.external_paths}
     server_env = {k: v for m in models for k, v in m.server_env.items()}
-    from trtspec.serving.launch import launch_settings
-
     entry_model = ENSEMBLE if ENSEMBLE in {m.name for m in models} else models[0].name
     return {
-        "launch": launch_settings(spec),
         "models": [m.name for m in models],
         "external_paths": external,
         "entry_model": entry_model,
@@ -117,12 +114,3 @@ def repo_plan(spec: BuildSpec) -> PlanEntry:
         f"Triton model repository ({spec.runtime.value}): {', '.join(names)}",
         [str(serving_model_dir(spec, r, weights=False)) for r in ROLES],
     )
-
-
-def write_repo(spec: BuildSpec, force: bool = False) -> dict[str, Any]:
-    """``trtspec repo``: the pipeline's repo stage through the one runner (:mod:`trtspec.build.stages`): write
-    ``spec.repo_dir`` unless an up-to-date one is there; return {"path", "skipped", "manifest"}."""
-    from trtspec.build.pipeline import repo_stage
-
-    result = run_stage(repo_stage(spec), force)
-    return {"path": spec.repo_dir, "skipped": result.status == SKIPPED, "manifest": result.manifest}

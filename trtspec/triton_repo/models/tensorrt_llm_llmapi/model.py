@@ -1,5 +1,5 @@
 """trtspec's `tensorrt_llm` model for runtime trtllm-llmapi: TensorRT-LLM's LLM API (PyTorch backend) with draft-target
-speculative decoding, configured by ``model.yaml`` next to this file (written by trtspec.engines.llmapi).
+speculative decoding, configured by ``model.yaml`` next to this file (written by trtspec.trtllm.llmapi).
 
 The tensor contract is the one of TensorRT-LLM's own llmapi model (triton_backend/all_models/llmapi/tensorrt_llm):
 ``text_input``, ``streaming`` and ``sampling_param_*`` in; ``text_output``, ``finish_reason`` and the draft acceptance

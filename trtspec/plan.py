@@ -7,15 +7,12 @@ so the plan and the pipeline cannot disagree about which stages there are, what 
 
 from __future__ import annotations
 
-import importlib
 import shlex
 from dataclasses import asdict, dataclass, field
 
-from trtspec.build.pipeline import pipeline_stages
-from trtspec.build.stages import PlanEntry
+from trtspec.pipeline import pipeline_stages
+from trtspec.serving.launch import serve_plan
 from trtspec.spec import BuildSpec
-
-SERVE_PLAN = ("trtspec.serving.launch", "serve_plan")  # serving is downstream of build: resolved when planned
 
 
 @dataclass(frozen=True)
@@ -40,7 +37,6 @@ def build_plan(spec: BuildSpec) -> list[Stage]:
         entry = s.describe()
         outputs = [str(s.output)] if s.output is not None and s.not_needed is None else []
         stages.append(Stage(s.name, entry.action, entry.inputs, outputs, entry.commands))
-    module, attr = SERVE_PLAN
-    serve: PlanEntry = getattr(importlib.import_module(module), attr)(spec)
+    serve = serve_plan(spec)
     stages.append(Stage("serve", serve.action, serve.inputs, [], serve.commands))
     return stages

@@ -8,16 +8,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from trtspec.build.formats import KVCacheFormat, Quantization
 from trtspec.build.layout import ROLES
-from trtspec.engines.trtllm_versions import (
+from trtspec.errors import EngineBuildError
+from trtspec.spec import BuildSpec
+from trtspec.trtllm.trtllm_versions import (
     RELEASES,
     Flag,
     TrtllmRelease,
     get_release,
     ngc_image,
 )
-from trtspec.errors import EngineBuildError
-from trtspec.spec import BuildSpec, KVCacheFormat, Quantization
 
 __all__ = ["RELEASES", "ngc_image", "trtllm_build_command", "validate_command", "get_release", "LOGITS_DTYPE"]
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from trtspec.engines.container import checkpoint_path_in_container
-from trtspec.engines.trtllm_versions import get_release
 from trtspec.errors import SpecError
 from trtspec.spec import BuildSpec
+from trtspec.trtllm.container import checkpoint_path_in_container
+from trtspec.trtllm.trtllm_versions import get_release
 
 # NGramDecodingConfig (tensorrt_llm/llmapi/llm_args.py; tests/upstream/ngram_decoding.json): its pool is built at run
 # time from the requests served (is_public_pool: one pool for all of them); it cannot be pre-seeded from a file.
@@ -84,7 +84,7 @@ def model_yaml_text(spec: BuildSpec) -> str:
 
     header = (
         f"# Written by trtspec for TensorRT-LLM {spec.engine.trtllm_version} (LLM API, PyTorch backend).\n"
-        "# Paths are as mounted in the serving container (trtspec.engines.container).\n"
+        "# Paths are as mounted in the serving container (trtspec.trtllm.container).\n"
     )
     if not get_release(spec.engine.trtllm_version).llmapi.verified:
         header += (

@@ -13,14 +13,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from trtspec.build.layout import engine_dir, served_roles
-from trtspec.engines.trtllm_versions import (
+from trtspec.errors import EngineBuildError
+from trtspec.spec import BuildSpec
+from trtspec.trtllm.trtllm_versions import (
     SPECULATIVE_MODE_VALUES,
     image_trtllm_version,
     ngc_image,
     normalize_version,
 )
-from trtspec.errors import EngineBuildError
-from trtspec.spec import BuildSpec
 
 ENGINE_CONFIG = "config.json"
 

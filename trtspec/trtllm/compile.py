@@ -1,6 +1,6 @@
 """The compile stage: `trtllm-build` for the target and the draft, run where it exists, explained where it does not.
 
-Stage body (named in trtspec.build.pipeline.DEFAULT_BODIES): ``compile_inputs(spec, role)`` says what the output
+Stage body (run by trtspec.pipeline): ``compile_inputs(spec, role)`` says what the output
 depends on, ``compile_into(spec, role, out_dir, progress)`` writes the engine into ``out_dir`` (a temporary directory
 the pipeline renames into ``engines/<role>`` and stamps with a manifest). Where `trtllm-build` is absent, the error
 carries the exact `docker run` line that builds the same engine in the NGC image; an engine that line produced
@@ -22,13 +22,13 @@ from typing import Any
 
 from trtspec.build.layout import checkpoint_dir, engine_dir
 from trtspec.build.stages import PlanEntry
-from trtspec.engines.container import DOCKER_GPU_FLAGS
-from trtspec.engines.engine_dir import serving_image, verify_engine
-from trtspec.engines.trtllm_build import trtllm_build_command
-from trtspec.engines.trtllm_versions import normalize_version
 from trtspec.errors import EngineBuildError, SpecError
 from trtspec.procs import die_with_parent
 from trtspec.spec import BuildSpec, Runtime
+from trtspec.trtllm.container import DOCKER_GPU_FLAGS
+from trtspec.trtllm.engine_dir import serving_image, verify_engine
+from trtspec.trtllm.trtllm_build import trtllm_build_command
+from trtspec.trtllm.trtllm_versions import normalize_version
 
 LOG_NAME = "trtllm-build.log"
 _STDERR_TAIL = 6

@@ -2,23 +2,24 @@
 display.
 
 ``pipeline_stages`` is the one stage list: `trtspec build` runs it, `trtspec plan` describes it (each stage's
-``describe``), `trtspec quantize` and `trtspec repo` run their stage of it. Every stage with an output goes through
-:func:`trtspec.build.stages.run_stage` (inputs hash, skip when up to date, atomic write, manifest). A killed build
-leaves only ``.tmp-*`` siblings, which the next run removes before it starts (never a live process's). The stage
-bodies live with their owners and are imported lazily by the names in ``DEFAULT_BODIES``, so build imports neither
-engines nor triton_repo at module level.
+``describe``, :mod:`trtspec.plan`), `trtspec quantize` and `trtspec repo` run their stage of it (``quantize_models``,
+``write_repo``). Every stage with an output goes through :func:`trtspec.build.stages.run_stage` (inputs hash, skip
+when up to date, atomic write, manifest). A killed build leaves only ``.tmp-*`` siblings, which the next run removes
+before it starts (never a live process's). The pipeline sits on top: it imports the stage bodies from their owners
+(build.quantize, trtllm.compile, triton_repo.writer) and none of them imports it back.
 """
 
 from __future__ import annotations
 
-import importlib
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from trtspec.build import quantize
 from trtspec.build.artifacts import MANIFEST, build_lock
+from trtspec.build.check import run_check
 from trtspec.build.layout import (
     NO_DRAFT_MODEL,
     ROLES,
@@ -29,8 +30,10 @@ from trtspec.build.layout import (
     runs,
     serving_model_dir,
 )
+from trtspec.build.quality import write_quality_report
 from trtspec.build.stages import (
     BUILT,
+    NOT_NEEDED,
     PASSED,
     SKIPPED,
     UP_TO_DATE,
@@ -40,49 +43,32 @@ from trtspec.build.stages import (
     clean_stale_temporaries,
     run_stage,
 )
-from trtspec.errors import Interrupted, MissingDependencyError, SpecError
+from trtspec.errors import Interrupted, SpecError
+from trtspec.serving.launch import launch_settings
 from trtspec.spec import BuildSpec, Runtime
+from trtspec.triton_repo import writer
+from trtspec.trtllm import compile as trtllm_compile
 
-# Where each stage body (and plan entry) lives; resolved on first use so that `trtspec --help` stays light.
-DEFAULT_BODIES: dict[str, tuple[str, str]] = {
-    "quantize_inputs": ("trtspec.build.quantize", "quantize_inputs"),
-    "quantize_into": ("trtspec.build.quantize", "quantize_into"),
-    "quantize_plan": ("trtspec.build.quantize", "quantize_plan"),
-    "compile_inputs": ("trtspec.engines.compile", "compile_inputs"),
-    "compile_into": ("trtspec.engines.compile", "compile_into"),
-    "compile_plan": ("trtspec.engines.compile", "compile_plan"),
-    "repo_inputs": ("trtspec.triton_repo.writer", "repo_inputs"),
-    "write_repo_into": ("trtspec.triton_repo.writer", "write_repo_into"),
-    "repo_plan": ("trtspec.triton_repo.writer", "repo_plan"),
-}
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 
 @dataclass
 class StageBodies:
-    """The functions behind the stages; None means the default from DEFAULT_BODIES."""
+    """The functions behind the stages (each stage's owner's); a test replaces some with stand-ins."""
 
-    quantize_inputs: Callable | None = None
-    quantize_into: Callable | None = None
-    quantize_plan: Callable | None = None
-    compile_inputs: Callable | None = None
-    compile_into: Callable | None = None
-    compile_plan: Callable | None = None
-    repo_inputs: Callable | None = None
-    write_repo_into: Callable | None = None
-    repo_plan: Callable | None = None
+    quantize_inputs: Callable = quantize.quantize_inputs
+    quantize_into: Callable = quantize.quantize_into
+    quantize_plan: Callable = quantize.quantize_plan
+    compile_inputs: Callable = trtllm_compile.compile_inputs
+    compile_into: Callable = trtllm_compile.compile_into
+    compile_plan: Callable = trtllm_compile.compile_plan
+    repo_inputs: Callable = writer.repo_inputs
+    write_repo_into: Callable = writer.write_repo_into
+    repo_plan: Callable = writer.repo_plan
 
     def get(self, name: str) -> Callable:
-        fn = getattr(self, name)
-        if fn is not None:
-            return fn
-        module, attr = DEFAULT_BODIES[name]
-        try:
-            return getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as exc:
-            raise MissingDependencyError(
-                f"this trtspec has no {attr} ({module}): the stage it belongs to is not installed",
-                hint=f"update trtspec; the import failed with: {exc}",
-            ) from None
+        return getattr(self, name)
 
 
 @dataclass
@@ -161,15 +147,50 @@ def pipeline_stages(spec: BuildSpec, bodies: StageBodies | None = None) -> list[
 
 
 def repo_stage(spec: BuildSpec, bodies: StageBodies | None = None) -> Stage:
-    """The repo stage (also `trtspec repo`): its inputs run the engines' version guard (trtspec.triton_repo.writer)."""
+    """The repo stage (also `trtspec repo`): its inputs run the engines' version guard (trtspec.triton_repo.writer);
+    its manifest records how the repository is launched (trtspec.serving.launch), which `trtspec serve` reads."""
     b = bodies or StageBodies()
     return Stage(
         "repo",
         spec.repo_dir,
         inputs=lambda: b.get("repo_inputs")(spec),
-        body=lambda out, progress: b.get("write_repo_into")(spec, out) or {},
+        body=lambda out, progress: {**(b.get("write_repo_into")(spec, out) or {}), "launch": launch_settings(spec)},
         describe=lambda: b.get("repo_plan")(spec),
     )
+
+
+def write_repo(spec: BuildSpec, force: bool = False) -> dict[str, Any]:
+    """``trtspec repo``: the repo stage through the one runner: write ``spec.repo_dir`` unless an up-to-date one is
+    there; return {"path", "skipped", "manifest"}."""
+    result = run_stage(repo_stage(spec), force)
+    return {"path": spec.repo_dir, "skipped": result.status == SKIPPED, "manifest": result.manifest}
+
+
+def quantize_stage(spec: BuildSpec, role: str, progress: Progress | None = None, force: bool = False) -> StageResult:
+    """Run the quantize stage for one role into ``build/<role>/`` (the pipeline's stage, through the one runner)."""
+    result = run_stage(stage_named(spec, f"quantize:{role}"), force, progress)
+    if result.status == NOT_NEEDED:
+        result.output = str(spec.model_path(role))  # what is served instead
+    return result
+
+
+def quantize_models(
+    spec: BuildSpec, roles: tuple[str, ...] = ROLES, progress: Progress | None = None, force: bool = False
+) -> list[StageResult]:
+    """``trtspec quantize``: each role's stage under the build lock; a failure leaves no new build directory behind."""
+    build = spec.build_dir
+    existed = build.exists()
+    ok = False
+    with build_lock(build) as lock_file:  # the lock `trtspec build` takes
+        try:
+            outcomes = [quantize_stage(spec, role, progress, force) for role in roles]
+            ok = True
+            return outcomes
+        finally:
+            if not ok and not existed:
+                lock_file.unlink(missing_ok=True)
+                if build.is_dir() and not any(build.iterdir()):
+                    build.rmdir()
 
 
 def stage_named(spec: BuildSpec, name: str, bodies: StageBodies | None = None) -> Stage:
@@ -182,8 +203,6 @@ def stage_named(spec: BuildSpec, name: str, bodies: StageBodies | None = None) -
 
 
 def _run_check(spec: BuildSpec) -> StageResult:
-    from trtspec.build.check import run_check
-
     t0 = time.monotonic()
     report = run_check(spec)
     if not report.ok:
@@ -269,8 +288,6 @@ def _run_quality(spec: BuildSpec, force: bool, progress: Any) -> StageResult:
         and all(m.is_file() and m.stat().st_mtime <= path.stat().st_mtime for m in manifests)
     ):
         return StageResult("quality", SKIPPED, str(path), time.monotonic() - t0, UP_TO_DATE)
-    from trtspec.build.quality import write_quality_report
-
     report = write_quality_report(spec, progress)
     pair = (report.get("draft_target_top1_agreement") or {}).get("after")
     detail = f"draft-target top-1 agreement {pair:.3f}" if isinstance(pair, float) else "; ".join(report["notes"])

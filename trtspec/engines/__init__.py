@@ -1,1 +1,0 @@
-"""Engines: trtllm-build commands per TensorRT-LLM version, and the torch speculative decoding runtime."""
