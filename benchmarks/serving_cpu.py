@@ -1,7 +1,7 @@
 """Serving on a CPU through a real Triton server: orchestrations side by side in one run, same prompts, same machine.
 
     python benchmarks/serving_cpu.py [--pair example|self] [--max-tokens 48] [--levels 1,8] [--requests 16]
-        [--orchestrations in_process,bls] [--drafters model,ngram,hybrid] [--old-root DIR] [--json out.json]
+        [--orchestrations in_process,bls] [--drafters adaptive,model,ngram,hybrid] [--old-root DIR] [--json out.json]
 
 For each served repository, in turn (one server at a time): output tok/s at each concurrency level, with the draft
 and target-only (num_draft_tokens 0), streamed gRPC requests through the ensemble, and the acceptance rate.
@@ -11,8 +11,9 @@ orchestrator over two torch engine models (orchestration bls: the path runtime t
 served by that checkout's code. Then Triton's overhead at concurrency 1: the in-process model through Triton against
 the same engine in this process (``trtspec generate``'s decoder), same prompts and settings.
 
-``--drafters`` serves each orchestration once per drafter (``speculative.drafter``: the draft model, n-grams from
-prompt lookup and the example's pool, or the hybrid), so that the drafters are compared through Triton side by side.
+``--drafters`` serves each orchestration once per drafter (``speculative.drafter``: adaptive, the draft model,
+n-grams from prompt lookup and the example's pool, or the hybrid), so that the drafters are compared through Triton
+side by side.
 
 ``--pair self`` serves the target as its own draft (acceptance 1): the orchestration overhead with every draft
 accepted. The default is the embedded example (SmolLM2-135M-Instruct and its distilled draft).
@@ -55,11 +56,10 @@ from trtspec.example import example_models, example_spec_dict
 from trtspec.spec import spec_from_dict
 from trtspec.pipeline import write_repo
 root, pair, orchestration = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
-drafter = sys.argv[4] if len(sys.argv) > 4 else "model"
 paths = example_models()
 data = example_spec_dict(paths.target, paths.target if pair == "self" else paths.draft)
-if drafter != "model":
-    data.setdefault("speculative", {})["drafter"] = drafter
+if len(sys.argv) > 4:  # an older checkout's spec may not know the field: its default is the model drafter
+    data.setdefault("speculative", {})["drafter"] = sys.argv[4]
 data["triton"] = {"orchestrator_instances": 1}
 if orchestration != "default":
     data["triton"]["orchestration"] = orchestration
@@ -77,7 +77,8 @@ def write_repo(
     # cwd=root: python -c puts the cwd first on sys.path, ahead of PYTHONPATH (run from a checkout, it would win).
     root.mkdir(parents=True, exist_ok=True)
     out = subprocess.run(
-        [sys.executable, "-c", WRITE, str(root), pair, orchestration, *([drafter] if drafter != "model" else [])],
+        [sys.executable, "-c", WRITE, str(root), pair, orchestration]
+        + ([drafter] if drafter != "model" or trtspec_root is None else []),
         capture_output=True,
         text=True,
         env=env,
@@ -125,7 +126,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=16, help="requests per level and mode")
     ap.add_argument("--repeats", type=int, default=3, help="concurrency-1 overhead runs")
     ap.add_argument("--orchestrations", default="in_process,bls", help="of in_process, bls")
-    ap.add_argument("--drafters", default="model", help="of model, ngram, hybrid (speculative.drafter)")
+    ap.add_argument("--drafters", default="adaptive", help="of adaptive, model, ngram, hybrid (speculative.drafter)")
     ap.add_argument("--old-root", type=Path, help="a checkout of an older trtspec to serve side by side")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()

@@ -106,14 +106,20 @@ def test_the_policy_counts_what_it_chose():
 
 
 class SwitchingPolicy(AdaptivePolicy):
-    """A policy that switches on what happened before (a sequence's step count and its last verdict): model,
-    n-grams and no draft in turn, K cycling 1..4, and the n-gram whenever the last model step was fully rejected.
-    Exactness must hold for any choice that depends only on the past."""
+    """A policy that switches on what happened before (a sequence's step count, how many choices the policy made
+    before, and the sequence's last verdict): model, n-grams and no draft in turn, K cycling 1..4, and the n-gram
+    whenever the last model step was fully rejected. Exactness must hold for any choice that depends only on the
+    past."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.decisions = 0
 
     def plan(self, seqs, asks):
         out = []
         for seq, ask in zip(seqs, asks):
-            turn = seq.steps % 3
+            self.decisions += 1
+            turn = (seq.steps + self.decisions) % 3
             k = min(ask.k_max, 1 + seq.steps % 4)
             if k <= 0 or turn == 2:
                 choice = Choice()

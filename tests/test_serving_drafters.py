@@ -1,6 +1,7 @@
 """Both Triton orchestrations honour ``speculative.drafter``: the in-process model (n-grams: no draft model loaded)
 and the BLS orchestrator (n-grams proposed in its process, sent to the target engine as draft tokens) serve the
-target's greedy text with n-grams and with the hybrid, streamed and not, with draft statistics."""
+target's greedy text with n-grams, the hybrid and the adaptive drafter, streamed and not, with draft statistics, and
+count what they did on Triton's /metrics."""
 
 from __future__ import annotations
 
@@ -26,7 +27,14 @@ def reference(tiny_pair):
 
 @pytest.fixture(
     scope="module",
-    params=[("ngram", "in_process"), ("hybrid", "in_process"), ("ngram", "bls"), ("hybrid", "bls")],
+    params=[
+        ("ngram", "in_process"),
+        ("hybrid", "in_process"),
+        ("adaptive", "in_process"),
+        ("ngram", "bls"),
+        ("hybrid", "bls"),
+        ("adaptive", "bls"),
+    ],
     ids=lambda p: "-".join(p),
 )
 def served(request, tiny_pair, reference, tmp_path_factory):
@@ -62,7 +70,7 @@ def served(request, tiny_pair, reference, tmp_path_factory):
 
 
 def test_served_drafters_return_the_target_s_greedy_text(served, reference):
-    # Over BLS the repository holds a draft engine model for the hybrid only: n-grams build and load none.
+    # Over BLS the repository holds a draft engine model unless the drafter is ngram (which builds and loads none).
     expected = served.orchestration == "bls" and served.drafter != "ngram"
     assert (served.repo / "tensorrt_llm_draft").is_dir() is expected
     with TritonLLMClient(served.grpc_url) as client:
@@ -77,3 +85,26 @@ def test_served_drafters_return_the_target_s_greedy_text(served, reference):
         assert "".join(streamed.chunks) == reference[PROMPTS[1]].text
         plain = client.generate(PROMPTS[0], MAX_TOKENS, num_draft_tokens=0)
         assert plain.text == reference[PROMPTS[0]].text and plain.stats["total_draft_tokens"] == 0
+
+
+def test_served_drafters_count_their_steps_on_triton_metrics(served, reference):
+    """The serving model's speculation counters (trtspec.triton_repo.spec_metrics) on Triton's /metrics move by
+    exactly what the responses report, and trtspec bench's scrape reads them back."""
+    from trtspec.serving.bench.server_metrics import delta, scrape
+
+    before = scrape(served.metrics_url)
+    drafted = accepted = tokens = 0
+    with TritonLLMClient(served.grpc_url) as client:
+        for prompt in PROMPTS:
+            r = client.generate(prompt, MAX_TOKENS)
+            drafted += r.stats["total_draft_tokens"]
+            accepted += r.stats["total_accepted_draft_tokens"]
+            tokens += r.stats["num_output_tokens"]
+    after = scrape(served.metrics_url)
+    d = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    assert d["requests_total"] == len(PROMPTS)
+    assert (d["draft_tokens_total"], d["accepted_draft_tokens_total"]) == (drafted, accepted)
+    assert d["output_tokens_total"] == tokens
+    run = delta(before, after)
+    assert sum(run["steps_by_draft_len"].values()) == run["target_steps"] > 0
+    assert run["tokens_per_step"] == pytest.approx(tokens / run["target_steps"], abs=1e-3)

@@ -62,6 +62,15 @@ def bench(
     raw: RawOpt = False,
     seed: Annotated[int, typer.Option("--seed", help="seed of synthetic prompts and arrivals")] = 0,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="write a PNG of the results")] = None,
+    metrics: Annotated[
+        Optional[str],
+        typer.Option(
+            "--metrics",
+            metavar="URL",
+            help="the server's /metrics (e.g. http://127.0.0.1:8002/metrics): report what it counted during the run "
+            "(acceptance, tokens per step, steps without a draft, K chosen)",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Load-test a deployment over Triton or the OpenAI API: tok/s, TTFT, ITL, E2E (p50/p90/p99), acceptance, and
@@ -114,6 +123,9 @@ def bench(
     else:
         assert url is not None  # exactly one of --url and --openai (checked above)
         requester = TritonRequester(url, protocol.value if protocol else None)
+    from trtspec.serving.bench.server_metrics import delta, describe, scrape
+
+    before = scrape(metrics) if metrics else None
     try:
         results = run_bench(
             requester,
@@ -129,6 +141,8 @@ def bench(
         )
     finally:
         requester.close()
+    if before is not None and metrics is not None:
+        results["server_metrics"] = delta(before, scrape(metrics))
     if plot is not None:
         plot_results(results, plot)
     verdict = _verdict(results, max_tokens)
@@ -138,6 +152,8 @@ def bench(
     for w in results["warnings"]:
         err_console.print(f"[yellow]warning:[/] {w}")
     console.print(render_table(results))
+    if "server_metrics" in results:
+        console.print(describe(results["server_metrics"]), highlight=False, markup=False)
     if verdict:
         console.print(verdict, highlight=False, markup=False)
     if plot is not None:

@@ -36,22 +36,25 @@ class SpeculationMetrics:
         self.by_len = [0] * (MAX_DRAFT_LEN + 1)
         self._metrics: dict[str, Any] = {}
         self._by_len: list[Any] = []
+        self._families: list[Any] = []  # a family deleted before its metrics takes them off /metrics: keep them
         if pb_utils is None or not hasattr(pb_utils, "MetricFamily"):
             return
         try:
             self._register(pb_utils.MetricFamily, {"model": model, "drafter": drafter})
         except Exception as exc:  # noqa: BLE001 - metrics must never stop a model from serving
-            self._metrics, self._by_len = {}, []
+            self._metrics, self._by_len, self._families = {}, [], []
             print(f"[trtspec] {model}: speculation metrics unavailable ({exc})", flush=True)
 
     def _register(self, family: Any, labels: dict[str, str]) -> None:
         # Every instance of a model registers the same families and labels; Triton shares them (one counter).
         for name, doc in COUNTERS.items():
             fam = family(name=PREFIX + name, description=doc, kind=family.COUNTER)
+            self._families.append(fam)
             self._metrics[name] = fam.Metric(labels=labels)
         fam = family(
             name=PREFIX + STEPS_BY_DRAFT_LEN, description="target steps by their draft length K", kind=family.COUNTER
         )
+        self._families.append(fam)
         self._by_len = [fam.Metric(labels={**labels, "draft_len": str(k)}) for k in range(MAX_DRAFT_LEN + 1)]
 
     def record(self, stats: SpecStats) -> None:

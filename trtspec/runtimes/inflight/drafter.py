@@ -47,8 +47,10 @@ class ModelDrafter:
         return self.pool.free
 
     def admit(self, job: Job) -> None:
-        slot, reuse = self.pool.acquire(job.tokens)
-        job.draft_state = _DraftState(slot, job.tokens[reuse:])
+        """Take a slot for the job's sequence so far (its prompt, or more when a drafter admits it later)."""
+        history = job.history()
+        slot, reuse = self.pool.acquire(history)
+        job.draft_state = _DraftState(slot, history[reuse:])
 
     def release(self, job: Job, keep: bool = True) -> None:
         state: _DraftState | None = job.draft_state

@@ -3,8 +3,10 @@
 
 Each step it looks up the n-gram proposal of every sequence (free: a few array lookups), asks the policy what each
 sequence does, runs the draft model (when there is one) for the sequences that chose it in the shared packed passes,
-and after the target's verdict tells the policy what was accepted. The draft model's KV cache catches up on the tokens
-of steps it did not draft, as in the hybrid (``ModelDrafter.commit`` with nothing proposed queues them).
+and after the target's verdict tells the policy what was accepted. A sequence takes a draft-model slot only when the
+model first drafts for it (no draft prefill for sequences the n-grams serve); from then on the draft's KV cache
+catches up on the tokens of steps it did not draft, as in the hybrid (``ModelDrafter.commit`` with nothing proposed
+queues them).
 
 Two forms: ``AdaptiveEngineDrafter`` for the in-flight engine (in process and the in-process Triton model) and
 ``AdaptiveLocalDrafter`` for the BLS orchestrator, which asks the draft engine for the model's tokens and learns the
@@ -37,7 +39,8 @@ class AdaptiveEngineDrafter:
         if model is not None:
             model.on_round = self.policy.observe_draft
         self._arms: dict[int, SequenceArms] = {}
-        self._by_model: set[int] = set()
+        self._by_model: set[int] = set()  # jobs whose proposals this step are the model's
+        self._in_model: set[int] = set()  # jobs holding a draft-model slot (admitted when the model first drafts)
 
     @property
     def passes(self) -> int:
@@ -45,28 +48,28 @@ class AdaptiveEngineDrafter:
 
     @property
     def free(self) -> int:
-        return int(self.model.free) if self.model is not None else UNLIMITED
+        return UNLIMITED  # a job takes a draft-model slot only when the model first drafts for it
 
     def admit(self, job: Any) -> None:
-        if self.model is not None:
-            self.model.admit(job)
-        else:
-            job.draft_state = self.kind
+        job.draft_state = self.kind
         self._arms[id(job)] = SequenceArms()
 
     def release(self, job: Any, keep: bool = True) -> None:
         self._arms.pop(id(job), None)
         self._by_model.discard(id(job))
-        if self.model is not None:
+        if id(job) in self._in_model:
+            self._in_model.discard(id(job))
             self.model.release(job, keep)
-        else:
-            job.draft_state = None
+        job.draft_state = None
+
+    def _model_ready(self, job: Any) -> bool:
+        return self.model is not None and (id(job) in self._in_model or self.model.free > 0)
 
     def propose(self, jobs: list[Any], ks: list[int], batch_tokens: int = 0) -> list[Proposal]:
         t0 = time.perf_counter()
         found = [self.ngram.propose_one(job.history(), k) for job, k in zip(jobs, ks)]
         asks = [
-            Ask(k, p.tokens, p.match_len, self.model is not None, max(1, len(job.pending)))
+            Ask(k, p.tokens, p.match_len, self._model_ready(job), max(1, len(job.pending)))
             for job, k, p in zip(jobs, ks, found)
         ]
         # Jobs of the batch that do not speculate feed tokens too: the step's cost grows from all of them.
@@ -82,6 +85,11 @@ class AdaptiveEngineDrafter:
             if choice.source == NGRAM:
                 out[i] = Proposal(p.tokens[: choice.k], p.match_len, p.source)
             elif choice.source == MODEL:
+                if id(jobs[i]) not in self._in_model:  # its cache catches up on the whole sequence in round 0
+                    if self.model.free == 0:
+                        continue  # the last slot went to another job of this step: a plain step
+                    self.model.admit(jobs[i])
+                    self._in_model.add(id(jobs[i]))
                 to_model.append(i)
                 model_ks.append(choice.k)
         dt = time.perf_counter() - t0
@@ -99,7 +107,7 @@ class AdaptiveEngineDrafter:
             self.policy.verdict(arms, proposed, accepted)
         by_model = id(job) in self._by_model
         self._by_model.discard(id(job))
-        if self.model is not None:
+        if id(job) in self._in_model:
             self.model.commit(job, history_before, proposed if by_model else 0, accepted if by_model else 0)
 
     def observe_pass(self, tokens: int, seconds: float) -> None:
