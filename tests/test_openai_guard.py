@@ -41,8 +41,8 @@ def target(tiny_pair, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def repo(target, tiny_pair, tmp_path_factory) -> Path:
+    from trtspec.pipeline import write_repo
     from trtspec.spec import spec_from_dict
-    from trtspec.triton_repo.writer import write_repo
 
     root = tmp_path_factory.mktemp("guard")
     data = torch_spec_dict(target, tiny_pair[1], name=NAME, engine={"max_seq_len": 2048, "max_input_len": 256})
