@@ -33,8 +33,8 @@ def docker_command(
     cmd = ["docker", "run", "--rm", "--init"] + (list(DOCKER_GPU_FLAGS) if gpus else ["--shm-size=2g"])
     # Published on ``host`` only (docker's -p without an address publishes on every interface of the machine).
     address = f"[{host}]" if ":" in host else host
-    for port, inside in ((http_port, 8000), (grpc_port, 8001), (metrics_port, 8002)):
-        cmd += ["-p", f"{address}:{port}:{inside}"]
+    for port, port_inside in ((http_port, 8000), (grpc_port, 8001), (metrics_port, 8002)):
+        cmd += ["-p", f"{address}:{port}:{port_inside}"]
     cmd += ["-v", f"{repo}:{REPO_MOUNT}:ro"]
     for host, inside in sorted({(str(Path(h).resolve()), str(c)) for h, c in mounts}):
         cmd += ["-v", f"{host}:{inside}:ro"]
