@@ -40,8 +40,9 @@ serve() {
   # The OpenAI-compatible frontend next to it; it answers /health with 503 until Triton is ready.
   python3 -m trtspec.serving.openai --repo "$repo" --triton 127.0.0.1:8001 --host 0.0.0.0 --port "$openai" &
   local front=$!
-  # SIGTERM: Triton drains first (the frontend keeps relaying the streams in flight), then the frontend stops.
-  trap 'kill -TERM "$triton" 2>/dev/null || true' TERM INT
+  # SIGTERM: the frontend starts its drain (SIGUSR1: new /v1 requests 503 with Retry-After, /health not ready) and
+  # Triton drains (the frontend keeps relaying the streams in flight); once Triton has stopped, the frontend stops.
+  trap 'kill -USR1 "$front" 2>/dev/null || true; kill -TERM "$triton" 2>/dev/null || true' TERM INT
   local status=0
   wait -n "$triton" "$front" || status=$?
   while kill -0 "$triton" 2>/dev/null; do wait "$triton" 2>/dev/null || true; done

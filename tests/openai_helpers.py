@@ -34,7 +34,14 @@ def with_chat_template(model_dir: Path, out: Path) -> Path:
 class Served:
     """`trtspec serve REPO --openai-port P` in a subprocess, ready (both Triton and the frontend)."""
 
-    def __init__(self, repo: Path, log: Path, env: dict[str, str] | None = None, timeout_s: float = 240.0) -> None:
+    def __init__(
+        self,
+        repo: Path,
+        log: Path,
+        env: dict[str, str] | None = None,
+        timeout_s: float = 240.0,
+        args: tuple[str, ...] = (),
+    ) -> None:
         from trtspec.serving.server import free_port
 
         self.ports = {name: free_port() for name in ("http", "grpc", "metrics", "openai")}
@@ -44,6 +51,7 @@ class Served:
         self.grpc_url = f"127.0.0.1:{self.ports['grpc']}"
         cmd = [sys.executable, "-m", "trtspec", "serve", str(repo), "--log-file", str(log)]
         cmd += [a for name, port in self.ports.items() for a in (f"--{name}-port", str(port))]
+        cmd += list(args)
         self.out = log.with_suffix(".out")
         self._out = open(self.out, "wb")
         self.proc = subprocess.Popen(

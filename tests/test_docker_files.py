@@ -48,8 +48,13 @@ def test_dockerfile_builds_on_the_version_tables_image_and_exposes_triton_ports(
 def test_compose_reserves_gpus_publishes_ports_and_checks_readiness():
     svc = yaml.safe_load((DOCKER / "compose.yaml").read_text())["services"]["triton"]
     assert svc["build"]["args"]["BASE_IMAGE"] == BASE and svc["image"] == OUR_IMAGE
-    published = {int(p.split(":")[0]) for p in svc["ports"]}
-    assert published == WANT_PORTS and {int(p.split(":")[1]) for p in svc["ports"]} == WANT_PORTS
+    # HOST:PORT:PORT, the host loopback unless TRTSPEC_PUBLISH_HOST says otherwise (docker publishes a bare
+    # PORT:PORT on every interface)
+    hosts = {p.rsplit(":", 2)[0] for p in svc["ports"]}
+    assert hosts == {"${TRTSPEC_PUBLISH_HOST:-127.0.0.1}"}, svc["ports"]
+    published = {int(p.rsplit(":", 2)[1]) for p in svc["ports"]}
+    assert published == WANT_PORTS and {int(p.rsplit(":", 2)[2]) for p in svc["ports"]} == WANT_PORTS
+    assert "TRTSPEC_API_KEY" in svc["environment"]
     devices = svc["deploy"]["resources"]["reservations"]["devices"]
     assert devices[0]["driver"] == "nvidia" and "gpu" in devices[0]["capabilities"]
     assert any(v.split(":")[1] == "/engines" for v in svc["volumes"])

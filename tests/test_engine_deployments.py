@@ -223,7 +223,16 @@ def test_the_image_entrypoint_execs_the_same_launch(tmp_path, tiny_pair, monkeyp
     seen = json.loads(record.read_text())
     argv, expected_env = _expected_launch(world=4, spawn=False, gpus=2, repo=str(result["path"]))
     rank0_end = argv.index(":")
-    argv = argv[: rank0_end - 2] + ["--log-verbose=1"] + argv[rank0_end - 2 :]  # extra arguments go to rank 0
+    # Extra arguments go to rank 0, after its control APIs' restriction to a per-pod key (even without the watch).
+    restricted = [a for a in seen["argv"] if "restricted" in a]
+    key = restricted[0].rsplit("=", 1)[1]
+    apis = "model-repository,shared-memory,trace,logging"
+    assert restricted == [
+        f"--http-restricted-api={apis}:trtspec-repository-key={key}",
+        f"--grpc-restricted-protocol={apis}:trtspec-repository-key={key}",
+    ]
+    assert len(key) == 32 and "--model-control-mode=explicit" not in seen["argv"][: seen["argv"].index(":")]
+    argv = argv[: rank0_end - 2] + restricted + ["--log-verbose=1"] + argv[rank0_end - 2 :]
     assert ["mpirun", *seen["argv"]] == argv
     assert seen["env"]["TRTSPEC_CONTROL_DIR"]  # drain and cancellation reach the models (trtspec.triton_repo.control)
     # With the stub watch (the default), rank 0 alone gets explicit model control behind a per-pod key.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -291,11 +292,21 @@ def test_cli_repo_writes_and_serve_docker_shows_the_container_command(tiny_pair,
     assert r.returncode == 0, r.stderr
     cmd = r.stdout.replace("\n", "")
     assert cmd.startswith("docker run --rm --init --gpus all")
-    assert f"-v {tmp_path / 'triton_repo'}:/models:ro" in cmd and "-p 9000:8000" in cmd
+    # published on the --host address only (loopback by default), not on every interface
+    assert f"-v {tmp_path / 'triton_repo'}:/models:ro" in cmd and "-p 127.0.0.1:9000:8000" in cmd
+    assert "-p 127.0.0.1:8001:8001" in cmd and "-p 127.0.0.1:8002:8002" in cmd and " 8000:8000" not in cmd
     assert f"-v {tiny_pair[0]}:{tiny_pair[0]}:ro" in cmd  # configs hold absolute paths: mounted as they are
     assert "TRTSPEC_PYTHONPATH=/opt/trtspec" in cmd and "tritonserver --model-repository=/models" in cmd
     r = _cli("serve", "nowhere", cwd=tmp_path)
     assert r.returncode == 1 and "no such model repository" in r.stderr and "Traceback" not in r.stderr
+    # --http-port 0 with --docker: a port free now on the chosen address, published there (not 0, not 8000)
+    image = "nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3"
+    r = _cli(
+        "serve", "triton_repo", "--docker", image, "--host", "0.0.0.0", "--http-port", "0", "--dry-run", cwd=tmp_path
+    )
+    assert r.returncode == 0, r.stderr
+    (published,) = re.findall(r"-p 0\.0\.0\.0:(\d+):8000", r.stdout.replace("\n", ""))
+    assert int(published) not in (0, 8000) and "-p 0.0.0.0:8001:8001" in r.stdout.replace("\n", "")
 
 
 def test_cli_repo_on_a_missing_model_is_one_line(tiny_pair, tmp_path):

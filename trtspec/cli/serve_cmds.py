@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -13,6 +14,7 @@ import typer
 from trtspec.cli._common import console, err_console
 from trtspec.errors import ServerError
 
+POST_DRAIN_STOP_S = 5.0
 RepoArg = Annotated[Optional[Path], typer.Argument(help="model repository; omitted: ./triton_repo", show_default=False)]
 
 
@@ -42,18 +44,40 @@ def serve(
         bool,
         typer.Option("--stub-watch/--no-stub-watch", help="notice a dead model stub, report it and reload its model"),
     ] = True,
+    api_key: Annotated[
+        Optional[str],
+        typer.Option(
+            "--api-key",
+            envvar="TRTSPEC_API_KEY",
+            show_envvar=True,
+            help="with --openai-port: every /v1 request must send 'Authorization: Bearer KEY' (/health, /metrics "
+            "and /version stay open)",
+        ),
+    ] = None,
+    max_body_bytes: Annotated[
+        Optional[int],
+        typer.Option(
+            "--max-body-bytes", help="with --openai-port: larger request bodies get 413 (default 4 MiB)", min=1024
+        ),
+    ] = None,
 ) -> None:
     """Serve a model repository with tritonserver until Ctrl-C (or SIGTERM), then drain: new requests are refused,
     in-flight ones finish (cut with an error at --drain-timeout). The server never outlives this."""
     path = (repo_path or Path("triton_repo")).resolve()
     _require_repository(path)  # before anything is started or written (the log included)
+    given_key = api_key is not None and api_key != os.environ.get("TRTSPEC_API_KEY")  # on the command line
+    if openai_port is None and (given_key or max_body_bytes is not None):
+        raise ServerError(
+            "--api-key and --max-body-bytes apply to the OpenAI-compatible API, which is not served",
+            hint="add --openai-port PORT (0 picks a free one)",
+        )
     if docker is not None:
         if openai_port is not None:
             raise ServerError(
                 "--openai-port does not apply with --docker (the plain tritonserver image has no frontend)",
                 hint="run the trtspec image (docker/), which serves the OpenAI API on 9000",
             )
-        _serve_docker(path, docker, http_port or 8000, grpc_port or 8001, metrics_port or 8002, dry_run)
+        _serve_docker(path, docker, host, (http_port, grpc_port, metrics_port), dry_run)
         return
     from trtspec.serving.lifecycle import supervise
     from trtspec.serving.server import TritonServer
@@ -83,7 +107,14 @@ def serve(
         if openai_port is not None:
             from trtspec.serving.openai.frontend import OpenAIFrontend
 
-            front = OpenAIFrontend(path, server.grpc_url, host=host, port=openai_port or None).prepare()
+            front = OpenAIFrontend(
+                path,
+                server.grpc_url,
+                host=host,
+                port=openai_port or None,
+                api_key=api_key,
+                max_body_bytes=max_body_bytes,
+            ).prepare()
         with err_console.status(f"starting tritonserver (log: {server.log_file})"):
             server.start()
             if front is not None:
@@ -109,8 +140,13 @@ def serve(
             err_console.print(
                 f"draining: new requests are refused, in-flight ones have {drain_timeout:g} s (Ctrl-C again stops now)"
             )
+            if front is not None:
+                front.start_drain()  # 503 with Retry-After for new /v1 requests, /health not ready
             result = server.drain(drain_timeout, abort=lambda: len(signals) > 1)
             err_console.print(result.line() if len(signals) < 2 else "stopping now (second signal)")
+            # Nothing is left in flight: a Triton that has not exited a few seconds after SIGINT hangs in its own
+            # shutdown (seen on 2.51), so it gets SIGTERM then SIGKILL sooner.
+            server.stop_timeout_s = min(server.stop_timeout_s, POST_DRAIN_STOP_S)
     finally:
         if front is not None:
             front.stop()
@@ -132,17 +168,30 @@ def _require_repository(path: Path) -> None:
         )
 
 
-def _serve_docker(path: Path, image: str, http: int, grpc: int, metrics: int, dry_run: bool) -> None:
-    import os
+def _serve_docker(path: Path, image: str, host: str, ports: tuple[int, int, int], dry_run: bool) -> None:
     import shlex
     import shutil
 
     from trtspec.serving.docker import docker_command, repo_mounts
+    from trtspec.serving.server import free_port
     from trtspec.trtllm.engine_dir import check_repo_engines
 
     check_repo_engines(path, image)  # engines only load in the TensorRT-LLM release that built them
     mounts, env = repo_mounts(path)
-    cmd = docker_command(path, image, http_port=http, grpc_port=grpc, metrics_port=metrics, mounts=mounts, env=env)
+    chosen: list[int] = []
+    for port in ports:  # 0: a port free now on the publishing address
+        while port == 0 or port in chosen:
+            try:
+                port = free_port("" if host == "0.0.0.0" else host)
+            except OSError as exc:
+                raise ServerError(
+                    f"cannot pick a free port on {host} ({exc.strerror})", hint="give the ports, or another --host"
+                ) from None
+        chosen.append(port)
+    http, grpc, metrics = chosen
+    cmd = docker_command(
+        path, image, http_port=http, grpc_port=grpc, metrics_port=metrics, mounts=mounts, env=env, host=host
+    )
     console.print(shlex.join(cmd), highlight=False, soft_wrap=True)
     if dry_run:
         return

@@ -20,8 +20,10 @@ def docker_command(
     env: Mapping[str, str] | None = None,
     gpus: bool = True,
     with_trtspec: bool = True,
+    host: str = "127.0.0.1",
 ) -> list[str]:
-    """``docker run`` for serving ``repo`` in a tritonserver image: the repository at /models, every directory its
+    """``docker run`` for serving ``repo`` in a tritonserver image, its ports published on ``host`` (the address
+    ``trtspec serve --host`` names, loopback by default): the repository at /models, every directory its
     configs reference mounted read-only (``mounts``: host path -> path in the container, as the configs name it), and
     this trtspec package mounted and announced in TRTSPEC_PYTHONPATH for the Python models. The server command is the
     repository's launch (``trtspec.serving.launch``): for two TensorRT-LLM engines, upstream's ``--multi-model`` one."""
@@ -29,16 +31,11 @@ def docker_command(
 
     repo = Path(repo).resolve()
     cmd = ["docker", "run", "--rm", "--init"] + (list(DOCKER_GPU_FLAGS) if gpus else ["--shm-size=2g"])
-    cmd += [
-        "-p",
-        f"{http_port}:8000",
-        "-p",
-        f"{grpc_port}:8001",
-        "-p",
-        f"{metrics_port}:8002",
-        "-v",
-        f"{repo}:{REPO_MOUNT}:ro",
-    ]
+    # Published on ``host`` only (docker's -p without an address publishes on every interface of the machine).
+    address = f"[{host}]" if ":" in host else host
+    for port, port_inside in ((http_port, 8000), (grpc_port, 8001), (metrics_port, 8002)):
+        cmd += ["-p", f"{address}:{port}:{port_inside}"]
+    cmd += ["-v", f"{repo}:{REPO_MOUNT}:ro"]
     for host, inside in sorted({(str(Path(h).resolve()), str(c)) for h, c in mounts}):
         cmd += ["-v", f"{host}:{inside}:ro"]
     environment = dict(env or {})

@@ -17,7 +17,8 @@ and the Kubernetes pods; the repository's manifest carries the settings (``launc
 In the image the entrypoint does not exec the launch: it supervises it as ``trtspec serve`` supervises a local server
 (trtspec.serving.lifecycle): SIGTERM drains (``TRTSPEC_DRAIN_TIMEOUT`` seconds, default 30) before the launch gets
 SIGTERM, and a dead model stub is reported and its model reloaded (rank 0 runs with explicit model control behind a
-per-pod key; ``TRTSPEC_STUB_WATCH=0`` turns that off and launches exactly upstream's command).
+per-pod key; ``TRTSPEC_STUB_WATCH=0`` turns that off and launches upstream's command). Either way rank 0's control
+APIs (model repository, shared memory, trace, logging) need that key (trtspec.serving.lifecycle.RESTRICTED_APIS).
 """
 
 from __future__ import annotations
@@ -136,14 +137,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     watch = os.environ.get("TRTSPEC_STUB_WATCH", "1") not in ("0", "false", "")
     try:
         drain_s = float(os.environ.get("TRTSPEC_DRAIN_TIMEOUT", "30"))
-        key = ""
-        if watch:
-            import secrets
+        import secrets
 
-            from trtspec.serving.lifecycle import model_control_args
+        from trtspec.serving.lifecycle import model_control_args, restricted_api_args
 
-            key = secrets.token_hex(16)
-            extra = [*model_control_args(key), *extra]
+        key = secrets.token_hex(16)  # every control API behind it; with the watch, explicit model control too
+        extra = [*(model_control_args if watch else restricted_api_args)(key), *extra]
         launch = repo_launch(Path(repo), repo, extra=extra)
     except (ServerError, ValueError) as exc:
         sys.stderr.write(f"error: {getattr(exc, 'message', exc)}\nhint: {getattr(exc, 'hint', '')}\n")

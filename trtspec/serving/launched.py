@@ -19,6 +19,7 @@ from typing import Any
 
 from trtspec.errors import ServerError
 from trtspec.serving.lifecycle import ControlDir, drain, reload_model, supervise
+from trtspec.serving.server import SERVER_UMASK, protect_shm_regions, remove_shm_regions
 
 STOP_TIMEOUT_S = 30.0  # after the drain: Triton unloads its models (engines take a while), then SIGKILL
 
@@ -26,11 +27,18 @@ STOP_TIMEOUT_S = 30.0  # after the drain: Triton unloads its models (engines tak
 class LaunchedServer:
     """The launch as a child process, with the interface ``lifecycle.supervise`` drives."""
 
-    def __init__(self, repo: Path, launch: Any, repository_key: str = "", ready_timeout_s: float | None = None) -> None:
+    def __init__(
+        self,
+        repo: Path,
+        launch: Any,
+        repository_key: str = "",
+        ready_timeout_s: float | None = None,
+        model_control: bool | None = None,
+    ) -> None:
         self.repo = Path(repo)
         self.launch = launch
         self.repository_key = repository_key
-        self.model_control = bool(repository_key)
+        self.model_control = bool(repository_key) if model_control is None else model_control
         # Two engines load for minutes; the pod's startupProbe bounds it from outside.
         self.ready_timeout_s = ready_timeout_s or float(os.environ.get("TRTSPEC_READY_TIMEOUT", "3600"))
         port = next((a.split("=", 1)[1] for a in launch.argv if a.startswith("--http-port=")), "8000")
@@ -52,7 +60,7 @@ class LaunchedServer:
     def start(self) -> LaunchedServer:
         self.control = ControlDir()
         env = {**os.environ, **self.launch.env, **self.control.env()}
-        self._proc = subprocess.Popen(self.launch.argv, env=env, start_new_session=True)
+        self._proc = subprocess.Popen(self.launch.argv, env=env, start_new_session=True, umask=SERVER_UMASK)
         return self
 
     def is_ready(self) -> bool:
@@ -70,9 +78,11 @@ class LaunchedServer:
                     f"the launch exited with code {self.exit_code()} before it was ready",
                     hint="the container log above says why",
                 )
+            self.protect_shm()
             if self.is_ready():
+                self.protect_shm()
                 return
-            time.sleep(1.0)
+            time.sleep(0.25)
         if not (abort and abort()):
             raise ServerError(
                 f"the server was not ready within {self.ready_timeout_s:.0f} s",
@@ -102,7 +112,18 @@ class LaunchedServer:
         if self.control is not None:
             self.control.remove()
             self.control = None
+        for prefix in self.shm_prefixes():
+            remove_shm_regions(prefix)
         return proc.returncode
+
+    def protect_shm(self) -> None:
+        for prefix in self.shm_prefixes():
+            protect_shm_regions(prefix)
+
+    def shm_prefixes(self) -> list[str]:
+        """The Python backend's region prefixes of the launch (one per rank; Triton's default without one)."""
+        found = [a.split("shm-region-prefix-name=", 1)[1] for a in self.launch.argv if "shm-region-prefix-name=" in a]
+        return found or ["triton_python_backend_shm_region_"]
 
     def restart(self) -> LaunchedServer:
         self.stop()
@@ -116,7 +137,7 @@ def run_supervised(
 ) -> int:
     """Run the launch until SIGTERM/SIGINT (then drain and stop it) or until it exits; its exit code (0 after a
     drain, 1 when it could not serve and did not exit by itself)."""
-    server = LaunchedServer(repo, launch, repository_key)
+    server = LaunchedServer(repo, launch, repository_key, model_control=watch and bool(repository_key))
     stop = threading.Event()
     signals: list[int] = []
 

@@ -124,14 +124,27 @@ def drain(
 REPOSITORY_KEY_HEADER = "trtspec-repository-key"
 
 
-def model_control_args(key: str) -> list[str]:
-    """tritonserver flags for explicit model control whose repository API needs ``key`` (nobody else unloads)."""
+# Triton 2.51's control APIs that no client needs to generate (its --http-restricted-api / --grpc-restricted-protocol
+# allow health, metadata, inference, shared-memory, model-config, model-repository, statistics, trace, logging):
+# loading/unloading models, registering shared memory (a stub's region included), trace settings (which name a file
+# the server writes) and log settings. Health, metadata, inference, model-config and statistics stay open: clients
+# (perf_analyzer, genai-perf, tritonclient) read them.
+RESTRICTED_APIS = ("model-repository", "shared-memory", "trace", "logging")
+
+
+def restricted_api_args(key: str) -> list[str]:
+    """tritonserver flags that put every control API (RESTRICTED_APIS) behind ``key``, on HTTP and gRPC."""
+    apis = ",".join(RESTRICTED_APIS)
     return [
-        "--model-control-mode=explicit",
-        "--load-model=*",
-        f"--http-restricted-api=model-repository:{REPOSITORY_KEY_HEADER}={key}",
-        f"--grpc-restricted-protocol=model-repository:{REPOSITORY_KEY_HEADER}={key}",
+        f"--http-restricted-api={apis}:{REPOSITORY_KEY_HEADER}={key}",
+        f"--grpc-restricted-protocol={apis}:{REPOSITORY_KEY_HEADER}={key}",
     ]
+
+
+def model_control_args(key: str) -> list[str]:
+    """tritonserver flags for explicit model control whose repository API (and every other control API) needs
+    ``key`` (nobody else unloads)."""
+    return ["--model-control-mode=explicit", "--load-model=*", *restricted_api_args(key)]
 
 
 def _post(url: str, key: str, timeout_s: float) -> None:
@@ -198,6 +211,9 @@ def supervise(
                 f"tritonserver exited with code {code}; log {server.log_file}:\n{server.log_tail()}",
                 hint="the log says why",
             )
+        protect = getattr(server, "protect_shm", None)
+        if protect is not None:  # regions of stubs started since (a reload): owner-only
+            protect()
         if check is not None:
             check()
 

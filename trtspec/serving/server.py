@@ -30,6 +30,12 @@ from trtspec.paths import trtspec_import_root
 from trtspec.procs import die_with_parent
 
 READY_PATH = "/v2/health/ready"
+# What the server and its stubs create is theirs alone. The Python backend's /dev/shm regions carry every request's
+# tensors, and boost.interprocess creates them -rw-r--r-- whatever the umask (measured on 2.51): trtspec makes them
+# owner-only itself (protect_shm_regions) as soon as it sees them, while the server starts, before any request.
+SERVER_UMASK = 0o077
+SHM_DIR = Path("/dev/shm")
+SHM_MODE = 0o600
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -265,14 +271,13 @@ class TritonServer:
         # The Python backend names its shared-memory regions from this prefix; two servers on one machine with the
         # default prefix collide (seen: boost::interprocess::lock_exception at start while another server ran).
         cmd.append(f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}")
-        if self.model_control:
-            from trtspec.serving.lifecycle import model_control_args
+        from trtspec.serving.lifecycle import model_control_args, restricted_api_args
 
-            if not self.repository_key:
-                import secrets
+        if not self.repository_key:  # the per-server key of every control API (not needed to generate)
+            import secrets
 
-                self.repository_key = secrets.token_hex(16)
-            cmd += model_control_args(self.repository_key)
+            self.repository_key = secrets.token_hex(16)
+        cmd += (model_control_args if self.model_control else restricted_api_args)(self.repository_key)
         return cmd + list(self.extra_args)
 
     @property
@@ -308,8 +313,9 @@ class TritonServer:
             env=env,
             preexec_fn=die_with_parent(),
             cwd=self.repo,
-            start_new_session=True,
-        )  # own process group: we stop it and its stubs
+            start_new_session=True,  # own process group: we stop it and its stubs
+            umask=SERVER_UMASK,
+        )
         try:
             self.wait_ready()
         except BaseException:
@@ -356,7 +362,9 @@ class TritonServer:
                     f"log {self.log_file}:\n{self.load_errors()}",
                     hint="the log names the model that failed to load and why",
                 )
+            self.protect_shm()  # the stubs create their regions while the models load
             if self.is_ready():
+                self.protect_shm()
                 return
             time.sleep(0.25)
         raise ServerError(
@@ -364,6 +372,10 @@ class TritonServer:
             f"{self.load_errors()}",
             hint="a model may still be loading: raise the timeout, or read the log",
         )
+
+    def protect_shm(self) -> None:
+        """Owner-only modes on this server's Python-backend regions (new stubs make new ones)."""
+        protect_shm_regions(self.shm_prefix)
 
     def drain(self, timeout_s: float, abort: Any = None) -> Any:
         """Stop admitting, let in-flight requests finish for up to ``timeout_s``, then cut the rest with a final error
@@ -410,6 +422,7 @@ class TritonServer:
             if self.control is not None:
                 self.control.remove()
                 self.control = None
+            remove_shm_regions(self.shm_prefix)
         return proc.returncode
 
     def __enter__(self) -> TritonServer:
@@ -417,6 +430,25 @@ class TritonServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def protect_shm_regions(prefix: str, shm_dir: Path = SHM_DIR) -> None:
+    """Make the Python backend's regions named ``prefix*`` readable by their owner only."""
+    for region in shm_dir.glob(f"{prefix}*") if prefix else ():
+        with contextlib.suppress(OSError):
+            if region.stat().st_mode & 0o777 != SHM_MODE:
+                region.chmod(SHM_MODE)
+
+
+def remove_shm_regions(prefix: str, shm_dir: Path = SHM_DIR) -> list[str]:
+    """Remove the Python backend's shared-memory regions named ``prefix*`` once their server is gone: a stub that
+    was killed (SIGKILL of the process group, a crash) leaves its region behind (seen: 1 MiB in 2 of 3 stops)."""
+    removed = []
+    for region in shm_dir.glob(f"{prefix}*") if prefix else ():
+        with contextlib.suppress(OSError):
+            region.unlink()
+            removed.append(region.name)
+    return removed
 
 
 @contextlib.contextmanager

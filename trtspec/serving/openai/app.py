@@ -1,5 +1,5 @@
 """The OpenAI-compatible HTTP API (Starlette): ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``,
-``/health``.
+``/health``, ``/metrics`` (Prometheus text), ``/version``.
 
 Each request is validated and checked against the served model's context before it is sent; it then becomes one
 request to the repository's entry model (ensemble or LLM-API model) in the ensemble field names that
@@ -7,21 +7,29 @@ request to the repository's entry model (ensemble or LLM-API model) in the ensem
 (``data: {chunk}`` ... ``data: [DONE]``), with a last usage chunk when ``stream_options.include_usage`` is set.
 ``usage`` counts tokens; the draft-target statistics travel in the extension field ``speculative_decoding``
 (TensorRT-LLM's names), which OpenAI clients ignore.
+
+Every request first passes the guard (trtspec.serving.openai.guard: key, drain, content type, request id, metrics)
+and the limits (trtspec.serving.openai.limits: body size, JSON depth, Unicode, prompt characters); parsing, the chat
+template and tokenizing run on worker threads, so the event loop (and /health) never waits for them.
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from trtspec.serving.metrics import CONTENT_TYPE, Registry
 from trtspec.serving.openai.asgi import DONE, JSON, SSE, GenerationResponse, json_bytes, send_json, sse
 from trtspec.serving.openai.backend import TritonBackend, TritonRequestError, TritonUnavailable
 from trtspec.serving.openai.deployment import ServedDeployment
+from trtspec.serving.openai.guard import Guard, RequestMetrics, draining_error
+from trtspec.serving.openai.limits import Limits, check_prompt_chars, parse_body, prompt_char_limit, read_body
 from trtspec.serving.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -37,6 +45,7 @@ from trtspec.serving.openai.text import PromptTokenizer, StopMatcher
 
 # Phrases of the request errors trtspec's models answer (preprocessing, orchestrator, LLM-API model): a 400, not a 500.
 REQUEST_ERROR_PHRASES = ("must be", "exceeds", "more than", "not valid", "is empty", "not supported", "out of range")
+SHUTTING_DOWN_PHRASE = "shutting down"  # trtspec's models while draining (trtspec.triton_repo.control)
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
@@ -60,11 +69,34 @@ class Prepared:
 class OpenAIService:
     """The endpoints' logic over one served deployment."""
 
-    def __init__(self, deployment: ServedDeployment, backend: TritonBackend, tokenizer: PromptTokenizer) -> None:
+    def __init__(
+        self,
+        deployment: ServedDeployment,
+        backend: TritonBackend,
+        tokenizer: PromptTokenizer,
+        limits: Limits | None = None,
+    ) -> None:
         self.deployment = deployment
         self.backend = backend
         self.tokenizer = tokenizer
         self.created = int(time.time())
+        if limits is None:
+            limits = Limits(max_prompt_chars=prompt_char_limit(tokenizer.tok, self.max_input_len))
+        self.limits = limits
+        self.draining = False  # set when the server drains: /v1 answers 503, /health not ready
+        self.metrics = RequestMetrics(Registry())
+        self.metrics.registry.gauge("trtspec_openai_draining", "1 while the server drains").function(
+            lambda: float(self.draining)
+        )
+        # Parsing, chat templates and tokenizing: off the event loop, on a few threads (tokenizers release the GIL).
+        self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="trtspec-openai-prepare")
+
+    @property
+    def max_input_len(self) -> int:
+        return self.deployment.max_input_len or self.deployment.max_seq_len
+
+    async def off_loop(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
     # -- plain endpoints --------------------------------------------------------------------------------------------
     def model_card(self) -> dict[str, Any]:
@@ -79,7 +111,10 @@ class OpenAIService:
         }
 
     async def health(self, scope: Any, receive: Any, send: Any) -> None:
-        if await self.backend.ready(fresh=True):
+        if self.draining:
+            e = draining_error()
+            await send_json(send, 503, e.body(), e.headers)
+        elif await self.backend.ready(fresh=True):
             await send_json(send, 200, {"status": "ready", "model": self.deployment.name})
         else:
             await send_json(send, 503, _unavailable().body())
@@ -101,16 +136,18 @@ class OpenAIService:
             messages = [
                 {"role": "system" if m.role == "developer" else m.role, "content": message_text(m)} for m in r.messages
             ]
+            check_prompt_chars("messages", sum(len(m["content"]) for m in messages), self.limits, self.max_input_len)
             try:
-                prompt, n_prompt = self.tokenizer.chat_prompt(messages)
+                prompt, n_prompt = await self.off_loop(self.tokenizer.chat_prompt, messages)
             except Exception as exc:  # noqa: BLE001 - the template refused the conversation (roles, order ...)
-                raise bad_field("messages", f"cannot apply the chat template: {exc}") from None
+                raise bad_field("messages", f"cannot apply the chat template: {_first_line(exc)}") from None
             where = "messages"
         else:
             prompt = r.prompt if isinstance(r.prompt, str) else r.prompt[0]
             if not prompt:
                 raise bad_field("prompt", "prompt must not be empty")
-            n_prompt, where = self.tokenizer.count(prompt), "prompt"
+            check_prompt_chars("prompt", len(prompt), self.limits, self.max_input_len)
+            n_prompt, where = await self.off_loop(self.tokenizer.count, prompt), "prompt"
         field_name, asked = requested_max_tokens(r)
         check_generation_fields((field_name, asked), r.temperature, r.top_p, r.top_k, r.seed, r.num_draft_tokens)
         if d.max_input_len and n_prompt > d.max_input_len:
@@ -175,6 +212,8 @@ class OpenAIService:
             raise OpenAIError(503, f"the Triton server is not available ({exc})", code="triton_unavailable") from None
         except TritonRequestError as exc:
             message = str(exc)
+            if SHUTTING_DOWN_PHRASE in message:
+                raise draining_error() from None
             if any(phrase in message for phrase in REQUEST_ERROR_PHRASES):
                 raise OpenAIError(400, message, code="invalid_request") from None
             raise OpenAIError(500, f"generation failed: {message}", code="generation_failed") from None
@@ -186,6 +225,8 @@ class OpenAIService:
         reason = "stop" if stats.get("_stopped") or completion < p.max_tokens else "length"
         prompt = int(stats.get("num_input_tokens") or p.prompt_tokens)
         usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        self.metrics.prompt_tokens.inc(prompt)
+        self.metrics.completion_tokens.inc(completion)
         # The LLM API's PyTorch flow may report no acceptance at all: unavailable (null), never 0.
         known = "total_draft_tokens" in stats
         spec = {
@@ -270,19 +311,26 @@ class OpenAIService:
         yield DONE
 
 
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+
+
 def _unavailable() -> OpenAIError:
     return OpenAIError(
         503, "the model is not ready: Triton is starting, stopping or unreachable", code="model_not_ready"
     )
 
 
-def create_app(service: OpenAIService) -> Any:
-    """The Starlette application."""
+def create_app(service: OpenAIService, api_key: str | None = None) -> Any:
+    """The Starlette application behind its guard; ``api_key``: what every /v1 request must send as its Bearer."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.requests import Request
     from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
+
+    def error(e: OpenAIError) -> Response:
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers or None)
 
     async def models(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [service.model_card()]})
@@ -301,23 +349,23 @@ def create_app(service: OpenAIService) -> Any:
 
     def generation(kind: str) -> Any:
         async def endpoint(request: Request) -> Any:
-            raw = await request.body()
             try:
-                body = json.loads(raw)
+                raw = await read_body(request, service.limits.max_body_bytes)
+                body = await service.off_loop(parse_body, raw, service.limits.max_json_depth)
                 p = await service.prepare(kind, body)
-            except json.JSONDecodeError as exc:
-                e = OpenAIError(
-                    400, f"We could not parse the JSON body of your request ({exc.msg}).", code="invalid_json"
-                )
-                return JSONResponse(e.body(), status_code=400)
-            except UnicodeDecodeError:
-                e = OpenAIError(400, "the request body is not UTF-8", code="invalid_json")
-                return JSONResponse(e.body(), status_code=400)
             except OpenAIError as e:
-                return JSONResponse(e.body(), status_code=e.status)
+                return error(e)
             return GenerationResponse(service.body(p), SSE if p.request.stream else JSON)
 
         return endpoint
+
+    async def metrics(request: Request) -> Response:
+        return Response(service.metrics.registry.render(), media_type=CONTENT_TYPE)
+
+    async def version(request: Request) -> Response:
+        from trtspec import __version__
+
+        return JSONResponse({"version": __version__})
 
     async def http_error(request: Request, exc: Exception) -> Response:
         status = getattr(exc, "status_code", 500)
@@ -327,17 +375,26 @@ def create_app(service: OpenAIService) -> Any:
         }.get(status, str(exc))
         return JSONResponse(OpenAIError(status, message).body(), status_code=status)
 
+    async def server_error(request: Request, exc: Exception) -> Response:
+        return error(OpenAIError(500, f"internal error ({type(exc).__name__}): see the server log", code="internal"))
+
     async def lifespan(app: Any) -> AsyncIterator[None]:
         yield
         await service.backend.close()
+        service.pool.shutdown(wait=False, cancel_futures=True)
 
     routes = [
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/health", Health(), methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/version", version, methods=["GET"]),
         Route("/v1/chat/completions", generation("chat"), methods=["POST"]),
         Route("/v1/completions", generation("completion"), methods=["POST"]),
     ]
-    return Starlette(
-        routes=routes, exception_handlers={HTTPException: http_error}, lifespan=asynccontextmanager(lifespan)
+    app = Starlette(
+        routes=routes,
+        exception_handlers={HTTPException: http_error, Exception: server_error},
+        lifespan=asynccontextmanager(lifespan),
     )
+    return Guard(app, service, api_key)

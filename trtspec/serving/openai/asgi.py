@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 from trtspec.serving.openai.protocol import OpenAIError
+
+log = logging.getLogger("trtspec.serving.openai")
 
 SSE = "text/event-stream"
 JSON = "application/json"
@@ -25,13 +28,14 @@ def sse(data: Any) -> bytes:
 DONE = b"data: [DONE]\n\n"
 
 
-async def send_json(send: Any, status: int, data: Any) -> None:
+async def send_json(send: Any, status: int, data: Any, headers: dict[str, str] | None = None) -> None:
     body = json_bytes(data)
+    more = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
     await send(
         {
             "type": "http.response.start",
             "status": status,
-            "headers": [(b"content-type", JSON.encode()), (b"content-length", str(len(body)).encode())],
+            "headers": [(b"content-type", JSON.encode()), (b"content-length", str(len(body)).encode()), *more],
         }
     )
     await send({"type": "http.response.body", "body": body, "more_body": False})
@@ -70,9 +74,12 @@ class GenerationResponse:
                     await send({"type": "http.response.start", "status": 200, "headers": headers})
                     started = True
                 await send({"type": "http.response.body", "body": piece, "more_body": True})
-        except OpenAIError as exc:
+        except Exception as exc:  # noqa: BLE001 - every failure reaches the client in OpenAI's shape
+            if not isinstance(exc, OpenAIError):
+                log.exception("generation failed")
+                exc = OpenAIError(500, f"generation failed ({type(exc).__name__}): see the server log", code="internal")
             if not started:
-                await send_json(send, exc.status, exc.body())
+                await send_json(send, exc.status, exc.body(), exc.headers)
                 return
             await send({"type": "http.response.body", "body": sse(exc.body()) + DONE, "more_body": True})
         if not started:

@@ -171,7 +171,7 @@ class DirectBackend(TritonBackend):
 
         from trtspec.serving.contract import STAT_NAMES
 
-        inputs, _tokens = self._inputs(values)
+        inputs, _tokens = await asyncio.to_thread(self._inputs, values)  # tokenizing: off the event loop
         outputs = [
             grpcclient.InferRequestedOutput(n)
             for n in ("output_ids", "sequence_length", "decoded_length", "is_final", *STAT_NAMES)

@@ -16,8 +16,12 @@ from typing import Any
 
 from trtspec.errors import ServerError
 
+API_KEY_ENV = "TRTSPEC_API_KEY"  # the server's key; not OPENAI_API_KEY, which is a client's key for OpenAI itself
 
-def build_service(repo: Path, triton_grpc_url: str, served_model_name: str | None = None) -> Any:
+
+def build_service(
+    repo: Path, triton_grpc_url: str, served_model_name: str | None = None, max_body_bytes: int | None = None
+) -> Any:
     """The endpoints' logic for ``repo`` served by the Triton server at ``triton_grpc_url``."""
     from trtspec.errors import require
 
@@ -39,7 +43,17 @@ def build_service(repo: Path, triton_grpc_url: str, served_model_name: str | Non
         )
     else:
         backend = TritonBackend(triton_grpc_url, deployment.entry_model, deployment.contract)
-    return OpenAIService(deployment, backend, tokenizer)
+    service = OpenAIService(deployment, backend, tokenizer)
+    if max_body_bytes is not None:
+        if max_body_bytes < 1024:
+            raise ServerError(
+                f"the body-size limit must be at least 1024 bytes, got {max_body_bytes}",
+                hint="a chat request with a short prompt is a few hundred bytes",
+            )
+        import dataclasses
+
+        service.limits = dataclasses.replace(service.limits, max_body_bytes=max_body_bytes)
+    return service
 
 
 def bind(host: str, port: int | None) -> socket.socket:
@@ -74,6 +88,8 @@ class OpenAIFrontend:
         port: int | None = None,
         served_model_name: str | None = None,
         start_timeout_s: float = 30.0,
+        api_key: str | None = None,
+        max_body_bytes: int | None = None,
     ) -> None:
         self.repo = Path(repo)
         self.triton_grpc_url = triton_grpc_url
@@ -81,6 +97,9 @@ class OpenAIFrontend:
         self.requested_port = port
         self.served_model_name = served_model_name
         self.start_timeout_s = start_timeout_s
+        self.api_key = api_key
+        self.max_body_bytes = max_body_bytes
+        self.service: Any = None
         self.port: int | None = None
         self._server: Any = None
         self._thread: threading.Thread | None = None
@@ -96,10 +115,10 @@ class OpenAIFrontend:
     def prepare(self) -> OpenAIFrontend:
         """Read the repository, load the tokenizer and bind the port (fails fast, before Triton is started)."""
         if self._sock is None:
-            service = build_service(self.repo, self.triton_grpc_url, self.served_model_name)
+            self.service = build_service(self.repo, self.triton_grpc_url, self.served_model_name, self.max_body_bytes)
             from trtspec.serving.openai.app import create_app
 
-            self._app = create_app(service)
+            self._app = create_app(self.service, self.api_key)
             self._sock = bind(self.host, self.requested_port)
             self.port = int(self._sock.getsockname()[1])
         return self
@@ -147,6 +166,11 @@ class OpenAIFrontend:
                 f"the OpenAI frontend on port {self.port} stopped" + (f": {self._error}" if self._error else ""),
                 hint="run with TRTSPEC_DEBUG=1 for details",
             )
+
+    def start_drain(self) -> None:
+        """From now on: /v1 requests get 503 with Retry-After, /health says not ready; streams in flight go on."""
+        if self.service is not None:
+            self.service.draining = True
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop accepting, let open responses end (a few seconds), stop."""

@@ -15,9 +15,11 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 ERROR_TYPES = {
     400: "invalid_request_error",
+    401: "invalid_request_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     503: "service_unavailable_error",
 }
 
@@ -26,10 +28,17 @@ class OpenAIError(Exception):
     """An error answered in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``."""
 
     def __init__(
-        self, status: int, message: str, param: str | None = None, code: str | None = None, type_: str | None = None
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        type_: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
+        self.headers = dict(headers or {})
         self.message = message
         self.param = param
         self.code = code
@@ -194,8 +203,8 @@ def check_generation_fields(
         raise bad_field("temperature", f"temperature must be in [0, 2] (got {temperature})")
     if top_p is not None and not 0.0 < top_p <= 1.0:
         raise bad_field("top_p", f"top_p must be in (0, 1] (got {top_p})")
-    if top_k is not None and top_k < 0:
-        raise bad_field("top_k", f"top_k must be >= 0 (got {top_k}; 0 = no top-k filtering)")
+    if top_k is not None and not 0 <= top_k < 2**31:
+        raise bad_field("top_k", f"top_k must be in [0, 2**31) (got {top_k}; 0 = no top-k filtering)")
     if seed is not None and not 0 <= seed < 2**64:
         raise bad_field("seed", f"seed must be in [0, 2**64) (got {seed})")
     if num_draft_tokens is not None:
