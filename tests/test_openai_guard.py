@@ -155,9 +155,14 @@ def test_metrics_count_requests_by_endpoint_and_status_with_their_latency(served
         return r.text
 
     before = scrape()
-    assert _post(served, "/chat/completions", _chat("hi")).status_code == 200
+    answered = _post(served, "/chat/completions", _chat("hi"))
+    assert answered.status_code == 200
     assert httpx.post(served.base_url + "/chat/completions", json=_chat("hi")).status_code == 401
     after = scrape()
+    spec = answered.json()["speculative_decoding"]  # speculation on production traffic: counted from each response
+    for name, key in (("draft", "total_draft_tokens"), ("accepted_draft", "total_accepted_draft_tokens")):
+        metric = f"trtspec_openai_{name}_tokens_total"
+        assert _metric(after, metric) == _metric(before, metric) + spec[key]
     chat = {"endpoint": "/v1/chat/completions"}
     for status in ("200", "401"):
         assert _metric(after, "trtspec_openai_requests_total", **chat, status=status) == (

@@ -229,6 +229,9 @@ class OpenAIService:
         self.metrics.completion_tokens.inc(completion)
         # The LLM API's PyTorch flow may report no acceptance at all: unavailable (null), never 0.
         known = "total_draft_tokens" in stats
+        if known:
+            self.metrics.draft_tokens.inc(int(stats["total_draft_tokens"]))
+            self.metrics.accepted_draft_tokens.inc(int(stats.get("total_accepted_draft_tokens", 0)))
         spec = {
             "total_draft_tokens": int(stats["total_draft_tokens"]) if known else None,
             "total_accepted_draft_tokens": int(stats.get("total_accepted_draft_tokens", 0)) if known else None,

@@ -65,6 +65,14 @@ class RequestMetrics:
         self.completion_tokens = registry.counter(
             "trtspec_openai_completion_tokens_total", "tokens generated for answered requests"
         )
+        # Speculation on production traffic, from the statistics each response carries (the serving models' own
+        # counters, with target steps and the K chosen, are on Triton's /metrics: trtspec.triton_repo.spec_metrics).
+        self.draft_tokens = registry.counter(
+            "trtspec_openai_draft_tokens_total", "draft tokens proposed for answered requests"
+        )
+        self.accepted_draft_tokens = registry.counter(
+            "trtspec_openai_accepted_draft_tokens_total", "draft tokens the target accepted for answered requests"
+        )
 
 
 class Guard:
