@@ -19,7 +19,7 @@ from typing import Any
 
 from trtspec.errors import ServerError
 from trtspec.serving.lifecycle import ControlDir, drain, reload_model, supervise
-from trtspec.serving.server import SERVER_UMASK, protect_shm_regions, remove_shm_regions
+from trtspec.serving.shm import SERVER_UMASK, protect_shm_regions, remove_shm_regions
 
 STOP_TIMEOUT_S = 30.0  # after the drain: Triton unloads its models (engines take a while), then SIGKILL
 

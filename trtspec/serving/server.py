@@ -28,14 +28,9 @@ from typing import Any
 from trtspec.errors import ServerError
 from trtspec.paths import trtspec_import_root
 from trtspec.procs import die_with_parent
+from trtspec.serving.shm import SERVER_UMASK, protect_shm_regions, remove_shm_regions
 
 READY_PATH = "/v2/health/ready"
-# What the server and its stubs create is theirs alone. The Python backend's /dev/shm regions carry every request's
-# tensors, and boost.interprocess creates them -rw-r--r-- whatever the umask (measured on 2.51): trtspec makes them
-# owner-only itself (protect_shm_regions) as soon as it sees them, while the server starts, before any request.
-SERVER_UMASK = 0o077
-SHM_DIR = Path("/dev/shm")
-SHM_MODE = 0o600
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -430,25 +425,6 @@ class TritonServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def protect_shm_regions(prefix: str, shm_dir: Path = SHM_DIR) -> None:
-    """Make the Python backend's regions named ``prefix*`` readable by their owner only."""
-    for region in shm_dir.glob(f"{prefix}*") if prefix else ():
-        with contextlib.suppress(OSError):
-            if region.stat().st_mode & 0o777 != SHM_MODE:
-                region.chmod(SHM_MODE)
-
-
-def remove_shm_regions(prefix: str, shm_dir: Path = SHM_DIR) -> list[str]:
-    """Remove the Python backend's shared-memory regions named ``prefix*`` once their server is gone: a stub that
-    was killed (SIGKILL of the process group, a crash) leaves its region behind (seen: 1 MiB in 2 of 3 stops)."""
-    removed = []
-    for region in shm_dir.glob(f"{prefix}*") if prefix else ():
-        with contextlib.suppress(OSError):
-            region.unlink()
-            removed.append(region.name)
-    return removed
 
 
 @contextlib.contextmanager
