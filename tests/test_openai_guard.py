@@ -317,6 +317,38 @@ def test_tritons_control_apis_need_the_per_server_key_and_its_regions_are_owner_
     assert served.health() == 200
 
 
+def test_a_direct_model_call_with_tensors_it_cannot_use_gets_one_line_in_trtspecs_words(served):
+    """Before: `index 0 is out of bounds for axis 1 with size 0` (numpy's words) for an empty request_output_len."""
+    import queue
+
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    def call(fields: dict) -> str:
+        got: queue.Queue = queue.Queue()
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{served.ports['grpc']}")
+        client.start_stream(callback=lambda result, error: got.put(error))
+        inputs = []
+        for name, value in fields.items():
+            x = grpcclient.InferInput(name, list(value.shape), "INT32")
+            x.set_data_from_numpy(value.astype(np.int32))
+            inputs.append(x)
+        try:
+            client.async_stream_infer("tensorrt_llm", inputs)
+            return str(got.get(timeout=30))
+        finally:
+            client.stop_stream(cancel_requests=True)
+            client.close()
+
+    ids = {"input_ids": np.array([[1, 2, 3]]), "input_lengths": np.array([[3]])}
+    message = call({**ids, "request_output_len": np.zeros((1, 0))})
+    assert "(IndexError)" in message and "out of bounds" not in message and "\n" not in message, message
+    assert "outside the vocabulary" in call(
+        {**ids, "input_ids": np.array([[-5, 1, 2]]), "request_output_len": np.array([[2]])}
+    )
+    assert served.health() == 200
+
+
 # -- fuzz -----------------------------------------------------------------------------------------------------------
 _text = st.text(st.characters(codec=None, exclude_categories=()), max_size=40)
 _scalar = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(), _text)

@@ -1,9 +1,11 @@
-"""The Python backend's shared-memory regions of a server trtspec runs: owner-only while it runs, removed after it.
+"""The Python backend's shared-memory regions of a server (``/dev/shm/<prefix>*``): who may read them, and their
+removal once the server is gone.
 
-What the server and its stubs create is theirs alone. The regions in /dev/shm carry every request's tensors, and
-boost.interprocess creates them -rw-r--r-- whatever the umask (measured on 2.51): trtspec makes them owner-only
-itself (``protect_shm_regions``) as soon as it sees them, while the server starts, before any request. Used by the
-bundled server (trtspec.serving.server) and the supervised launch (trtspec.serving.launched).
+The regions carry every request's tensors. boost.interprocess creates them -rw-r--r-- whatever the umask (measured
+on Triton 2.51), so trtspec makes them owner-only itself as soon as it sees them, while the server starts (before it
+admits a request) and at every supervision poll (a reloaded model's new stubs); the server also runs with umask 077
+for what it writes. A stub that is killed (SIGKILL of the process group, a crash) leaves its region behind (seen: a
+1 MiB region after 2 of 3 stops): every stop removes them.
 """
 
 from __future__ import annotations

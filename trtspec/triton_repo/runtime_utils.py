@@ -39,7 +39,24 @@ def scalar_rows(x: np.ndarray | None, batch: int, default: Any) -> list[Any]:
     return flat
 
 
+# Errors whose words are meant for a client: trtspec's own (with a hint) and another model's error response passed on
+# by BLS (already worded by that model's error_message).
+_CLIENT_WORDED = ("TrtspecError", "TritonModelException")
+
+
 def error_message(exc: BaseException) -> str:
-    """One line for a client: the message, and the hint of a TrtspecError."""
+    """One line for a client: the message, and the hint of a TrtspecError. Anything else is a library's own words
+    about tensors it could not use (``index 0 is out of bounds for axis 1 with size 0``): the client gets what kind
+    of failure it was, the server log (the stub's stderr) the traceback."""
+    if not any(c.__name__ in _CLIENT_WORDED for c in type(exc).__mro__):
+        import sys
+        import traceback
+
+        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+        return (
+            f"the request could not be served ({type(exc).__name__}): its inputs do not fit this model's tensors "
+            "(GET /v2/models/<model>/config lists them); the server log has the details"
+        )
     hint = getattr(exc, "hint", None)
-    return f"{exc} (hint: {hint})" if hint else str(exc)
+    text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return f"{text} (hint: {hint})" if hint else text
