@@ -7,6 +7,7 @@ commands trtspec plans, over placeholder checkpoints; nothing here runs TensorRT
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -262,3 +263,43 @@ def test_a_repository_without_launch_settings_is_refused_and_python_repos_launch
         == ["tritonserver", "--model-repository=/models", "--grpc-port=8001", "--http-port=8000", "--metrics-port=8002"]
         and plain.env == {}
     )
+
+
+def _upstream_max_input_len(max_seq_len: int, chunked: bool) -> int:
+    """TensorRT-LLM's maxInputLen for trtspec's engines (context FMHA, packed input), from the recorded facts only."""
+    f = facts.load("engine_input_limits")
+    assert f["max_input_len"]["enable_chunked_context"] == "maxSequenceLen - 1"
+    assert f["max_input_len"]["context_fmha_and_packed_input"] == "min(maxSequenceLen - 1, maxNumTokens)"
+    return max_seq_len - 1 if chunked else min(max_seq_len - 1, f["max_num_tokens"]["default"])
+
+
+@pytest.mark.parametrize("max_seq_len", [512, 16384])
+def test_long_generations_fit_the_engines_input_cap_every_step(tmp_path, tiny_pair, monkeypatch, max_seq_len):
+    """A spec whose max_seq_len exceeds trtllm-build's default max_num_tokens (8192) gets chunked context on both
+    engines, so the cap is max_seq_len - 1 and a generation up to max_seq_len never fails part-way; the orchestrator
+    checks requests against that cap."""
+    from trtspec.engines.inflight.contract import RowRequest
+    from trtspec.errors import GenerationError
+    from trtspec.triton_repo.orchestrator import Deployment, plan_request
+
+    engine = {"max_seq_len": max_seq_len, "max_input_len": min(max_seq_len // 2, 8192)}
+    spec, result = _deploy(tmp_path, tiny_pair, monkeypatch, {"engine": engine})
+    configs = _configs(Path(result["path"]))
+    true_values = set(facts.load("tensorrtllm_backend_parameters")["bool_values"]["true"])
+    chunked = {
+        m: _params(configs[m]).get("enable_chunked_context") in true_values
+        for m in ("tensorrt_llm", "tensorrt_llm_draft")
+    }
+    need = _upstream_max_input_len(max_seq_len, chunked=False) < max_seq_len - 1
+    assert chunked == {"tensorrt_llm": need, "tensorrt_llm_draft": need}
+    cap = _upstream_max_input_len(max_seq_len, chunked=need)
+    assert cap == max_seq_len - 1  # every sequence the spec allows fits every step
+    bls = _params(configs["tensorrt_llm_bls"])
+    assert int(bls["engine_max_input_len"]) == cap
+    deployment = Deployment(max_seq_len=int(bls["max_seq_len"]), max_input_len=int(bls["engine_max_input_len"]))
+    longest = RowRequest(list(range(3, 3 + max_seq_len // 2)), max_seq_len - max_seq_len // 2)
+    assert plan_request(longest, deployment).k == 4
+    without_chunking = dataclasses.replace(deployment, max_input_len=_upstream_max_input_len(max_seq_len, False))
+    if need:
+        with pytest.raises(GenerationError, match="maximum input length"):
+            plan_request(longest, without_chunking)
