@@ -278,8 +278,8 @@ def test_long_generations_fit_the_engines_input_cap_every_step(tmp_path, tiny_pa
     """A spec whose max_seq_len exceeds trtllm-build's default max_num_tokens (8192) gets chunked context on both
     engines, so the cap is max_seq_len - 1 and a generation up to max_seq_len never fails part-way; the orchestrator
     checks requests against that cap."""
-    from trtspec.engines.inflight.contract import RowRequest
     from trtspec.errors import GenerationError
+    from trtspec.runtimes.inflight.contract import RowRequest
     from trtspec.triton_repo.orchestrator import Deployment, plan_request
 
     engine = {"max_seq_len": max_seq_len, "max_input_len": min(max_seq_len // 2, 8192)}
