@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 from tritonclient.grpc import model_config_pb2 as pb
 from typer.testing import CliRunner
 
@@ -257,6 +258,9 @@ def test_a_repository_without_launch_settings_is_refused_and_python_repos_launch
     (tmp_path / "manifest.json").write_text(json.dumps({"settings": {"runtime": "trtllm-engine"}}))
     with pytest.raises(ServerError, match="does not say how to launch its two engines"):
         repo_launch(tmp_path, "/models")
+    (tmp_path / "manifest.json").write_text(json.dumps({"settings": {"runtime": "trtllm-llmapi"}, "launch": {}}))
+    with pytest.raises(ServerError, match="does not say how to launch its LLM API model"):
+        repo_launch(tmp_path, "/models")  # written before llmapi repositories got upstream's launch
     plain = launch_command({}, "/models")
     assert (
         plain.argv
@@ -303,3 +307,42 @@ def test_long_generations_fit_the_engines_input_cap_every_step(tmp_path, tiny_pa
     if need:
         with pytest.raises(GenerationError, match="maximum input length"):
             plan_request(longest, without_chunking)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_llmapi_repositories_launch_as_upstreams_llmapi_launch(tmp_path, tiny_pair, tp):
+    """`serve --docker`, the image's entrypoint and the pods run an LLM API repository as upstream's docs do
+    (launch_triton_server.py --model_repo: one mpirun rank with upstream's per-rank flags), for TP 1 and TP 2 alike:
+    the LLM on rank 0 starts its tensor-parallel workers in that MPI world."""
+    from trtspec.pipeline import write_repo
+    from trtspec.serving.docker import docker_command
+    from trtspec.serving.launch import repo_launch
+
+    none = {"quantization": "none", "dtype": "bfloat16"}  # served from the source directories
+    spec = engine_spec(
+        tmp_path,
+        tiny_pair,
+        runtime="trtllm-llmapi",
+        engine={"trtllm_version": "1.1.0"},
+        target={**none, "tp_size": tp},
+        draft=none,
+        gpu={"count": tp},
+    )
+    result = write_repo(spec)
+    launch_facts, llmapi = facts.load("launch_triton_server"), facts.load("llmapi_launch")
+    values = {"repo": "/models", "grpc": 8001, "http": 8000, "metrics": 8002, "rank": 0}
+    assert llmapi["launch"]["world_size"] == 1
+    expected = [
+        *launch_facts["mpirun"],
+        *launch_facts["per_rank_prefix"],
+        "tritonserver",
+        *(a.format(**values) for a in launch_facts["every_rank"]),
+        launch_facts["rank_separator"],
+    ]
+    image = "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"
+    cmd = docker_command(Path(result["path"]), image)
+    assert cmd[cmd.index(image) + 1 :] == expected
+    assert not any(a.startswith("TRTLLM_ORCHESTRATOR") for a in cmd)  # llmapi_launch.json: no orchestrator env
+    assert repo_launch(Path(result["path"]), "/models").env == llmapi["launch"]["environment"]
+    model_yaml = yaml.safe_load((Path(result["path"]) / "tensorrt_llm" / "1" / "model.yaml").read_text())
+    assert model_yaml["tensor_parallel_size"] == tp
