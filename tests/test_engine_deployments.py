@@ -7,10 +7,12 @@ commands trtspec plans, over placeholder checkpoints; nothing here runs TensorRT
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
+import yaml
 from tritonclient.grpc import model_config_pb2 as pb
 from typer.testing import CliRunner
 
@@ -256,9 +258,91 @@ def test_a_repository_without_launch_settings_is_refused_and_python_repos_launch
     (tmp_path / "manifest.json").write_text(json.dumps({"settings": {"runtime": "trtllm-engine"}}))
     with pytest.raises(ServerError, match="does not say how to launch its two engines"):
         repo_launch(tmp_path, "/models")
+    (tmp_path / "manifest.json").write_text(json.dumps({"settings": {"runtime": "trtllm-llmapi"}, "launch": {}}))
+    with pytest.raises(ServerError, match="does not say how to launch its LLM API model"):
+        repo_launch(tmp_path, "/models")  # written before llmapi repositories got upstream's launch
     plain = launch_command({}, "/models")
     assert (
         plain.argv
         == ["tritonserver", "--model-repository=/models", "--grpc-port=8001", "--http-port=8000", "--metrics-port=8002"]
         and plain.env == {}
     )
+
+
+def _upstream_max_input_len(max_seq_len: int, chunked: bool) -> int:
+    """TensorRT-LLM's maxInputLen for trtspec's engines (context FMHA, packed input), from the recorded facts only."""
+    f = facts.load("engine_input_limits")
+    assert f["max_input_len"]["enable_chunked_context"] == "maxSequenceLen - 1"
+    assert f["max_input_len"]["context_fmha_and_packed_input"] == "min(maxSequenceLen - 1, maxNumTokens)"
+    return max_seq_len - 1 if chunked else min(max_seq_len - 1, f["max_num_tokens"]["default"])
+
+
+@pytest.mark.parametrize("max_seq_len", [512, 16384])
+def test_long_generations_fit_the_engines_input_cap_every_step(tmp_path, tiny_pair, monkeypatch, max_seq_len):
+    """A spec whose max_seq_len exceeds trtllm-build's default max_num_tokens (8192) gets chunked context on both
+    engines, so the cap is max_seq_len - 1 and a generation up to max_seq_len never fails part-way; the orchestrator
+    checks requests against that cap."""
+    from trtspec.errors import GenerationError
+    from trtspec.runtimes.inflight.contract import RowRequest
+    from trtspec.triton_repo.orchestrator import Deployment, plan_request
+
+    engine = {"max_seq_len": max_seq_len, "max_input_len": min(max_seq_len // 2, 8192)}
+    spec, result = _deploy(tmp_path, tiny_pair, monkeypatch, {"engine": engine})
+    configs = _configs(Path(result["path"]))
+    true_values = set(facts.load("tensorrtllm_backend_parameters")["bool_values"]["true"])
+    chunked = {
+        m: _params(configs[m]).get("enable_chunked_context") in true_values
+        for m in ("tensorrt_llm", "tensorrt_llm_draft")
+    }
+    need = _upstream_max_input_len(max_seq_len, chunked=False) < max_seq_len - 1
+    assert chunked == {"tensorrt_llm": need, "tensorrt_llm_draft": need}
+    cap = _upstream_max_input_len(max_seq_len, chunked=need)
+    assert cap == max_seq_len - 1  # every sequence the spec allows fits every step
+    bls = _params(configs["tensorrt_llm_bls"])
+    assert int(bls["engine_max_input_len"]) == cap
+    deployment = Deployment(max_seq_len=int(bls["max_seq_len"]), max_input_len=int(bls["engine_max_input_len"]))
+    longest = RowRequest(list(range(3, 3 + max_seq_len // 2)), max_seq_len - max_seq_len // 2)
+    assert plan_request(longest, deployment).k == 4
+    without_chunking = dataclasses.replace(deployment, max_input_len=_upstream_max_input_len(max_seq_len, False))
+    if need:
+        with pytest.raises(GenerationError, match="maximum input length"):
+            plan_request(longest, without_chunking)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_llmapi_repositories_launch_as_upstreams_llmapi_launch(tmp_path, tiny_pair, tp):
+    """`serve --docker`, the image's entrypoint and the pods run an LLM API repository as upstream's docs do
+    (launch_triton_server.py --model_repo: one mpirun rank with upstream's per-rank flags), for TP 1 and TP 2 alike:
+    the LLM on rank 0 starts its tensor-parallel workers in that MPI world."""
+    from trtspec.pipeline import write_repo
+    from trtspec.serving.docker import docker_command
+    from trtspec.serving.launch import repo_launch
+
+    none = {"quantization": "none", "dtype": "bfloat16"}  # served from the source directories
+    spec = engine_spec(
+        tmp_path,
+        tiny_pair,
+        runtime="trtllm-llmapi",
+        engine={"trtllm_version": "1.1.0"},
+        target={**none, "tp_size": tp},
+        draft=none,
+        gpu={"count": tp},
+    )
+    result = write_repo(spec)
+    launch_facts, llmapi = facts.load("launch_triton_server"), facts.load("llmapi_launch")
+    values = {"repo": "/models", "grpc": 8001, "http": 8000, "metrics": 8002, "rank": 0}
+    assert llmapi["launch"]["world_size"] == 1
+    expected = [
+        *launch_facts["mpirun"],
+        *launch_facts["per_rank_prefix"],
+        "tritonserver",
+        *(a.format(**values) for a in launch_facts["every_rank"]),
+        launch_facts["rank_separator"],
+    ]
+    image = "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"
+    cmd = docker_command(Path(result["path"]), image)
+    assert cmd[cmd.index(image) + 1 :] == expected
+    assert not any(a.startswith("TRTLLM_ORCHESTRATOR") for a in cmd)  # llmapi_launch.json: no orchestrator env
+    assert repo_launch(Path(result["path"]), "/models").env == llmapi["launch"]["environment"]
+    model_yaml = yaml.safe_load((Path(result["path"]) / "tensorrt_llm" / "1" / "model.yaml").read_text())
+    assert model_yaml["tensor_parallel_size"] == tp

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 import pytest
 
 from trtspec.errors import GenerationError
-from trtspec.runtimes.inflight.contract import RowRequest
+from trtspec.runtimes.inflight.contract import RowRequest, engine_inputs, parse_request
 from trtspec.runtimes.inflight.engine import InflightEngine
 from trtspec.runtimes.inflight.local import LocalEngines
 from trtspec.runtimes.torch.decoder import SpeculativeDecoder
@@ -17,6 +18,7 @@ from trtspec.speculative.rules import SamplingParams, SpecStats
 from trtspec.triton_repo.orchestrator import Deployment, generate
 
 EOS = 2
+DTYPES = {"INT32": np.int32, "FP32": np.float32}
 PROMPTS = [list(range(10, 10 + 4 * i + 3)) for i in range(6)]
 
 
@@ -215,3 +217,53 @@ def test_the_adaptive_drafter_switches_per_step_in_the_orchestrator_losslessly(s
     # the draft engine is called exactly when the policy chose the model
     assert (counting.calls.get("tensorrt_llm_draft", 0) > 0) == (policy.steps["model"] > 0)
     assert no_draft >= policy.steps["none"]  # plus the last step of each answer, which has no room for a draft
+
+
+class _TensorEngines:
+    """The BLS model's path to the engines: each engine request becomes the tensors tensorrt_llm_bls sends
+    (``engine_inputs``), which the engine model parses back (``parse_request``); the tensors are kept."""
+
+    def __init__(self, inner):
+        self.inner, self.sent = inner, []
+
+    async def generate(self, model, row):
+        tensors = engine_inputs(row)
+        self.sent.append((model, tensors))
+        (parsed,) = parse_request(tensors)
+        async for item in self.inner.generate(model, parsed):
+            yield item
+
+
+def _sampling_sent(tensors):
+    return {n: (tensors[n].dtype, tensors[n].item()) for n in ("runtime_top_k", "runtime_top_p", "temperature")}
+
+
+def test_greedy_requests_reach_the_engines_as_upstreams_greedy(setup):
+    """TensorRT-LLM does not read temperature 0 as greedy: every engine request of a greedy request carries what
+    upstream's client sends for greedy (runtime_top_k 1, runtime_top_p 0, temperature 1), and the output stays the
+    target's greedy output."""
+    from tests.upstream import facts
+
+    engines, decoder = setup
+    recorder = _TensorEngines(engines)
+    out, stats, _ = run(RowRequest(PROMPTS[2], 16, end_id=EOS), recorder, Deployment(max_draft_len=4))
+    assert out == target_only(decoder, PROMPTS[2], 16)
+    greedy = facts.load("engine_sampling")["greedy"]
+    want = {n: (np.dtype(DTYPES[g["data_type"]]), g["value"]) for n, g in greedy.items() if n != "source"}
+    models = {m for m, _ in recorder.sent}
+    assert models == {"tensorrt_llm", "tensorrt_llm_draft"} and stats.total_draft_tokens > 0
+    for _, tensors in recorder.sent:
+        assert _sampling_sent(tensors) == want and "seed" not in tensors
+
+
+def test_sampled_requests_reach_the_engines_with_their_sampling(setup):
+    engines, _ = setup
+    recorder = _TensorEngines(engines)
+    req = RowRequest(PROMPTS[2], 12, end_id=EOS, sampling=SamplingParams(0.75, 20, 0.5, seed=7))
+    run(req, recorder, Deployment(max_draft_len=4))
+    assert recorder.sent
+    for _, tensors in recorder.sent:
+        sent = _sampling_sent(tensors)
+        assert sent["runtime_top_k"][1] == 20 and sent["runtime_top_p"][1] == pytest.approx(0.5)
+        assert sent["temperature"][1] == pytest.approx(0.75) and tensors["seed"].dtype == np.uint64
+        assert sent["runtime_top_k"][1] > 1 or sent["runtime_top_p"][1] > 0  # upstream's test for sampling

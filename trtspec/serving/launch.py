@@ -1,4 +1,5 @@
-"""How tritonserver is launched for a repository with two TensorRT-LLM engines, as upstream launches them.
+"""How tritonserver is launched for a repository with TensorRT-LLM models (two engines, or the LLM API model), as
+upstream launches them.
 
 TensorRT-LLM's triton_backend/scripts/launch_triton_server.py ``--multi-model`` (recorded in tests/upstream/
 launch_triton_server.json) runs every rank under ``mpirun --allow-run-as-root`` with ``--disable-auto-complete-config``
@@ -10,6 +11,10 @@ and its own ``--backend-config=python,shm-region-prefix-name=prefix<rank>_``, in
   ``--cuda-memory-pool-byte-size=<gpu>:0``;
 - fast logits (``TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=0``): one rank per participant (1 orchestrator + draft ranks +
   target ranks); ranks after 0 load only the engine models (``--model-control-mode=explicit --load-model=...``).
+
+An LLM API repository is launched as upstream's docs launch the llmapi model (``launch_triton_server.py --model_repo``,
+world size 1): one rank under ``mpirun --allow-run-as-root -n 1`` with the same two flags, so that the LLM on rank 0
+has an MPI world in which to start its tensor-parallel workers (tests/upstream/llmapi_launch.json).
 
 The same argument list serves ``trtspec serve --docker``, the image's entrypoint (``python3 -m trtspec.serving.launch``)
 and the Kubernetes pods; the repository's manifest carries the settings (``launch``) it is built from.
@@ -44,10 +49,19 @@ class Launch:
     env: dict[str, str]
 
 
+LLMAPI = "trtllm-llmapi"
+MULTI_MODEL = "trtllm-multi-model"
+
+
 def launch_settings(spec: Any) -> dict[str, Any]:
-    """What the launch depends on, for the repository manifest: {} unless the repository serves two engines."""
+    """What the launch depends on, for the repository manifest: {} for the torch runtime (plain tritonserver)."""
     from trtspec.spec import Runtime
 
+    if spec.runtime is Runtime.TRTLLM_LLMAPI:
+        # One MPI rank, as upstream's docs launch the llmapi model (launch_triton_server.py --model_repo, world size 1):
+        # rank 0 runs the LLM, which starts its tensor-parallel workers itself through MPI (tests/upstream/
+        # llmapi_launch.json); plain tritonserver has no MPI world for them.
+        return {"kind": LLMAPI, "world_size": 1, "tensor_parallel_size": spec.target.tp_size}
     if spec.runtime is not Runtime.TRTLLM_ENGINE:
         return {}
     from trtspec.build.layout import served_roles
@@ -57,7 +71,7 @@ def launch_settings(spec: Any) -> dict[str, Any]:
     layout = serving_layout(spec)
     gpus = max(spec.gpu.count, *(max(ids) + 1 for ids in layout.gpu_device_ids.values()))
     return {
-        "kind": "trtllm-multi-model",
+        "kind": MULTI_MODEL,
         "world_size": layout.world_size,
         "spawn_processes": not layout.fast_logits,
         "gpus": gpus,
@@ -68,6 +82,12 @@ def launch_settings(spec: Any) -> dict[str, Any]:
 def _ports(ports: Mapping[str, int] | None) -> list[str]:
     p = {**DEFAULT_PORTS, **(ports or {})}
     return [f"--grpc-port={p['grpc']}", f"--http-port={p['http']}", f"--metrics-port={p['metrics']}"]
+
+
+def _rank_tail(rank: int) -> list[str]:
+    """What launch_triton_server.py ends every rank's tritonserver command with: no auto-completed configs, a shared
+    memory prefix of its own (two stubs' regions must not collide), then the MPI rank separator."""
+    return ["--disable-auto-complete-config", f"--backend-config=python,shm-region-prefix-name=prefix{rank}_", ":"]
 
 
 def launch_command(
@@ -82,7 +102,10 @@ def launch_command(
     rank 0 (the rank that serves clients). Without engine settings: one plain tritonserver."""
     if not settings:
         return Launch([tritonserver, f"--model-repository={repo}", *_ports(ports), *extra], {})
-    if settings.get("kind") != "trtllm-multi-model":
+    if settings.get("kind") == LLMAPI:
+        rank0 = ["-n", "1", tritonserver, f"--model-repository={repo}", *_ports(ports), *extra, *_rank_tail(0)]
+        return Launch(["mpirun", "--allow-run-as-root", *rank0], {})
+    if settings.get("kind") != MULTI_MODEL:
         raise ServerError(
             f"this trtspec cannot launch a '{settings.get('kind')}' repository",
             hint="rewrite the repository with this trtspec (`trtspec repo --force`)",
@@ -106,7 +129,7 @@ def launch_command(
                 "--enable-peer-access=false",
                 *(f"--cuda-memory-pool-byte-size={gpu}:0" for gpu in range(int(settings["gpus"]))),
             ]
-        argv += ["--disable-auto-complete-config", f"--backend-config=python,shm-region-prefix-name=prefix{rank}_", ":"]
+        argv += _rank_tail(rank)
     env = {"TRTLLM_ORCHESTRATOR": "1", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "1" if spawn else "0"}
     return Launch(argv, env)
 
@@ -118,9 +141,11 @@ def repo_launch(repo: Path, in_container: str, **kwargs: Any) -> Launch:
 
     manifest = read_manifest(Path(repo)) or {}
     settings = manifest.get("launch")
-    if settings is None and (manifest.get("settings") or {}).get("runtime") == "trtllm-engine":
+    runtime = (manifest.get("settings") or {}).get("runtime")
+    if not settings and runtime in ("trtllm-engine", LLMAPI):
+        what = "two engines" if runtime == "trtllm-engine" else "LLM API model"
         raise ServerError(
-            f"{repo}: the manifest does not say how to launch its two engines",
+            f"{repo}: the manifest does not say how to launch its {what}",
             hint="rewrite the repository with this trtspec (`trtspec repo --force`)",
         )
     return launch_command(settings or {}, in_container, **kwargs)
@@ -169,12 +194,13 @@ def serve_plan(spec: Any) -> Any:
         image = spec.triton.image or ngc_image(spec.engine.trtllm_version)
         serve = ["trtspec", "serve", repo, "--docker", image]
     commands = [serve]
-    if spec.runtime is Runtime.TRTLLM_ENGINE:
-        launch = launch_command(launch_settings(spec), REPO_MOUNT)
+    settings = launch_settings(spec)
+    if settings:
+        launch = launch_command(settings, REPO_MOUNT)
         commands.append(["env", *(f"{k}={v}" for k, v in sorted(launch.env.items())), *launch.argv])
+    how = {MULTI_MODEL: "upstream's multi-model launch", LLMAPI: "upstream's llmapi launch"}.get(settings.get("kind"))
     return PlanEntry(
-        "tritonserver on gRPC :8001, HTTP :8000, metrics :8002"
-        + (" (in the container: upstream's multi-model launch)" if len(commands) > 1 else ""),
+        "tritonserver on gRPC :8001, HTTP :8000, metrics :8002" + (f" (in the container: {how})" if how else ""),
         [repo],
         commands,
     )

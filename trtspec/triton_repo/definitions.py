@@ -32,6 +32,7 @@ from trtspec.triton_repo.names import (
     TORCH_SPEC_SOURCE,
 )
 from trtspec.triton_repo.pbtxt import Batching, new_config
+from trtspec.trtllm.trtllm_build import engine_input_limits
 
 MODELS_DIR = Path(__file__).parent / "models"
 __all__ = ["BLS", "DRAFT", "ENSEMBLE", "POST", "PRE", "TARGET", "ModelDefinition", "repository_models"]
@@ -110,13 +111,19 @@ def postprocessing(spec: BuildSpec) -> ModelDefinition:
 
 def engine_capabilities(spec: BuildSpec) -> dict[str, Any]:
     """What the two engine-backed models can do, for the orchestrator to check requests against: the target's
-    ``max_draft_len`` (TensorRT-LLM's ``LlmRequest::validate`` rejects more draft tokens) and whether both return
-    generation logits (engines: built with ``--gather_generation_logits``, which draft logits need on both)."""
+    ``max_draft_len`` (TensorRT-LLM's ``LlmRequest::validate`` rejects more draft tokens), the longest input they take
+    (``engine_input_limits``: a step re-sends the whole sequence) and whether both return generation logits (engines:
+    built with ``--gather_generation_logits``, which draft logits need on both)."""
     if spec.runtime is Runtime.TORCH:  # the torch engines take any K up to trtspec's limit, and return logits
-        return {"engine_max_draft_len": MAX_DRAFT_LEN, "engine_generation_logits": True}
+        return {
+            "engine_max_draft_len": MAX_DRAFT_LEN,
+            "engine_generation_logits": True,
+            "engine_max_input_len": spec.engine.max_seq_len - 1,
+        }
     return {
         "engine_max_draft_len": spec.speculative.max_draft_len,
         "engine_generation_logits": spec.speculative.use_draft_logits,
+        "engine_max_input_len": engine_input_limits(spec).max_input_tokens,
     }
 
 

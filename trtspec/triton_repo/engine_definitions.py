@@ -26,6 +26,7 @@ from trtspec.triton_repo.names import ROLE_MODELS
 from trtspec.triton_repo.pbtxt import Batching, new_config
 from trtspec.triton_repo.tensors import BACKEND_INPUTS, BACKEND_OUTPUTS, with_dtypes
 from trtspec.trtllm.container import engine_path_in_container
+from trtspec.trtllm.trtllm_build import engine_input_limits
 
 if TYPE_CHECKING:
     from tritonclient.grpc import model_config_pb2
@@ -104,6 +105,7 @@ def engine_model_config(
         "gpu_device_ids": _ids(layout.gpu_device_ids[role]),
         "executor_worker_path": EXECUTOR_WORKER,
         **GUIDED_DECODING_PARAMETERS,
+        **engine_input_limits(spec).config_parameters,  # every step re-sends the sequence: it must fit the cap
     }
     if kv_fraction is not None:  # an explicit cap from the spec; the backend uses the smaller of the two
         params["kv_cache_free_gpu_mem_fraction"] = f"{kv_fraction:.4f}"

@@ -57,6 +57,7 @@ class Deployment:
     use_draft_logits: bool = False  # the default for requests that do not say
     draft_logits_available: bool = False  # the engines were built with --gather_generation_logits
     max_seq_len: int = 1 << 30
+    max_input_len: int = 1 << 30  # the longest sequence one engine request may carry (TensorRT-LLM's maxInputLen)
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,13 @@ def plan_request(row: RowRequest, deployment: Deployment) -> Plan:
             f"prompt ({len(row.tokens)} tokens) + max_tokens ({row.max_new}) exceeds max_seq_len "
             f"({deployment.max_seq_len})",
             hint="shorten the prompt or lower max_tokens",
+        )
+    longest = len(row.tokens) + row.max_new - 1  # the last step re-sends everything but the last token
+    if longest > deployment.max_input_len:
+        raise GenerationError(
+            f"prompt ({len(row.tokens)} tokens) + max_tokens ({row.max_new}) needs engine inputs of {longest} tokens, "
+            f"above the engines' maximum input length ({deployment.max_input_len})",
+            hint="shorten the prompt or lower max_tokens (the engines re-read the whole sequence every step)",
         )
     limit = min(deployment.draft_len_limit, MAX_DRAFT_LEN)
     k = deployment.max_draft_len if row.num_draft_tokens is None else check_draft_len(row.num_draft_tokens, limit)

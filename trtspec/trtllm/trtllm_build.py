@@ -6,6 +6,7 @@ flag means for draft-target follows examples/draft_target_model/README.md (Tenso
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from trtspec.build.formats import KVCacheFormat, Quantization
@@ -20,11 +21,50 @@ from trtspec.trtllm.trtllm_versions import (
     ngc_image,
 )
 
-__all__ = ["RELEASES", "ngc_image", "trtllm_build_command", "validate_command", "get_release", "LOGITS_DTYPE"]
+__all__ = [
+    "RELEASES",
+    "ngc_image",
+    "trtllm_build_command",
+    "validate_command",
+    "get_release",
+    "LOGITS_DTYPE",
+    "engine_input_limits",
+]
 
 # Both engines emit float32 logits, so the Triton configs' logits_datatype (TYPE_FP32) and the draft_logits the
 # target receives agree whatever the checkpoint's logits_dtype says (ModelOpt's export writes float16).
 LOGITS_DTYPE = "float32"
+
+
+# BuildConfig.max_num_tokens's default (tensorrt_llm/builder.py; tests/upstream/engine_input_limits.json). trtspec
+# passes no --max_num_tokens; for a speculative engine the builder raises it to max_batch_size * (max_draft_len + 1).
+DEFAULT_MAX_NUM_TOKENS = 8192
+
+
+@dataclass(frozen=True)
+class EngineInputLimits:
+    """How long an input the two engines accept, as TensorRT-LLM's runtime computes it (trtGptModel.h): without
+    chunked context min(max_seq_len - 1, max_num_tokens), with it max_seq_len - 1. Every draft-target step re-sends
+    the whole sequence, so a generation longer than that cap would fail part-way ("Prompt length exceeds maximum
+    input length", LlmRequest::validate)."""
+
+    max_num_tokens: int  # the smaller of the two engines' (the draft has no speculative bump)
+    chunked_context: bool  # written as enable_chunked_context into both engine configs
+    max_input_tokens: int  # the longest sequence a step may send
+
+    @property
+    def config_parameters(self) -> dict[str, str]:
+        """The engine models' config parameters that set the cap (none when the default already fits)."""
+        return {"enable_chunked_context": "true"} if self.chunked_context else {}
+
+
+def engine_input_limits(spec: BuildSpec) -> EngineInputLimits:
+    """The engines' input cap for ``spec``: chunked context on exactly when ``max_seq_len - 1`` exceeds the engines'
+    max_num_tokens, so that every sequence the spec allows (prompt + max_tokens <= max_seq_len) fits every step."""
+    num_tokens = DEFAULT_MAX_NUM_TOKENS  # the draft's; the target's, max(it, max_batch_size * (K + 1)), is not smaller
+    longest = spec.engine.max_seq_len - 1
+    chunked = longest > num_tokens
+    return EngineInputLimits(num_tokens, chunked, longest if chunked else min(longest, num_tokens))
 
 
 def trtllm_build_command(

@@ -165,6 +165,26 @@ def parse_request(inputs: Mapping[str, np.ndarray], *, exclude_input_default: bo
     return rows
 
 
+# Greedy as upstream's own client sends it (tensorrtllm_backend inflight_batcher_llm_client.py: --top-k 1, --top-p 0,
+# --temperature 1.0; tests/upstream/engine_sampling.json). TensorRT-LLM's sampling does not read temperature 0 as
+# greedy: top_k 0 with top_p 1.0 samples the whole distribution, so trtspec's greedy (temperature 0) must not reach an
+# engine as such. parse_request reads these back as greedy (top_k 1).
+GREEDY_TEMPERATURE, GREEDY_TOP_K, GREEDY_TOP_P = 1.0, 1, 0.0
+
+
+def _sampling_inputs(s: SamplingParams) -> dict[str, np.ndarray]:
+    """The engine's sampling tensors: upstream's greedy for a greedy request, else temperature, top_k, top_p."""
+    if s.greedy:
+        t, k, p = GREEDY_TEMPERATURE, GREEDY_TOP_K, GREEDY_TOP_P
+    else:
+        t, k, p = s.temperature, s.top_k, s.top_p
+    return {
+        "temperature": np.asarray([[t]], dtype=np.float32),
+        "runtime_top_k": np.asarray([[k]], dtype=np.int32),
+        "runtime_top_p": np.asarray([[p]], dtype=np.float32),
+    }
+
+
 def engine_inputs(row: RowRequest) -> dict[str, np.ndarray]:
     """The engine model's input tensors (batch 1) for one row: what ``parse_request`` reads back."""
     s = row.sampling
@@ -175,9 +195,7 @@ def engine_inputs(row: RowRequest) -> dict[str, np.ndarray]:
         "streaming": np.asarray([[row.stream]], dtype=np.bool_),
         "exclude_input_in_output": np.asarray([[row.exclude_input]], dtype=np.bool_),
         "pad_id": np.asarray([[row.pad_id]], dtype=np.int32),
-        "temperature": np.asarray([[s.temperature]], dtype=np.float32),
-        "runtime_top_k": np.asarray([[s.top_k]], dtype=np.int32),
-        "runtime_top_p": np.asarray([[s.top_p]], dtype=np.float32),
+        **_sampling_inputs(s),
         "return_generation_logits": np.asarray([[row.return_logits]], dtype=np.bool_),
     }
     if row.end_id is not None:

@@ -120,6 +120,7 @@ class TritonPythonModel:
             use_draft_logits=as_bool(p.get("use_draft_logits")),
             draft_logits_available=as_bool(p.get("engine_generation_logits")),
             max_seq_len=int(p["max_seq_len"]),
+            max_input_len=int(p.get("engine_max_input_len") or int(p["max_seq_len"]) - 1),
         )
         self.drafter = _load_drafter(
             p.get("drafter") or "model",
