@@ -31,6 +31,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "trtspec.paths",
             "trtspec.procs",
             "trtspec.prompts",
+            "trtspec.threads",
             "trtspec.validation",
         ),
     ),

@@ -42,7 +42,8 @@ def noisy_pair(tiny_pair, tmp_path_factory):
 def spec_file(noisy_pair, tmp_path):
     text = (
         "# tuned by the test\nname: tiny\nruntime: torch\ntarget:\n  model: {t}\n  dtype: float32\n"
-        "draft:\n  model: {d}\n  dtype: float32\nspeculative:\n  max_draft_len: 1  # K: draft tokens\n  drafter: model\n"
+        "draft:\n  model: {d}\n  dtype: float32\nspeculative:\n  max_draft_len: 1  # K: draft tokens\n"
+        "  drafter: model\n"
         "  route_threshold: 0\nengine:\n  max_input_len: 256\n  max_seq_len: 512\n"
     ).format(t=noisy_pair[0], d=noisy_pair[1])
     path = tmp_path / "trtspec.yaml"

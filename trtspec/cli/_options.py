@@ -22,7 +22,7 @@ RawOpt = Annotated[bool, typer.Option("--raw", help="do not apply the chat templ
 MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", "-n", help="tokens to generate per answer, at most")]
 ThreadsOpt = Annotated[
     int,
-    typer.Option("--threads", help="torch threads (1 is fastest on a shared CPU: OpenMP threads spin on each other)"),
+    typer.Option("--threads", help="torch intra-op threads (0 where allowed: one per core; see trtspec.threads)"),
 ]
 
 

@@ -19,6 +19,7 @@ from trtspec.cli._options import (
     ProtocolOpt,
     RawOpt,
     SpecOpt,
+    ThreadsOpt,
     UrlOpt,
 )
 
@@ -56,6 +57,7 @@ def generate(
     url: UrlOpt = None,
     protocol: ProtocolOpt = None,
     as_json: JsonOpt = False,
+    threads: ThreadsOpt = 0,
 ) -> None:
     """Generate text for PROMPT with draft-target speculative decoding (in process, or from a server with --url)."""
     from trtspec.build.check import check_pair
@@ -68,6 +70,8 @@ def generate(
             f"--no-draft and --num-draft-tokens {k} exclude each other", hint="--no-draft is --num-draft-tokens 0"
         )
     k = 0 if no_draft else k
+    if threads < 0:
+        raise GenerationError(f"--threads {threads} must be >= 0", hint="0 = one thread per core")
     sampling: dict[str, Any] = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     validate_request(prompt, max_tokens, num_draft_tokens=k, **sampling)  # before anything is loaded or sent
     if url is not None:
@@ -81,6 +85,9 @@ def generate(
     validate_request(prompt, max_tokens, num_draft_tokens=k, max_draft_len=spec.speculative.max_draft_len, **sampling)
     if k != 0:
         check_pair(spec)  # one tokenizer for both models, as `check` and `build` require
+    from trtspec.threads import apply_threads
+
+    apply_threads(threads)  # before torch loads: the OpenMP wait policy is read then
     from trtspec.runtimes.torch.session import TextResult, TorchSession
     from trtspec.speculative.sampling import SamplingParams
 

@@ -98,9 +98,9 @@ def tune(
     if url is not None:
         result = tune_url(spec, url, texts, ks=ks, max_tokens=max_tokens)
     else:
-        import torch
+        from trtspec.threads import apply_threads
 
-        torch.set_num_threads(threads)
+        apply_threads(threads)
         quiet_transformers()
         with err_console.status("tuning") as status:
             result = tune_in_process(

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from trtspec.paths import trtspec_import_root
+from trtspec.threads import set_wait_policy
 
 
 def docker_command(
@@ -43,7 +44,7 @@ def docker_command(
         root = trtspec_import_root()
         cmd += ["-v", f"{root / 'trtspec'}:/opt/trtspec/trtspec:ro"]
         environment.setdefault("TRTSPEC_PYTHONPATH", "/opt/trtspec")
-        environment.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        set_wait_policy(environment)  # trtspec.threads
     for key, value in sorted(environment.items()):
         cmd += ["-e", f"{key}={value}"]
     # The server command inside the container: upstream's multi-model launch for two engines (trtspec.serving.launch),

@@ -29,6 +29,7 @@ from trtspec.errors import ServerError
 from trtspec.paths import trtspec_import_root
 from trtspec.procs import die_with_parent
 from trtspec.serving.shm import SERVER_UMASK, protect_shm_regions, remove_shm_regions
+from trtspec.threads import set_wait_policy
 
 READY_PATH = "/v2/health/ready"
 
@@ -179,8 +180,9 @@ def server_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
     env["TRTSPEC_PYTHONPATH"] = os.pathsep.join([str(trtspec_import_root()), *extra])
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     # Draft and target run in separate stubs that take turns on the same cores: OpenMP threads that spin after a
-    # parallel region steal the other model's CPU (measured: a 10-token speculative request 4.5x slower).
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # parallel region steal the other model's CPU (measured: a 10-token speculative request 4.5x slower; see
+    # trtspec.threads for the in-process figures).
+    set_wait_policy(env)
     return env
 
 

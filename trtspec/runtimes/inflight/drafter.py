@@ -19,6 +19,7 @@ import torch
 
 from trtspec.runtimes.inflight.jobs import Job
 from trtspec.runtimes.inflight.kv_pool import KVGeometry, Slot, SlotKVPool
+from trtspec.runtimes.inflight.llama_step import step_of
 from trtspec.runtimes.inflight.packed import packed_forward, prepare_model
 from trtspec.speculative.drafters import Proposal
 from trtspec.speculative.sampling import logits_to_probs, sample
@@ -34,8 +35,9 @@ class _DraftState:
 class ModelDrafter:
     """Proposals from a draft model (see module docstring). Engine thread only."""
 
-    def __init__(self, model: Any, *, slots: int, capacity: int) -> None:
+    def __init__(self, model: Any, *, slots: int, capacity: int, fast_step: bool = True) -> None:
         self.model = prepare_model(model)
+        self.fast = step_of(self.model) if fast_step else None  # trtspec.runtimes.inflight.llama_step
         self.pool = SlotKVPool(KVGeometry.of(self.model), slots, capacity)
         self.vocab = int(self.model.get_output_embeddings().weight.shape[0])
         self.passes = 0
@@ -78,7 +80,7 @@ class ModelDrafter:
                 offset += len(fed)
                 keep.append(offset - 1)
             t_round = time.perf_counter()
-            logits = packed_forward(self.model, self.pool, feeds, keep)
+            logits = packed_forward(self.model, self.pool, feeds, keep, fast=self.fast)
             self.passes += 1
             if self.on_round is not None:
                 self.on_round(len(rows), time.perf_counter() - t_round)
@@ -123,12 +125,20 @@ class ModelDrafter:
 
 
 def engine_drafter(
-    kind: Any, *, draft_model: Any = None, pool: Any = None, vocab: int, slots: int, capacity: int, policy: Any = None
+    kind: Any,
+    *,
+    draft_model: Any = None,
+    pool: Any = None,
+    vocab: int,
+    slots: int,
+    capacity: int,
+    policy: Any = None,
+    fast_step: bool = True,
 ) -> Any:
     """The in-flight engine's drafter of ``kind`` (``speculative.drafter``, built by its registry entry), with a
     ``ModelDrafter`` of ``slots`` x ``capacity`` over ``draft_model`` where the kind runs the draft model. ``pool``:
     an ``NgramPool``, its file, or None (prompt lookup only); ``vocab``: the target's; ``policy``: the adaptive
-    drafter's (trtspec.speculative.adaptive.AdaptivePolicy)."""
+    drafter's (trtspec.speculative.adaptive.AdaptivePolicy); ``fast_step``: see ``ModelDrafter``."""
     from trtspec.speculative.drafters.ngram import NgramPool
     from trtspec.speculative.drafters.registry import DrafterContext
     from trtspec.speculative.drafters.registry import engine_drafter as build
@@ -139,6 +149,6 @@ def engine_drafter(
     if draft_model is not None:
 
         def factory() -> ModelDrafter:
-            return ModelDrafter(draft_model, slots=slots, capacity=capacity)
+            return ModelDrafter(draft_model, slots=slots, capacity=capacity, fast_step=fast_step)
 
     return build(kind, DrafterContext(pool=pool, vocab=vocab, model_drafter=factory, policy=policy))

@@ -25,6 +25,7 @@ from trtspec.runtimes.inflight.drafter import ModelDrafter
 from trtspec.runtimes.inflight.head import lazy_head
 from trtspec.runtimes.inflight.jobs import Job
 from trtspec.runtimes.inflight.kv_pool import KVGeometry, SlotKVPool
+from trtspec.runtimes.inflight.llama_step import step_of
 from trtspec.runtimes.inflight.packed import packed_forward, prepare_model
 from trtspec.speculative.acceptance import Candidate, decide
 from trtspec.speculative.drafters import Proposal
@@ -55,8 +56,12 @@ class InflightEngine:
         name: str = "engine",
         use_lazy_head: bool = True,
         drafter: Any = None,
+        fast_step: bool = True,
     ) -> None:
+        """``fast_step``: run supported (Llama-family) models through their fused step
+        (trtspec.runtimes.inflight.llama_step); False: the transformers module tree for every model."""
         self.model = prepare_model(model)
+        self.fast = step_of(self.model) if fast_step else None
         self.geometry = KVGeometry.of(self.model)
         self.vocab = int(self.model.get_output_embeddings().weight.shape[0])
         self.max_batch_size = max_batch_size
@@ -66,7 +71,7 @@ class InflightEngine:
         # release, free, observe_pass: trtspec.speculative.drafters.EngineDrafter), built for these slots.
         self.drafter: Any = drafter
         if drafter is None and draft_model is not None:
-            self.drafter = ModelDrafter(draft_model, slots=n_slots, capacity=capacity)
+            self.drafter = ModelDrafter(draft_model, slots=n_slots, capacity=capacity, fast_step=fast_step)
         if self.drafter is not None:
             if getattr(self.drafter, "vocab", self.vocab) != self.vocab:
                 raise GenerationError(
@@ -256,8 +261,10 @@ class InflightEngine:
                 ranges.append((len(keep), k))
                 keep.extend(range(offset + len(fed) - k, offset + len(fed)))
                 offset += len(fed)
-            states = packed_forward(self.model, self.pool, feeds, keep, hidden=self.head is not None)
+            states = packed_forward(self.model, self.pool, feeds, keep, hidden=self.head is not None, fast=self.fast)
             head = self.head if self.head is not None else _identity
+            if self.fast is not None and self.fast.head is not None and head is self.model.lm_head:
+                head = self.fast.head  # the same weights, packed for the kernel that multiplies one row fastest
             histories = [job.history() for job in jobs]
             cands = [
                 Candidate(

@@ -75,7 +75,7 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 class SlotKVPool:
     """``keys[l]`` / ``values[l]``: [slots, kv_heads, capacity, head_dim] per layer (see module docstring)."""
 
-    def __init__(self, geometry: KVGeometry, slots: int, capacity: int) -> None:
+    def __init__(self, geometry: KVGeometry, slots: int, capacity: int, device: Any = None) -> None:
         if slots < 1 or capacity < 2:
             raise GenerationError(
                 f"KV cache needs >= 1 slot and capacity >= 2 (got {slots} x {capacity})",
@@ -85,8 +85,8 @@ class SlotKVPool:
         self.capacity = capacity
         shape = (slots, geometry.kv_heads, capacity, geometry.head_dim)
         # torch.empty does not touch the pages: resident memory grows with what is written.
-        self.keys = [torch.empty(shape, dtype=geometry.dtype) for _ in range(geometry.num_layers)]
-        self.values = [torch.empty(shape, dtype=geometry.dtype) for _ in range(geometry.num_layers)]
+        self.keys = [torch.empty(shape, dtype=geometry.dtype, device=device) for _ in range(geometry.num_layers)]
+        self.values = [torch.empty(shape, dtype=geometry.dtype, device=device) for _ in range(geometry.num_layers)]
         self.slots = [Slot(i) for i in range(slots)]
         self._clock = itertools.count(1)
         self.reused_tokens = 0  # prefix tokens served from the cache (not recomputed), over the pool's life

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from trtspec.runtimes.inflight.kv_pool import SlotKVPool
+from trtspec.runtimes.inflight.llama_step import LlamaStep
 
 ATTENTION_NAME = "trtspec_slot_kv"
 _BATCH_KWARG = "trtspec_packed_batch"
@@ -135,9 +136,11 @@ def packed_forward(
     keep: Sequence[int],
     *,
     hidden: bool = False,
+    fast: LlamaStep | None = None,
 ) -> torch.Tensor:
     """Run ``feeds`` = [(slot, past, new_tokens)] as one pass; return logits [len(keep), V] at packed indices ``keep``
-    (with ``hidden``: the body's last hidden states [len(keep), H] there, for a head applied on demand).
+    (with ``hidden``: the body's last hidden states [len(keep), H] there, for a head applied on demand). ``fast``:
+    the model's fused step (trtspec.runtimes.inflight.llama_step) instead of the transformers module tree.
 
     Writes the new tokens' keys/values into the slots at positions past.. past+len-1 (callers update slot tokens).
     """
@@ -148,20 +151,26 @@ def packed_forward(
         segments.append(Segment(slot, past, len(ids), len(tokens)))
         ids.extend(tokens)
         pos.extend(range(past, past + len(tokens)))
-    input_ids = torch.tensor([ids], dtype=torch.long)
-    position_ids = torch.tensor([pos], dtype=torch.long)
+    device = pool.keys[0].device
+    if fast is not None:
+        rows = torch.tensor(list(keep), dtype=torch.long, device=device)
+        ids_t, pos_t = torch.tensor(ids, device=device), torch.tensor(pos, device=device)
+        states = fast.body(pool, [(s.slot, s.past, s.start, s.count) for s in segments], ids_t, pos_t)[rows]
+        return states if hidden else model.lm_head(states)
+    input_ids = torch.tensor([ids], dtype=torch.long, device=device)
+    position_ids = torch.tensor([pos], dtype=torch.long, device=device)
     batch = {_BATCH_KWARG: PackedBatch(pool, segments)}
     if hidden:
         states = model.model(
             input_ids=input_ids, position_ids=position_ids, attention_mask=_DUMMY_MASK, use_cache=False, **batch
         ).last_hidden_state
-        return states[0, torch.tensor(list(keep), dtype=torch.long)]
+        return states[0, torch.tensor(list(keep), dtype=torch.long, device=device)]
     out = model(
         input_ids=input_ids,
         position_ids=position_ids,
         attention_mask=_DUMMY_MASK,
         use_cache=False,
-        logits_to_keep=torch.tensor(list(keep), dtype=torch.long),
+        logits_to_keep=torch.tensor(list(keep), dtype=torch.long, device=device),
         **batch,
     )
     return out.logits[0]

@@ -1,7 +1,8 @@
-"""What a speculative step costs relative to one target step, measured on the models themselves (CPU or GPU).
+"""What a speculative step costs relative to one target step, measured on the models themselves (CPU or GPU), through
+the in-flight engine's own forward passes (slot KV cache, the fused Llama step where the model has one).
 
 c: one draft step (one token after ``context`` cached ones) / one target step. v: one verification / one target
-step, where a verification is what SpeculativeDecoder does: with a lazily applied head
+step, where a verification is what the engine does: with a lazily applied head
 (trtspec.runtimes.inflight.head) the target's body over K + 1 tokens plus its head at ``tokens_per_step``
 positions (one per emitted token); otherwise a full K + 1-token forward pass. With them, Leviathan et al.'s bound on
 the speedup is S = tokens_per_step / (K c + v). Used by `trtspec distill`'s report and benchmarks/speculative_cpu.py.
@@ -11,61 +12,96 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from trtspec.runtimes.inflight.head import lazy_head
-from trtspec.runtimes.torch.cache import GrowableCache
+from trtspec.runtimes.inflight.kv_pool import KVGeometry, SlotKVPool
+from trtspec.runtimes.inflight.llama_step import step_of
+from trtspec.runtimes.inflight.packed import packed_forward, prepare_model
+from trtspec.speculative.rules import MAX_DRAFT_LEN
 
 
-@torch.inference_mode()
-def step_cost_ratios(
-    target: Any, draft: Any, context: int, k: int, tokens_per_step: float, reps: int = 21
-) -> tuple[float, float]:
-    """(c, v): median draft step / target step, and median verification / target step, after ``context`` cached
-    tokens; the forward passes alternate so that background load hits them alike. Verification is what the decoder
-    does: with a lazily applied head (trtspec.runtimes.inflight.head) the body over K + 1 tokens plus the head at
-    ``tokens_per_step`` positions (one per emitted token); otherwise a full K + 1-token forward pass."""
-    head = lazy_head(target)
+class _Passes:
+    """Timed forward passes of one model exactly as the in-flight engine runs them (trtspec.runtimes.inflight.packed:
+    the fused step where the model has one, the slot KV cache), after ``context`` cached random tokens."""
 
-    def prepared(model, n_new, body_only=False):
-        vocab = model.config.vocab_size
-        cache = GrowableCache()
-        model(input_ids=torch.randint(0, vocab, (1, context)), cache=cache, use_cache=True, logits_to_keep=1)
-        new = torch.randint(0, vocab, (1, n_new))
+    def __init__(self, model: Any, context: int, fast_step: bool = True, slots: int = 1) -> None:
+        self.model = prepare_model(model)
+        self.fast = step_of(self.model) if fast_step else None
+        self.context = context
+        self.vocab = int(model.config.vocab_size)
+        device = next(self.model.parameters()).device
+        self.pool = SlotKVPool(KVGeometry.of(self.model), slots, context + MAX_DRAFT_LEN + 2, device=device)
+        prompt = torch.randint(0, self.vocab, (context,)).tolist()
+        packed_forward(self.model, self.pool, [(0, 0, prompt)], [context - 1], fast=self.fast)
+        lm_head = getattr(self.model, "lm_head", None)
+        self.head = lazy_head(self.model)
+        if self.head is not None and self.fast is not None and self.fast.head is not None and self.head is lm_head:
+            self.head = self.fast.head  # what the engine applies
+
+    def forward(self, n_new: int, body_only: bool = False) -> Callable[[], float]:
+        """One pass of ``n_new`` tokens after the context (the body alone, or logits at every new position)."""
+        new = torch.randint(0, self.vocab, (n_new,)).tolist()
+        keep = list(range(n_new))
 
         def once() -> float:
             t0 = time.perf_counter()
-            if body_only:
-                model.model(input_ids=new, cache=cache, use_cache=True)
-            else:
-                model(input_ids=new, cache=cache, use_cache=True, logits_to_keep=n_new)
-            cache.crop(-n_new)
+            packed_forward(self.model, self.pool, [(0, self.context, new)], keep, hidden=body_only, fast=self.fast)
+            return time.perf_counter() - t0  # the slot keeps ``context`` tokens: the next pass overwrites these
+
+        return once
+
+    def head_once(self) -> Callable[[], float]:
+        param = next(self.model.parameters())
+        hidden = torch.randn(1, self.model.config.hidden_size, dtype=param.dtype, device=param.device)
+        head = self.head
+        assert head is not None  # timed only when the head is applied lazily
+
+        def once() -> float:
+            t0 = time.perf_counter()
+            head(hidden)
             return time.perf_counter() - t0
 
         return once
 
-    hidden = torch.randn(1, target.config.hidden_size, dtype=next(target.parameters()).dtype)
 
-    def head_once() -> float:
-        assert head is not None  # timed only when the head is applied lazily
-        t0 = time.perf_counter()
-        head(hidden)
-        return time.perf_counter() - t0
+def _medians(fns: dict[str, Callable[[], float]], reps: int) -> dict[str, float]:
+    """Median time of each function; they alternate so that background load hits them alike; round 0 warms up."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    with torch.inference_mode():
+        for rep in range(reps + 1):
+            for name, fn in fns.items():
+                t = fn()
+                if rep:
+                    times[name].append(t)
+    return {name: statistics.median(t) for name, t in times.items()}
 
-    fns = [prepared(target, 1), prepared(draft, 1)]
-    fns += [prepared(target, k + 1, body_only=True), head_once] if head is not None else [prepared(target, k + 1)]
-    times: list[list[float]] = [[] for _ in fns]
-    for rep in range(reps + 1):
-        for i, fn in enumerate(fns):
-            t = fn()
-            if rep:  # the first round warms up
-                times[i].append(t)
-    med = [statistics.median(t) for t in times]
-    t1, d1 = med[0], med[1]
-    verify = med[2] + tokens_per_step * med[3] if head is not None else med[2]
-    return d1 / t1, verify / t1
+
+def step_cost_ratios(
+    target: Any,
+    draft: Any,
+    context: int,
+    k: int,
+    tokens_per_step: float,
+    reps: int = 21,
+    fast_step: bool = True,
+) -> tuple[float, float]:
+    """(c, v): median draft step / target step, and median verification / target step, after ``context`` cached
+    tokens, through the engine's own passes (``fast_step``: the fused step where the model has one). Verification is
+    what the engine does: with a lazily applied head (trtspec.runtimes.inflight.head) the body over K + 1 tokens
+    plus the head at ``tokens_per_step`` positions (one per emitted token); otherwise a full K + 1-token pass."""
+    t, d = _Passes(target, context, fast_step), _Passes(draft, context, fast_step)
+    fns = {"t1": t.forward(1), "d1": d.forward(1)}
+    if t.head is not None:
+        fns |= {"body": t.forward(k + 1, body_only=True), "head": t.head_once()}
+    else:
+        fns["body"] = t.forward(k + 1)
+    med = _medians(fns, reps)
+    verify = med["body"] + tokens_per_step * med["head"] if t.head is not None else med["body"]
+    return med["d1"] / med["t1"], verify / med["t1"]
 
 
 def speedup_bound(tokens_per_step: float, k: int, c: float, v: float) -> float:
@@ -73,71 +109,44 @@ def speedup_bound(tokens_per_step: float, k: int, c: float, v: float) -> float:
     return tokens_per_step / (k * c + v)
 
 
-@torch.inference_mode()
 def measure_step_costs(
-    target: Any, draft: Any | None, context: int, k_max: int, prompt_len: int, reps: int = 15
+    target: Any,
+    draft: Any | None,
+    context: int,
+    k_max: int,
+    prompt_len: int,
+    reps: int = 15,
+    fast_step: bool = True,
 ) -> Any:
-    """``speedup.StepCosts`` measured on the models: the target's body over k + 1 tokens for k = 0..k_max and its head
-    at one position (the decoder's lazy head; without one, full forwards and ``head`` 0), a draft step, and both
-    prefills of a ``prompt_len``-token prompt, all after ``context`` cached tokens and relative to one target step."""
+    """``speedup.StepCosts`` measured on the models through the engine's own passes: the target's body over k + 1
+    tokens for k = 0..k_max and its head at one position (the engine's lazy head; without one, full passes and
+    ``head`` 0), a draft step, and both prefills of a ``prompt_len``-token prompt, all after ``context`` cached
+    tokens and relative to one target step."""
     from trtspec.speculative.speedup import StepCosts
 
-    head = lazy_head(target)
-    vocab = target.config.vocab_size
+    t = _Passes(target, context, fast_step, slots=2)
+    lazy = t.head is not None
 
-    def cached(model):
-        cache = GrowableCache()
-        model(input_ids=torch.randint(0, vocab, (1, context)), cache=cache, use_cache=True, logits_to_keep=1)
-        return cache
+    def prefill(passes: _Passes) -> Callable[[], float]:
+        ids = torch.randint(0, passes.vocab, (max(1, prompt_len - 1),)).tolist()
 
-    def forward(model, cache, n_new, body_only):
-        new = torch.randint(0, vocab, (1, n_new))
-
-        def once() -> float:
+        def once() -> float:  # into the second slot, from scratch
             t0 = time.perf_counter()
-            if body_only:
-                model.model(input_ids=new, cache=cache, use_cache=True)
-            else:
-                model(input_ids=new, cache=cache, use_cache=True, logits_to_keep=1 if n_new == 1 else n_new)
-            cache.crop(-n_new)
+            packed_forward(passes.model, passes.pool, [(1, 0, ids)], [len(ids) - 1], fast=passes.fast)
             return time.perf_counter() - t0
 
         return once
 
-    def prefill(model):
-        ids = torch.randint(0, vocab, (1, max(1, prompt_len - 1)))
-
-        def once() -> float:
-            t0 = time.perf_counter()
-            model(input_ids=ids, cache=GrowableCache(), use_cache=True, logits_to_keep=1)
-            return time.perf_counter() - t0
-
-        return once
-
-    hidden = torch.randn(1, target.config.hidden_size, dtype=next(target.parameters()).dtype)
-
-    def head_once() -> float:
-        assert head is not None  # timed only when the head is applied lazily
-        t0 = time.perf_counter()
-        head(hidden)
-        return time.perf_counter() - t0
-
-    t_cache = cached(target)
-    fns: dict[str, Any] = {"t1": forward(target, t_cache, 1, False), "tp": prefill(target)}
+    fns: dict[str, Callable[[], float]] = {"t1": t.forward(1), "tp": prefill(t)}
     for k in range(0, k_max + 1):
-        fns[f"b{k}"] = forward(target, t_cache, k + 1, head is not None)
-    if head is not None:
-        fns["head"] = head_once
+        fns[f"b{k}"] = t.forward(k + 1, body_only=lazy)
+    if lazy:
+        fns["head"] = t.head_once()
     if draft is not None:
-        fns["d1"] = forward(draft, cached(draft), 1, False)
-        fns["dp"] = prefill(draft)
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for rep in range(reps + 1):
-        for name, fn in fns.items():
-            t = fn()
-            if rep:
-                times[name].append(t)
-    med = {name: statistics.median(t) for name, t in times.items()}
+        d = _Passes(draft, context, fast_step, slots=2)
+        fns["d1"] = d.forward(1)
+        fns["dp"] = prefill(d)
+    med = _medians(fns, reps)
     t1 = med["t1"]
     return StepCosts(
         c=med.get("d1", 0.0) / t1,

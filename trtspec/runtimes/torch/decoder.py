@@ -60,11 +60,15 @@ class SpeculativeDecoder:
         drafter: DrafterKind | str = DrafterKind.MODEL,
         ngram_pool: Any = None,
         policy: Any = None,
+        fast_step: bool = True,
     ) -> None:
         """``drafter`` (``speculative.drafter``, trtspec.speculative.drafters.registry): model (the draft proposes),
         ngram (prompt lookup + ``ngram_pool``, an ``NgramPool`` or its file; no draft model needed), hybrid (n-grams
         on a confident match, else the draft) or adaptive (per sequence and step, either or none, and K; ``policy``:
-        its trtspec.speculative.adaptive.AdaptivePolicy, kept across calls)."""
+        its trtspec.speculative.adaptive.AdaptivePolicy, kept across calls). ``fast_step``: Llama-family models run
+        their fused step (trtspec.runtimes.inflight.llama_step); False: the transformers module tree (the reference
+        the benchmarks compare with)."""
+        self.fast_step = fast_step
         self.drafter = DrafterKind(drafter)
         runs_model = drafter_entry(self.drafter).runs_draft_model
         if self.drafter is DrafterKind.HYBRID and draft is None:
@@ -187,9 +191,16 @@ class SpeculativeDecoder:
                     slots=size,
                     capacity=capacity,
                     policy=self.policy,
+                    fast_step=self.fast_step,
                 )
             engine = InflightEngine(
-                self.target, drafter=drafter, max_batch_size=size, slots=size, capacity=capacity, name="decoder"
+                self.target,
+                drafter=drafter,
+                max_batch_size=size,
+                slots=size,
+                capacity=capacity,
+                name="decoder",
+                fast_step=self.fast_step,
             )
             self._engines[use_draft] = engine
         engine.head = self.head
