@@ -160,14 +160,19 @@ def test_summary_percentiles_and_routed_requests_left_out_of_acceptance():
 
 
 def test_speculative_statistics_are_null_when_the_server_reports_none():
-    from trtspec.serving.openai.app import OpenAIService, Prepared
+    from types import SimpleNamespace
 
+    from trtspec.serving.metrics import Registry
+    from trtspec.serving.openai.app import OpenAIService, Prepared
+    from trtspec.serving.openai.guard import RequestMetrics
+
+    service = SimpleNamespace(metrics=RequestMetrics(Registry()))  # finish() counts tokens on the service's /metrics
     p = Prepared("chat", None, "x", 5, 8, {}, [], 3, False)
-    reason, usage, spec = OpenAIService.finish(None, p, {"num_output_tokens": 8})  # type: ignore[arg-type]
+    reason, usage, spec = OpenAIService.finish(service, p, {"num_output_tokens": 8})  # type: ignore[arg-type]
     assert reason == "length" and usage == {"prompt_tokens": 5, "completion_tokens": 8, "total_tokens": 13}
     assert spec["total_draft_tokens"] is None and spec["acceptance_rate"] is None and spec["draft_len"] == 3
     _, _, spec = OpenAIService.finish(
-        None,
+        service,  # type: ignore[arg-type]
         p,
         {
             "num_output_tokens": 2,
@@ -177,6 +182,7 @@ def test_speculative_statistics_are_null_when_the_server_reports_none():
         },
     )
     assert (spec["total_draft_tokens"], spec["total_accepted_draft_tokens"], spec["acceptance_rate"]) == (6, 3, 0.5)
+    assert (service.metrics.draft_tokens.value(), service.metrics.accepted_draft_tokens.value()) == (6, 3)
 
 
 def test_open_loop_arrivals_do_not_wait_for_answers():

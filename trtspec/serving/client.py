@@ -123,14 +123,31 @@ class TritonLLMClient:
             return False
 
     def _ready_models(self) -> list[str]:
+        """The ready models: the repository index where the server shows it, else (a trtspec server keeps the
+        repository API behind its key) those of a trtspec repository's names that answer ready."""
         try:
             if self.protocol == "http":
                 index = self._get_json("/v2/repository/index", data=b"{}")
             else:
                 index = self._grpc_client().get_model_repository_index(as_json=True).get("models", [])
             return sorted(m["name"] for m in index if m.get("state") == "READY")
-        except Exception:  # noqa: BLE001
-            return []
+        except Exception:  # noqa: BLE001 - restricted or unavailable: ask the names a trtspec repository uses
+            pass
+        from trtspec.triton_repo.names import BLS, DRAFT, ENSEMBLE, POST, PRE, TARGET
+
+        ready = []
+        for name in (ENSEMBLE, PRE, POST, BLS, TARGET, DRAFT):
+            try:
+                if self.protocol == "http":
+                    with urllib.request.urlopen(f"{self._http_base}/v2/models/{name}/ready", timeout=5) as r:
+                        ok = r.status == 200
+                else:
+                    ok = bool(self._grpc_client().is_model_ready(name))
+            except Exception:  # noqa: BLE001 - not served
+                ok = False
+            if ok:
+                ready.append(name)
+        return sorted(ready)
 
     def model_config(self, model: str) -> dict[str, Any] | None:
         """A served model's config as JSON (Triton's ``/v2/models/<model>/config``); None when the server has no

@@ -118,6 +118,9 @@ class SequenceArms:
     rates: dict[Arm, Rate] = field(default_factory=dict)
     steps: int = 0
     last: tuple[Arm, int] | None = None  # the arm and K of the step being verified
+    # A seeded sampled request must give the same text twice: its choices may then depend on nothing but its own
+    # history (no measured timings, no other sequence's verdicts, no batch), so they repeat with the seed.
+    reproducible: bool = False
 
     def decay(self, factor: float) -> None:
         for rate in self.rates.values():
@@ -248,9 +251,10 @@ class AdaptivePolicy:
 
     # -- estimates ---------------------------------------------------------------------------------------------
     def acceptance(self, seq: SequenceArms, arm: Arm) -> float:
-        """The sequence's estimate of ``arm``: its own decayed evidence over the server-wide prior, plus a bonus for
-        an arm it has little recent evidence of (so it comes back to an arm it left)."""
-        prior = self.tracker.mean(arm)
+        """The sequence's estimate of ``arm``: its own decayed evidence over the server-wide prior (the starting
+        prior alone for a reproducible sequence), plus a bonus for an arm it has little recent evidence of (so it
+        comes back to an arm it left)."""
+        prior = self.tracker.priors.get(arm, 0.3) if seq.reproducible else self.tracker.mean(arm)
         rate = seq.rates.get(arm)
         succ, trials = (rate.succ, rate.trials) if rate is not None else (0.0, 0.0)
         weight = 3.0
@@ -260,45 +264,63 @@ class AdaptivePolicy:
     # -- the choice --------------------------------------------------------------------------------------------
     def plan(self, seqs: Sequence[SequenceArms], asks: Sequence[Ask]) -> list[Choice]:
         """One choice per sequence for this step (see the module docstring)."""
+        shared = [(s, a) for s, a in zip(seqs, asks) if not s.reproducible]
         n_base = sum(max(1, a.base_tokens) for a in asks)
         t_base = self.target.cost(n_base)
-        rate = len(asks) / t_base if t_base > 0 else float("inf")
+        rate = len(shared) / t_base if t_base > 0 else float("inf")
         n_now = n_base
         draft_rows: list[int] = []  # draft rows per round chosen so far
         out: list[Choice] = []
         for seq, ask in zip(seqs, asks):
-            best, best_net = NO_SPECULATION, self.min_gain
-            if ask.k_max > 0 and ask.ngram_tokens:
-                arm = ngram_arm(ask.ngram_match)
-                a = self.acceptance(seq, arm)
-                for k in range(1, min(ask.k_max, len(ask.ngram_tokens)) + 1):
-                    extra = self.target.cost(n_now + k) - self.target.cost(n_now)
-                    net = expected_accepted(a, k) - rate * extra
-                    if net > best_net:
-                        best, best_net = Choice(NGRAM, k, arm), net
-            if ask.k_max > 0 and ask.model:
-                a = self.acceptance(seq, MODEL_ARM)
-                draft_extra = 0.0
-                for k in range(1, ask.k_max + 1):
-                    rows = draft_rows[k - 1] if k - 1 < len(draft_rows) else 0
-                    draft_extra += self.draft.cost(rows + 1) - self.draft.cost(rows)
-                    extra = self.target.cost(n_now + k) - self.target.cost(n_now) + draft_extra
-                    net = expected_accepted(a, k) - rate * extra
-                    if net > best_net:
-                        best, best_net = Choice(MODEL, k, MODEL_ARM), net
-            if best.speculates:
-                n_now += best.k
-                if best.source == MODEL:
-                    for r in range(best.k):
-                        if r < len(draft_rows):
-                            draft_rows[r] += 1
-                        else:
-                            draft_rows.append(1)
+            if seq.reproducible:  # alone, on the prior costs (relative units: a one-token target pass is 1)
+                n = max(1, ask.base_tokens)
+                best = self._best(seq, ask, self.prior.target, self.prior.draft, 1 / self.prior.target(n), n, [])
+            else:
+                best = self._best(seq, ask, self.target.cost, self.draft.cost, rate, n_now, draft_rows)
+                if best.speculates:
+                    n_now += best.k
+                    if best.source == MODEL:
+                        for r in range(best.k):
+                            if r < len(draft_rows):
+                                draft_rows[r] += 1
+                            else:
+                                draft_rows.append(1)
             out.append(best)
             seq.last = (best.arm, best.k) if best.speculates and best.arm is not None else None
             self.steps[best.source if best.speculates and best.source else "none"] += 1
             self.k_chosen[min(best.k, 16)] += 1
         return out
+
+    def _best(
+        self,
+        seq: SequenceArms,
+        ask: Ask,
+        target: Any,
+        draft: Any,
+        rate: float,
+        n_now: int,
+        draft_rows: list[int],
+    ) -> Choice:
+        """The option with the highest net gain E - rate x extra cost (``target``/``draft``: pass costs by size;
+        ``n_now``: tokens the step feeds before this sequence's draft; ``draft_rows``: rows per draft round)."""
+        best, best_net = NO_SPECULATION, self.min_gain
+        if ask.k_max > 0 and ask.ngram_tokens:
+            arm = ngram_arm(ask.ngram_match)
+            a = self.acceptance(seq, arm)
+            for k in range(1, min(ask.k_max, len(ask.ngram_tokens)) + 1):
+                net = expected_accepted(a, k) - rate * (target(n_now + k) - target(n_now))
+                if net > best_net:
+                    best, best_net = Choice(NGRAM, k, arm), net
+        if ask.k_max > 0 and ask.model:
+            a = self.acceptance(seq, MODEL_ARM)
+            draft_extra = 0.0
+            for k in range(1, ask.k_max + 1):
+                rows = draft_rows[k - 1] if k - 1 < len(draft_rows) else 0
+                draft_extra += draft(rows + 1) - draft(rows)
+                net = expected_accepted(a, k) - rate * (target(n_now + k) - target(n_now) + draft_extra)
+                if net > best_net:
+                    best, best_net = Choice(MODEL, k, MODEL_ARM), net
+        return best
 
     # -- feedback ----------------------------------------------------------------------------------------------
     def verdict(self, seq: SequenceArms, proposed: int, accepted: int) -> None:
@@ -310,7 +332,8 @@ class AdaptivePolicy:
             rate = seq.rates.setdefault(arm, Rate())
             rate.decay(self.recency)
             rate.add(proposed, accepted)
-            self.tracker.observe(arm, proposed, accepted)
+            if not seq.reproducible:  # a reproducible sequence's verdicts must not change the others' choices either
+                self.tracker.observe(arm, proposed, accepted)
         seq.last = None
 
     def observe_target(self, tokens: int, seconds: float) -> None:

@@ -150,7 +150,7 @@ async def generate(
     seq = list(row.tokens)
     produced = 0
     step = 0
-    state = drafter.new_state() if drafter is not None else None
+    state = drafter.new_state(row.sampling) if drafter is not None else None
     while produced < row.max_new:
         k_eff = min(plan.k, row.max_new - produced - 1)
         draft: list[int] = []

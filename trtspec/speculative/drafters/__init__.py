@@ -12,7 +12,8 @@ Three interfaces, by caller:
 - the in-flight engine's (``EngineDrafter``): ``admit(job)``, ``propose(jobs, ks, batch_tokens)``,
   ``commit(job, history_before, proposed, accepted)``, ``release(job, keep)``, ``free`` (jobs it can still take),
   ``observe_pass(tokens, seconds)`` (the step's target pass);
-- the BLS orchestrator's (``LocalDrafter``): ``plan(state, seq, k) -> (tokens or None, model_k)`` before a step,
+- the BLS orchestrator's (``LocalDrafter``): ``new_state(sampling)`` per request,
+  ``plan(state, seq, k) -> (tokens or None, model_k)`` before a step,
   ``verdict(state, proposed, accepted, target_s, draft_s)`` after it (with the engine calls' seconds).
 
 Light to import (no torch): the Triton models and the CLI load it.
@@ -91,7 +92,7 @@ class EngineDrafter(Protocol):
 class LocalDrafter(Protocol):
     """What the BLS orchestrator calls per request (see the module docstring)."""
 
-    def new_state(self) -> Any: ...
+    def new_state(self, sampling: Any = None) -> Any: ...
 
     def plan(self, state: Any, seq: Sequence[int], k: int) -> tuple[list[int] | None, int]: ...
 

@@ -24,6 +24,11 @@ from trtspec.speculative.drafters import UNLIMITED, DrafterKind, Proposal
 from trtspec.speculative.drafters.ngram import NgramDrafter, NgramEngineDrafter
 
 
+def _reproducible(sampling: Any) -> bool:
+    """A seeded sampled request: the same seed must give the same text (its choices depend on its history only)."""
+    return sampling is not None and not sampling.greedy and sampling.seed is not None
+
+
 class AdaptiveEngineDrafter:
     """The in-flight engine's adaptive drafter (trtspec.speculative.drafters.EngineDrafter)."""
 
@@ -52,7 +57,7 @@ class AdaptiveEngineDrafter:
 
     def admit(self, job: Any) -> None:
         job.draft_state = self.kind
-        self._arms[id(job)] = SequenceArms()
+        self._arms[id(job)] = SequenceArms(reproducible=_reproducible(job.sampling))
 
     def release(self, job: Any, keep: bool = True) -> None:
         self._arms.pop(id(job), None)
@@ -74,7 +79,7 @@ class AdaptiveEngineDrafter:
         ]
         # Jobs of the batch that do not speculate feed tokens too: the step's cost grows from all of them.
         others = max(0, batch_tokens - sum(a.base_tokens for a in asks))
-        if others and asks:
+        if others and asks and not self._arms[id(jobs[0])].reproducible:
             asks[0] = Ask(
                 asks[0].k_max, asks[0].ngram_tokens, asks[0].ngram_match, asks[0].model, asks[0].base_tokens + others
             )
@@ -126,8 +131,8 @@ class AdaptiveLocalDrafter:
         self.has_model = has_model
         self.policy = policy or AdaptivePolicy()
 
-    def new_state(self) -> SequenceArms:
-        return SequenceArms()
+    def new_state(self, sampling: Any = None) -> SequenceArms:
+        return SequenceArms(reproducible=_reproducible(sampling))
 
     def plan(self, state: SequenceArms, seq: Sequence[int], k: int) -> tuple[list[int] | None, int]:
         p = self.ngram.propose(seq, k)

@@ -46,7 +46,7 @@ class HybridRule:
         return Choice(DrafterKind.MODEL, min(k, self.model_k))
 
     # -- as the BLS orchestrator's drafter (trtspec.speculative.drafters.LocalDrafter) ---------------------------
-    def new_state(self) -> None:
+    def new_state(self, sampling: Any = None) -> None:
         return None
 
     def plan(self, state: Any, seq: Sequence[int], k: int) -> tuple[list[int] | None, int]:

@@ -260,7 +260,7 @@ class NgramDrafter:
         return local if local.tokens else pooled
 
     # -- as the BLS orchestrator's drafter (trtspec.speculative.drafters.LocalDrafter) ---------------------------
-    def new_state(self) -> None:
+    def new_state(self, sampling: Any = None) -> None:
         return None
 
     def plan(self, state: Any, seq: Sequence[int], k: int) -> tuple[list[int] | None, int]:
