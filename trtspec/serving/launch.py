@@ -198,7 +198,8 @@ def serve_plan(spec: Any) -> Any:
     if settings:
         launch = launch_command(settings, REPO_MOUNT)
         commands.append(["env", *(f"{k}={v}" for k, v in sorted(launch.env.items())), *launch.argv])
-    how = {MULTI_MODEL: "upstream's multi-model launch", LLMAPI: "upstream's llmapi launch"}.get(settings.get("kind"))
+    kinds = {MULTI_MODEL: "upstream's multi-model launch", LLMAPI: "upstream's llmapi launch"}
+    how = kinds.get(str(settings.get("kind", "")))
     return PlanEntry(
         "tritonserver on gRPC :8001, HTTP :8000, metrics :8002" + (f" (in the container: {how})" if how else ""),
         [repo],
