@@ -225,13 +225,8 @@ class OpenAIService:
         reason = "stop" if stats.get("_stopped") or completion < p.max_tokens else "length"
         prompt = int(stats.get("num_input_tokens") or p.prompt_tokens)
         usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-        self.metrics.prompt_tokens.inc(prompt)
-        self.metrics.completion_tokens.inc(completion)
         # The LLM API's PyTorch flow may report no acceptance at all: unavailable (null), never 0.
         known = "total_draft_tokens" in stats
-        if known:
-            self.metrics.draft_tokens.inc(int(stats["total_draft_tokens"]))
-            self.metrics.accepted_draft_tokens.inc(int(stats.get("total_accepted_draft_tokens", 0)))
         spec = {
             "total_draft_tokens": int(stats["total_draft_tokens"]) if known else None,
             "total_accepted_draft_tokens": int(stats.get("total_accepted_draft_tokens", 0)) if known else None,
@@ -240,6 +235,14 @@ class OpenAIService:
             "routed_to_target": p.routed,
         }
         return reason, usage, spec
+
+    def count(self, usage: dict[str, Any], spec: dict[str, Any]) -> None:
+        """An answered request's tokens and speculation on /metrics (finish() stays a pure function)."""
+        self.metrics.prompt_tokens.inc(usage["prompt_tokens"])
+        self.metrics.completion_tokens.inc(usage["completion_tokens"])
+        if spec["total_draft_tokens"] is not None:
+            self.metrics.draft_tokens.inc(spec["total_draft_tokens"])
+            self.metrics.accepted_draft_tokens.inc(spec["total_accepted_draft_tokens"])
 
     async def body(self, p: Prepared) -> AsyncGenerator[bytes, None]:
         """The whole response (one JSON piece), or its server-sent events."""
@@ -252,6 +255,7 @@ class OpenAIService:
                 async for text, stats, _done in stream:  # noqa: B007 (stats: the last step's, read after the loop)
                     parts.append(text)
             reason, usage, spec = self.finish(p, stats)
+            self.count(usage, spec)
             text = "".join(parts)
             choice = (
                 {
@@ -299,6 +303,7 @@ class OpenAIService:
                     break
                 text, stats, done = await stream.__anext__()
         reason, usage, spec = self.finish(p, stats)
+        self.count(usage, spec)
         yield chunk(None, reason, speculative_decoding=spec)
         if include_usage:
             yield sse(
