@@ -166,12 +166,12 @@ def test_speculative_statistics_are_null_when_the_server_reports_none():
     from trtspec.serving.openai.app import OpenAIService, Prepared
     from trtspec.serving.openai.guard import RequestMetrics
 
-    service = SimpleNamespace(metrics=RequestMetrics(Registry()))  # finish() counts tokens on the service's /metrics
+    service = SimpleNamespace(metrics=RequestMetrics(Registry()))  # count() puts a request's tokens on /metrics
     p = Prepared("chat", None, "x", 5, 8, {}, [], 3, False)
     reason, usage, spec = OpenAIService.finish(service, p, {"num_output_tokens": 8})  # type: ignore[arg-type]
     assert reason == "length" and usage == {"prompt_tokens": 5, "completion_tokens": 8, "total_tokens": 13}
     assert spec["total_draft_tokens"] is None and spec["acceptance_rate"] is None and spec["draft_len"] == 3
-    _, _, spec = OpenAIService.finish(
+    _, usage, spec = OpenAIService.finish(
         service,  # type: ignore[arg-type]
         p,
         {
@@ -182,6 +182,7 @@ def test_speculative_statistics_are_null_when_the_server_reports_none():
         },
     )
     assert (spec["total_draft_tokens"], spec["total_accepted_draft_tokens"], spec["acceptance_rate"]) == (6, 3, 0.5)
+    OpenAIService.count(service, usage, spec)  # type: ignore[arg-type]
     assert (service.metrics.draft_tokens.value(), service.metrics.accepted_draft_tokens.value()) == (6, 3)
 
 
