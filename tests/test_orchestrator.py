@@ -151,6 +151,25 @@ class _CountingEngines:
         return self.engines.generate(model, row)
 
 
+def _run_prompts(engines, drafter, answers) -> list[SpecStats]:
+    """Every prompt through the orchestrator with ``drafter``, one at a time; each output must be the target's."""
+    results = []
+    for p in PROMPTS:
+
+        async def one(p=p):
+            stats, out = SpecStats(), []
+            async for tokens in generate(
+                RowRequest(p, 24, end_id=EOS), engines, Deployment(max_draft_len=4), stats, drafter=drafter
+            ):
+                out += tokens
+            return out, stats
+
+        out, stats = asyncio.run(one())
+        assert out == answers[tuple(p)]
+        results.append(stats)
+    return results
+
+
 @pytest.mark.parametrize("kind", ["ngram", "hybrid"])
 def test_ngram_and_hybrid_proposals_reach_the_target_as_draft_tokens_losslessly(setup, kind):
     """The BLS orchestrator's n-gram drafter: a pool of the target's own answers makes its proposals accepted; ngram
@@ -163,21 +182,9 @@ def test_ngram_and_hybrid_proposals_reach_the_target_as_draft_tokens_losslessly(
     pool = NgramPool.from_sequences([p + answers[tuple(p)] for p in PROMPTS[:3]], vocab_size=512)
     drafter = NgramDrafter(pool) if kind == "ngram" else HybridRule(NgramDrafter(pool))
     counting = _CountingEngines(engines)
-    proposed = accepted = 0
-    for p in PROMPTS:
-
-        async def one(p=p):
-            stats, out = SpecStats(), []
-            async for tokens in generate(
-                RowRequest(p, 24, end_id=EOS), counting, Deployment(max_draft_len=4), stats, drafter=drafter
-            ):
-                out += tokens
-            return out, stats
-
-        out, stats = asyncio.run(one())
-        assert out == answers[tuple(p)]
-        proposed += stats.total_draft_tokens
-        accepted += stats.total_accepted_draft_tokens
+    results = _run_prompts(counting, drafter, answers)
+    proposed = sum(stats.total_draft_tokens for stats in results)
+    accepted = sum(stats.total_accepted_draft_tokens for stats in results)
     assert proposed >= accepted > 0.5 * proposed  # the pool holds the answers of half the prompts
     if kind == "ngram":
         assert "tensorrt_llm_draft" not in counting.calls
@@ -197,20 +204,7 @@ def test_the_adaptive_drafter_switches_per_step_in_the_orchestrator_losslessly(s
     pool = NgramPool.from_sequences([p + answers[tuple(p)] for p in PROMPTS[:3]], vocab_size=512)
     drafter = local_drafter("adaptive", DrafterContext(pool=pool, has_draft_engine=True))
     counting = _CountingEngines(engines)
-    no_draft = 0
-    for p in PROMPTS:
-
-        async def one(p=p):
-            stats, out = SpecStats(), []
-            async for tokens in generate(
-                RowRequest(p, 24, end_id=EOS), counting, Deployment(max_draft_len=4), stats, drafter=drafter
-            ):
-                out += tokens
-            return out, stats
-
-        out, stats = asyncio.run(one())
-        assert out == answers[tuple(p)]
-        no_draft += stats.no_draft_steps
+    no_draft = sum(stats.no_draft_steps for stats in _run_prompts(counting, drafter, answers))
     policy = drafter.policy
     assert policy.steps["ngram"] > 0, policy.snapshot()
     assert policy.target.seconds, "the target's call costs were learned"
