@@ -68,7 +68,7 @@ for label, r in (("target only", base), ("speculative", spec)):
     s = r["stats"]
     extra = ""
     if label == "speculative" and "acceptance_rate" in s:
-        extra = f", acceptance {s['acceptance_rate']:.2f}, {s.get('tokens_per_step', 0):.2f} tokens per target step"
+        extra = f", acceptance {s['acceptance_rate']:.2f}"
     print(f"{label:>12}: {r['text'].strip()!r}")
     print(f"{'':>12}  {s.get('num_output_tokens', '?')} tokens in {r['latency_s']:.2f} s{extra}")
 same = base["text"] == spec["text"]
