@@ -30,7 +30,9 @@ def torch_spec_dict(target: Path, draft: Path, **overrides) -> dict:
         "runtime": "torch",
         "target": {"model": str(target), "dtype": "float32"},
         "draft": {"model": str(draft), "dtype": "float32"},
-        "speculative": {"max_draft_len": 4, "route_threshold": 8},
+        # The fixed model drafter drafts every step, so the serving tests' "went through the draft" checks hold; the
+        # adaptive default may rightly draft nothing on a tiny random pair (test_serving_drafters serves it).
+        "speculative": {"max_draft_len": 4, "route_threshold": 8, "drafter": "model"},
         "engine": {"max_batch_size": 8, "max_input_len": 256, "max_seq_len": 512},
         "triton": {"orchestrator_instances": 1},
     }

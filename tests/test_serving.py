@@ -47,7 +47,9 @@ def served(request, tiny_pair, tmp_path_factory):
         torch_spec_dict(
             tiny_pair[0],
             draft,
-            speculative={"route_threshold": ROUTE},
+            # The fixed model drafter drafts every step: these tests check the draft-target loop's serving contract.
+            # (The adaptive default may rightly choose not to draft here; test_serving_drafters serves it.)
+            speculative={"route_threshold": ROUTE, "drafter": "model"},
             engine={"max_seq_len": MAX_SEQ_LEN},
             triton={"orchestration": request.param},
         ),
