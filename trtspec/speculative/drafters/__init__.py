@@ -52,6 +52,24 @@ class Proposal:
     q: Any = None
 
 
+def finish_proposals(
+    model: Any, jobs: list[Any], out: list[Proposal], to_model: list[int], model_ks: list[int], t0: float
+) -> set[int]:
+    """The common end of a step of a drafter that mixes local proposals with a draft model's: charge the local
+    proposing time (since ``t0``) to every job, fill ``out`` at ``to_model`` with the model's proposals of
+    ``model_ks`` tokens, and return the ids of the jobs the model proposed for."""
+    import time
+
+    dt = time.perf_counter() - t0
+    for job in jobs:
+        job.stats.draft_s += dt
+    if not to_model:
+        return set()
+    for i, p in zip(to_model, model.propose([jobs[i] for i in to_model], model_ks)):
+        out[i] = p
+    return {id(jobs[i]) for i in to_model}
+
+
 def in_vocab(tokens: list[int], vocab: int) -> list[int]:
     """The proposal up to its first token the target cannot take (a pool of another vocabulary)."""
     for i, t in enumerate(tokens):

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from trtspec.speculative.adaptive import MODEL, NGRAM, AdaptivePolicy, Ask, SequenceArms
-from trtspec.speculative.drafters import UNLIMITED, DrafterKind, Proposal
+from trtspec.speculative.drafters import UNLIMITED, DrafterKind, Proposal, finish_proposals
 from trtspec.speculative.drafters.ngram import NgramDrafter, NgramEngineDrafter
 
 
@@ -97,13 +97,7 @@ class AdaptiveEngineDrafter:
                     self._in_model.add(id(jobs[i]))
                 to_model.append(i)
                 model_ks.append(choice.k)
-        dt = time.perf_counter() - t0
-        for job in jobs:
-            job.stats.draft_s += dt
-        if to_model:
-            for i, p in zip(to_model, self.model.propose([jobs[i] for i in to_model], model_ks)):
-                out[i] = p
-                self._by_model.add(id(jobs[i]))
+        self._by_model |= finish_proposals(self.model, jobs, out, to_model, model_ks, t0)
         return out
 
     def commit(self, job: Any, history_before: int, proposed: int, accepted: int) -> None:

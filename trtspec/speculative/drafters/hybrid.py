@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trtspec.speculative.drafters import DrafterKind, Proposal, in_vocab
+from trtspec.speculative.drafters import DrafterKind, Proposal, finish_proposals, in_vocab
 from trtspec.speculative.drafters.ngram import NgramDrafter
 
 HYBRID_MIN_MATCH = 2
@@ -103,14 +103,8 @@ class HybridEngineDrafter:
             else:
                 to_model.append(i)
                 model_ks.append(max(1, min(k, choice.k)))
-        dt = time.perf_counter() - t0
-        for job in jobs:
-            job.stats.draft_s += dt
-        if to_model:
-            for i, p in zip(to_model, self.model.propose([jobs[i] for i in to_model], model_ks)):
-                out[i] = p
-                self._by_model.add(id(jobs[i]))
-            self.model_steps += len(to_model)
+        self._by_model |= finish_proposals(self.model, jobs, out, to_model, model_ks, t0)
+        self.model_steps += len(to_model)
         return out
 
     def commit(self, job: Any, history_before: int, proposed: int, accepted: int) -> None:
