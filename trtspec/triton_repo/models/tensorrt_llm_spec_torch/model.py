@@ -70,10 +70,11 @@ class _Request:
             if self.streaming and new and not last:
                 self._send(self.state.tensors(True, False), 0)
             if last:
-                self._send(self.state.tensors(self.streaming, True), FINAL)
+                # Counted before the final response: a client that scrapes /metrics once answered sees its request.
                 if self.metrics is not None:
                     for stats in self.state.stats:
                         self.metrics.record(stats)
+                self._send(self.state.tensors(self.streaming, True), FINAL)
 
     def _send(self, tensors, flags):
         out = [pb_utils.Tensor(k, v) for k, v in tensors.items()]
