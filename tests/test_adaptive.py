@@ -87,6 +87,37 @@ def test_a_sequence_whose_proposals_fail_switches_off_and_comes_back():
     assert policy.plan([off], [Ask(4, [1, 2, 3, 4], ngram_match=4)])[0].source == NGRAM
 
 
+def test_alone_the_choice_is_the_k_of_the_highest_rate_not_of_the_highest_net_gain():
+    """This CPU's measured passes (1, 2, 3, 5 tokens: 59, 63, 82, 84 ms) and a 0.5-acceptance n-gram: K 4 gains the
+    most tokens over the plain step's rate, K 1 gives the most tokens per second ((1 + E) / T); the policy takes the
+    latter, and over many acceptances and cost curves it always takes the brute-force best ratio."""
+    import random
+
+    def measured(costs: dict[int, float]) -> AdaptivePolicy:
+        policy = _policy(explore=0.0, priors={(NGRAM, 2): 0.5})
+        for n, t in costs.items():
+            policy.observe_target(n, t)
+        return policy
+
+    cpu = {1: 0.059, 2: 0.063, 3: 0.082, 4: 0.083, 5: 0.084}
+    policy = measured(cpu)
+    (choice,) = policy.plan([SequenceArms()], [Ask(4, [5, 6, 7, 8], ngram_match=2)])
+    seq = SequenceArms()
+    a = policy.acceptance(seq, (NGRAM, 2))
+    rates = {k: (1 + expected_accepted(a, k)) / cpu[1 + k] for k in range(5)}
+    assert choice.k == max(rates, key=rates.__getitem__) == 1, rates
+    rng = random.Random(0)
+    for _ in range(200):
+        steps = sorted(rng.uniform(0.05, 0.1) for _ in range(5))
+        costs = {n: t for n, t in zip(range(1, 6), steps)}
+        policy = measured(costs)
+        policy.tracker.priors[(NGRAM, 2)] = rng.uniform(0.05, 0.95)
+        a = policy.acceptance(SequenceArms(), (NGRAM, 2))
+        (choice,) = policy.plan([SequenceArms()], [Ask(4, [5, 6, 7, 8], ngram_match=2)])
+        rates = {k: (1 + expected_accepted(a, k)) / costs[1 + k] for k in range(5)}
+        assert rates[choice.k] == pytest.approx(max(rates.values())), (choice, rates)
+
+
 def test_pass_costs_follow_the_prior_until_measured_then_the_measurements():
     costs = PassCosts(CostPrior(target_slope=0.1).target)
     assert costs.cost(5) == pytest.approx(1.4)  # relative units before any measurement

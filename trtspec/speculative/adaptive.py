@@ -17,9 +17,11 @@ Two things are learned online, from the decoding loop itself:
 The choice (``AdaptivePolicy.plan``) is marginal analysis over the whole batch: the step without speculation yields one
 token per sequence in T(n) seconds (n: the tokens the step feeds anyway), a rate R = b / T(n). A sequence's option
 (arm, k) gains E(a, k) = a + a^2 + ... + a^k expected extra tokens for its extra cost (the target pass over k more
-tokens, plus k draft rounds for the model); options are taken per sequence, best net gain E - R * extra first, only
-while the gain beats the rate. At concurrency 1 this maximizes the request's own speed; at high concurrency T(n) is
-shared by many sequences, R is high, and speculation backs off by itself.
+tokens, plus k draft rounds for the model); each sequence takes its option of best net gain E - R * extra, if any
+beats the rate. R is then raised to the rate those choices achieve, (b + sum E) / (T(n) + extra), and the choice made
+again until R holds (Dinkelbach's iteration for the best ratio: choosing at the plain step's rate alone takes K that
+add tokens but lower the step's rate). At concurrency 1 this maximizes the request's own speed; at high concurrency
+T(n) is shared by many sequences, R is high, and speculation backs off by itself.
 
 Exactness: the choice depends only on committed tokens, earlier verdicts and the n-gram's proposal (a function of the
 committed tokens), never on this step's target logits, so greedy output stays the target's and rejection sampling
@@ -192,7 +194,9 @@ class CostPrior:
         return 1.0 + self.target_slope * max(0, tokens - 1)
 
     def draft(self, rows: int) -> float:
-        return self.draft_c + self.draft_row * max(0, rows - 1)
+        if rows <= 0:
+            return 0.0  # no round
+        return self.draft_c + self.draft_row * (rows - 1)
 
 
 @dataclass(frozen=True)
@@ -264,32 +268,67 @@ class AdaptivePolicy:
     # -- the choice --------------------------------------------------------------------------------------------
     def plan(self, seqs: Sequence[SequenceArms], asks: Sequence[Ask]) -> list[Choice]:
         """One choice per sequence for this step (see the module docstring)."""
-        shared = [(s, a) for s, a in zip(seqs, asks) if not s.reproducible]
+        shared = [i for i, s in enumerate(seqs) if not s.reproducible]
+        out: list[Choice] = [NO_SPECULATION] * len(seqs)
         n_base = sum(max(1, a.base_tokens) for a in asks)
-        t_base = self.target.cost(n_base)
-        rate = len(shared) / t_base if t_base > 0 else float("inf")
-        n_now = n_base
-        draft_rows: list[int] = []  # draft rows per round chosen so far
-        out: list[Choice] = []
-        for seq, ask in zip(seqs, asks):
+        for i, choice in zip(shared, self._ratio_best([seqs[i] for i in shared], [asks[i] for i in shared], n_base)):
+            out[i] = choice
+        for i, (seq, ask) in enumerate(zip(seqs, asks)):
             if seq.reproducible:  # alone, on the prior costs (relative units: a one-token target pass is 1)
-                n = max(1, ask.base_tokens)
-                best = self._best(seq, ask, self.prior.target, self.prior.draft, 1 / self.prior.target(n), n, [])
-            else:
-                best = self._best(seq, ask, self.target.cost, self.draft.cost, rate, n_now, draft_rows)
-                if best.speculates:
-                    n_now += best.k
-                    if best.source == MODEL:
-                        for r in range(best.k):
-                            if r < len(draft_rows):
-                                draft_rows[r] += 1
-                            else:
-                                draft_rows.append(1)
-            out.append(best)
+                (out[i],) = self._ratio_best([seq], [ask], max(1, ask.base_tokens), prior=True)
+        for seq, best in zip(seqs, out):
             seq.last = (best.arm, best.k) if best.speculates and best.arm is not None else None
             self.steps[best.source if best.speculates and best.source else "none"] += 1
             self.k_chosen[min(best.k, 16)] += 1
         return out
+
+    def _ratio_best(
+        self, seqs: Sequence[SequenceArms], asks: Sequence[Ask], n_base: int, prior: bool = False
+    ) -> list[Choice]:
+        """The choices that maximize the step's expected tokens per second (b + sum E) / (T(n) + extra), by
+        Dinkelbach's iteration: choose per sequence at the rate R, then raise R to the rate those choices achieve and
+        choose again, until it holds. Choosing at the plain step's rate b / T(n) alone would over-speculate: an
+        option that gains more tokens than it costs at that rate can still lower the rate the step achieves (a long
+        K whose last tokens are rarely accepted)."""
+        target, draft = (self.prior.target, self.prior.draft) if prior else (self.target.cost, self.draft.cost)
+        t_base = target(n_base)
+        if not seqs:
+            return []
+        if t_base <= 0:
+            return [NO_SPECULATION] * len(seqs)
+        rate = len(seqs) / t_base
+        choices: list[Choice] = []
+        for _ in range(6):
+            choices, gain, extra = self._assign(seqs, asks, target, draft, rate, n_base)
+            achieved = (len(seqs) + gain) / (t_base + extra)
+            if achieved <= rate * (1 + 1e-6):
+                break
+            rate = achieved
+        return choices
+
+    def _assign(
+        self, seqs: Sequence[SequenceArms], asks: Sequence[Ask], target: Any, draft: Any, rate: float, n_base: int
+    ) -> tuple[list[Choice], float, float]:
+        """Each sequence's best option at ``rate``, in turn (each on the pass as the ones before it grew it);
+        returns the choices, their expected extra tokens and their extra seconds."""
+        n_now = n_base
+        draft_rows: list[int] = []  # draft rows per round chosen so far
+        choices: list[Choice] = []
+        gain = 0.0
+        for seq, ask in zip(seqs, asks):
+            best = self._best(seq, ask, target, draft, rate, n_now, draft_rows)
+            if best.speculates:
+                gain += expected_accepted(self.acceptance(seq, best.arm or MODEL_ARM), best.k)
+                n_now += best.k
+                if best.source == MODEL:
+                    for r in range(best.k):
+                        if r < len(draft_rows):
+                            draft_rows[r] += 1
+                        else:
+                            draft_rows.append(1)
+            choices.append(best)
+        extra = target(n_now) - target(n_base) + sum(draft(r) for r in draft_rows)
+        return choices, gain, extra
 
     def _best(
         self,
