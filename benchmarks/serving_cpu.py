@@ -153,6 +153,7 @@ def main() -> None:
         configs.append((f"old BLS ({args.old_root.name})", "default", args.old_root.resolve(), "model"))
     results: dict = {"pair": args.pair, "max_tokens": args.max_tokens, "levels": levels, "servers": {}}
     c1_triton: list[float] = []
+    overhead_of, overhead_drafter = None, "model"  # the first in-process model served: Triton's overhead over it
     for name, orchestration, code, drafter in configs:
         slug = name.split(" (")[0].replace(" ", "-")
         repo, k = write_repo(root / slug, args.pair, orchestration, code, drafter)
@@ -170,23 +171,30 @@ def main() -> None:
                     "target_only": base_r,
                     "speedup": round(spec_r["tok_s"] / base_r["tok_s"], 3) if base_r["tok_s"] else None,
                 }
-            if name == "in_process":
+            if orchestration == "in_process" and overhead_of in (None, name):
+                overhead_of, overhead_drafter = name, drafter
                 for _ in range(args.repeats):
                     c1_triton.append(measure(server.grpc_url, QUESTIONS[:4], 1, 4, args.max_tokens, False)["tok_s"])
         results["servers"][name] = {"k": k, "levels": rows}
 
-    if c1_triton:  # the Triton overhead: the in-process model with the draft model against the same decoder
+    if c1_triton:  # the Triton overhead: the first in-process model against the same decoder and drafter here
+        from trtspec.speculative.drafters.ngram import POOL_FILE, NgramPool
+
         paths = example_models()
+        pool_file = Path(paths.draft) / POOL_FILE
         session = TorchSession(
             paths.target,
             paths.target if args.pair == "self" else paths.draft,
-            max_draft_len=results["servers"]["in_process"]["k"],
+            max_draft_len=results["servers"][overhead_of]["k"],
+            drafter=overhead_drafter,
+            ngram_pool=NgramPool.load(pool_file) if pool_file.is_file() and overhead_drafter != "model" else None,
         )
         session_c1(session, QUESTIONS[:1], 8, True)
         in_proc = [session_c1(session, QUESTIONS[:4], args.max_tokens, True) for _ in range(args.repeats)]
         results["overhead_c1"] = {
             "triton_in_process_model_tok_s": c1_triton,
             "in_process_decoder_tok_s": in_proc,
+            "server": overhead_of,
             "overhead": round(1 - statistics.median(c1_triton) / statistics.median(in_proc), 3),
         }
 
@@ -210,7 +218,7 @@ def main() -> None:
     if c1_triton:
         o = results["overhead_c1"]
         console.print(
-            f"concurrency 1, speculative: Triton (in-process model) median {statistics.median(c1_triton):.1f} "
+            f"concurrency 1, speculative ({o['server']}): Triton median {statistics.median(c1_triton):.1f} "
             f"tok/s vs in process {statistics.median(in_proc):.1f} tok/s: overhead {o['overhead']:.1%}"
         )
     if args.json:

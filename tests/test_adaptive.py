@@ -45,6 +45,16 @@ def test_without_an_ngram_match_the_draft_model_drafts_when_it_is_accepted_often
     assert not choice.speculates
 
 
+def test_the_draft_model_s_catch_up_is_charged_to_its_option():
+    """A draft that has never drafted for a long sequence must take it all in first: that pass is charged, so the
+    model that pays once caught up (a token or two behind) does not pay for a 400-token catch-up."""
+    policy = _policy(priors={(MODEL, 0): 0.6})
+    caught_up = policy.plan([SequenceArms()], [Ask(4, [], model=True, model_lag=1)])[0]
+    assert caught_up.source == MODEL
+    behind = policy.plan([SequenceArms()], [Ask(4, [], model=True, model_lag=400)])[0]
+    assert not behind.speculates
+
+
 def test_speculation_backs_off_at_high_concurrency():
     """The same sequence that speculates alone does not when 32 sequences share the step: the step's cost is then
     spread over 32 tokens, and a 0.45-acceptance proposal no longer beats the rate."""

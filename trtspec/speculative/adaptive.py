@@ -209,6 +209,9 @@ class Ask:
     ngram_match: int = 0
     model: bool = False
     base_tokens: int = 1
+    # Tokens the draft model's cache must take in before it drafts (the whole sequence when it has never drafted
+    # for it; a token or two when it drafted the step before): that catch-up is charged to the model's option.
+    model_lag: int = 0
 
 
 @dataclass(frozen=True)
@@ -352,7 +355,11 @@ class AdaptivePolicy:
                     best, best_net = Choice(NGRAM, k, arm), net
         if ask.k_max > 0 and ask.model:
             a = self.acceptance(seq, MODEL_ARM)
-            draft_extra = 0.0
+            # The catch-up: a draft pass over the lagging tokens, priced as the target's pass over as many tokens
+            # scaled by the draft's cost relative to the target's (one token of it is round 0's normal feed).
+            lag = ask.model_lag
+            t1 = target(1)
+            draft_extra = draft(1) / t1 * (target(lag) - t1) if lag > 2 and t1 > 0 else 0.0
             for k in range(1, ask.k_max + 1):
                 rows = draft_rows[k - 1] if k - 1 < len(draft_rows) else 0
                 draft_extra += draft(rows + 1) - draft(rows)

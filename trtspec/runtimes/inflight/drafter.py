@@ -54,6 +54,11 @@ class ModelDrafter:
         slot, reuse = self.pool.acquire(history)
         job.draft_state = _DraftState(slot, history[reuse:])
 
+    def lag(self, job: Job) -> int:
+        """Tokens of the job's sequence the draft's cache lacks before it can draft (all of them before admission)."""
+        state = job.draft_state
+        return len(state.pending) if isinstance(state, _DraftState) else len(job.history())
+
     def release(self, job: Job, keep: bool = True) -> None:
         state: _DraftState | None = job.draft_state
         if state is None:
@@ -82,7 +87,7 @@ class ModelDrafter:
             t_round = time.perf_counter()
             logits = packed_forward(self.model, self.pool, feeds, keep, fast=self.fast)
             self.passes += 1
-            if self.on_round is not None:
+            if self.on_round is not None and offset <= 2 * len(rows):  # a catch-up (a long round 0) is no round
                 self.on_round(len(rows), time.perf_counter() - t_round)
             for row, i in enumerate(rows):
                 job, state = jobs[i], jobs[i].draft_state

@@ -261,7 +261,9 @@ class InflightEngine:
                 ranges.append((len(keep), k))
                 keep.extend(range(offset + len(fed) - k, offset + len(fed)))
                 offset += len(fed)
+            t_pass = time.perf_counter()
             states = packed_forward(self.model, self.pool, feeds, keep, hidden=self.head is not None, fast=self.fast)
+            pass_s = time.perf_counter() - t_pass
             head = self.head if self.head is not None else _identity
             if self.fast is not None and self.fast.head is not None and head is self.model.lm_head:
                 head = self.fast.head  # the same weights, packed for the kernel that multiplies one row fastest
@@ -287,7 +289,10 @@ class InflightEngine:
             return
         dt = time.perf_counter() - t0
         if self.drafter is not None:
-            self.drafter.observe_pass(offset, dt)  # the adaptive drafter learns the pass cost per tokens fed
+            # The adaptive drafter learns the pass's cost per tokens fed: the packed pass alone. The head's rows
+            # (decide) cost per emitted token, speculating or not, so they do not change which choice is best; timed
+            # with the pass they would make steps that accepted much look like expensive sizes.
+            self.drafter.observe_pass(offset, pass_s)
         self.passes += 1
         self.fed_tokens += offset
         self.pool.computed_tokens += offset

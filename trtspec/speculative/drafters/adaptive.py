@@ -15,6 +15,7 @@ costs from its own engine calls.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -74,15 +75,20 @@ class AdaptiveEngineDrafter:
         t0 = time.perf_counter()
         found = [self.ngram.propose_one(job.history(), k) for job, k in zip(jobs, ks)]
         asks = [
-            Ask(k, p.tokens, p.match_len, self._model_ready(job), max(1, len(job.pending)))
+            Ask(
+                k,
+                p.tokens,
+                p.match_len,
+                self._model_ready(job),
+                max(1, len(job.pending)),
+                self.model.lag(job) if self._model_ready(job) else 0,
+            )
             for job, k, p in zip(jobs, ks, found)
         ]
         # Jobs of the batch that do not speculate feed tokens too: the step's cost grows from all of them.
         others = max(0, batch_tokens - sum(a.base_tokens for a in asks))
         if others and asks and not self._arms[id(jobs[0])].reproducible:
-            asks[0] = Ask(
-                asks[0].k_max, asks[0].ngram_tokens, asks[0].ngram_match, asks[0].model, asks[0].base_tokens + others
-            )
+            asks[0] = dataclasses.replace(asks[0], base_tokens=asks[0].base_tokens + others)
         choices = self.policy.plan([self._arms[id(job)] for job in jobs], asks)
         out = [Proposal() for _ in jobs]
         to_model, model_ks = [], []
