@@ -201,3 +201,31 @@ def test_tune_ngram_simulates_the_decoder_s_n_gram_steps_exactly(capsys, spec_fi
         runs = [dec.generate([p], MAX_TOKENS, draft_len=row["k"])[0] for p in ids]
         assert [r.token_ids for r in runs] == reference
         assert row["steps"] == sum(r.stats.target_steps for r in runs), row
+
+
+def test_tune_on_the_workload_set_takes_every_category_in_turn(capsys, spec_file):
+    from trtspec.prompts import WORKLOAD_CATEGORIES, workloads
+    from trtspec.tune import workload_prompts
+
+    sets = workloads()
+    six = workload_prompts(6)
+    assert [next(c for c in WORKLOAD_CATEGORIES if p in sets[c]) for p in six] == list(WORKLOAD_CATEGORIES)
+    code, out, err = run_tune(
+        capsys,
+        str(spec_file),
+        "--workloads",
+        "--costs",
+        str(spec_file.parent / "costs.json"),
+        "--k-max",
+        "4",
+        "--max-tokens",
+        "8",
+        "--n-prompts",
+        "6",
+        "--json",
+    )
+    assert code == 0, err
+    result = json.loads(out)
+    assert 1 <= result["k"] <= 4 and [r["k"] for r in result["rows"]] == [1, 2, 3, 4]
+    code, _, err = run_tune(capsys, str(spec_file), "--workloads", "--url", "localhost:8001")
+    assert code == 1 and "--workloads takes neither" in err

@@ -66,6 +66,21 @@ def default_prompts(n: int) -> list[str]:
     return held_out_prompts(n)
 
 
+Prompt = str | Sequence[dict[str, str]]  # a user turn, or a conversation (chat messages)
+
+
+def workload_prompts(n: int) -> list[Prompt]:
+    """``n`` conversations of the workload set (trtspec.prompts.workloads), taken in turn from every category, so
+    that any n >= 6 covers multi-turn chat, code, summarization, retrieval-grounded QA, translation and math."""
+    from trtspec.prompts import workloads
+
+    sets = list(workloads().values())
+    out: list[Prompt] = []
+    for i in range(max(len(s) for s in sets)):
+        out += [s[i] for s in sets if i < len(s)]
+    return out[:n]
+
+
 def profile_for(spec: BuildSpec, draft: Any, pool: Any, refs: Sequence[Any], k_max: int, c: float) -> MatchProfile:
     """The spec's drafter (``speculative.drafter``; ``pool`` its n-gram pool, None: prompt lookup only) on the
     reference answers. The adaptive drafter has no fixed rule to simulate: it is simulated as the hybrid it
@@ -94,7 +109,7 @@ def _row(sim: Simulated, costs: StepCosts) -> dict[str, Any]:
 
 def tune_in_process(
     spec: BuildSpec,
-    prompts: Sequence[str],
+    prompts: Sequence[Prompt],
     *,
     ks: Sequence[int] = K_RANGE,
     max_tokens: int = 64,
@@ -103,7 +118,7 @@ def tune_in_process(
     progress: Any = None,
 ) -> TuneResult:
     """Tune on the spec's models loaded by the torch runtime (see module docstring)."""
-    from trtspec.prompts import encode_prompt
+    from trtspec.prompts import encode_messages, encode_prompt
     from trtspec.runtimes.torch.costs import measure_step_costs
     from trtspec.runtimes.torch.decoder import SpeculativeDecoder
     from trtspec.runtimes.torch.profiling import Reference, loop_costs, time_decoder
@@ -118,7 +133,10 @@ def tune_in_process(
         raise GenerationError(f"K values {ks} must lie in 1..16", hint="e.g. --k-max 8")
     session = TorchSession.from_spec(spec, load_draft=True)  # the draft's costs are measured for every drafter
     target, draft, pool = session.target, session.draft, session.decoder.ngram_pool
-    ids = [encode_prompt(session.tokenizer, p) for p in prompts]
+    ids = [
+        encode_prompt(session.tokenizer, p) if isinstance(p, str) else encode_messages(session.tokenizer, p)
+        for p in prompts
+    ]
     dec = SpeculativeDecoder(
         target,
         draft,

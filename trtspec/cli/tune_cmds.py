@@ -47,6 +47,14 @@ def tune(
             "default: the held-out shipped distillation prompts"
         ),
     ] = None,
+    workloads: Annotated[
+        bool,
+        typer.Option(
+            "--workloads",
+            help="tune on the workload set (multi-turn chat, code, summarization, retrieval-grounded QA, "
+            "translation, math; conversations taken in turn from each), in process",
+        ),
+    ] = False,
     url: UrlOpt = None,
     n_prompts: Annotated[int, typer.Option("--n-prompts", help="prompts used")] = 8,
     max_tokens: MaxTokensOpt = 64,
@@ -77,6 +85,11 @@ def tune(
             "--n-prompts, --threads must be >= 1, --max-tokens >= 2, --measure >= 0",
             hint="e.g. --n-prompts 8 --max-tokens 64",
         )
+    if workloads and (prompts is not None or url is not None):
+        raise SpecError(
+            "--workloads takes neither --prompts nor --url",
+            hint="the workload set's conversations run in process; a server is tuned on --prompts",
+        )
     if write and spec_path is None:
         raise SpecError("--write needs a spec file", hint="trtspec tune trtspec.yaml --write")
     step_costs = None
@@ -91,9 +104,12 @@ def tune(
             ) from None
     spec = resolve_spec(spec_path)
     from trtspec.prompts import load_prompts
-    from trtspec.tune import default_prompts, tune_in_process, tune_url
+    from trtspec.tune import default_prompts, tune_in_process, tune_url, workload_prompts
 
-    texts = (load_prompts(prompts) if prompts is not None else default_prompts(n_prompts))[:n_prompts]
+    if workloads:
+        texts: list = workload_prompts(n_prompts)
+    else:
+        texts = (load_prompts(prompts) if prompts is not None else default_prompts(n_prompts))[:n_prompts]
     ks = range(1, k_max + 1)
     if url is not None:
         result = tune_url(spec, url, texts, ks=ks, max_tokens=max_tokens)
