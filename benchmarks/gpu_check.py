@@ -221,7 +221,7 @@ def skip_reason(name: str, args: argparse.Namespace, left_s: float) -> str | Non
 
 # -- the report -----------------------------------------------------------------------------------------------------
 def _fmt(x: Any, spec: str = ".3f") -> str:
-    return format(x, spec) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else str(x)
+    return format(x, spec) if isinstance(x, float) and math.isfinite(x) else str(x)
 
 
 def render(results: dict, console: Any) -> None:

@@ -16,18 +16,22 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 
 
-@pytest.fixture(scope="module")
-def check(tmp_path_factory) -> tuple[dict, str, Path]:
-    out = tmp_path_factory.mktemp("gpu-check")
+def run_check(out: Path, *extra: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TRTSPEC_PROGRESS_SECONDS": "60"}
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--out", str(out), "--device", "cpu", "--tiny", "--threads", "1"],
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(out), "--device", "cpu", "--tiny", "--threads", "1", *extra],
         capture_output=True,
         text=True,
         env=env,
         timeout=600,
         cwd=ROOT,
     )
+
+
+@pytest.fixture(scope="module")
+def check(tmp_path_factory) -> tuple[dict, str, Path]:
+    out = tmp_path_factory.mktemp("gpu-check")
+    proc = run_check(out)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return json.loads((out / "results.json").read_text()), proc.stdout, out
 
@@ -114,3 +118,16 @@ def test_the_engine_runs_on_cuda_with_its_caches_there_and_greedy_identity(tiny_
     sampled = dec.generate(prompts[:1], 16, SamplingParams(temperature=0.8, seed=3))
     assert len(sampled[0].token_ids) == 16
     torch.cuda.synchronize()
+
+
+def test_sections_that_do_not_fit_the_budget_or_were_not_asked_for_are_skipped_and_named(tmp_path):
+    proc = run_check(tmp_path, "--sections", "costs,distill", "--budget-s", "0")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    reasons = {name: s.get("reason", "") for name, s in results["sections"].items()}
+    assert all(s["status"] == "skipped" for s in results["sections"].values())
+    assert reasons["workloads"] == reasons["quantize"] == "not in --sections"
+    assert "budget left" in reasons["costs"] and "budget left" in reasons["distill"]
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("gpu check on cpu (CPU): ran nothing; skipped workloads (not in --sections), costs (")
+    assert "failed nothing" in last
