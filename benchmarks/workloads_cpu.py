@@ -11,7 +11,8 @@ decoder keeps one policy for the whole run, as a server does (it learns from eve
     python benchmarks/workloads_cpu.py [--configs ...] [--max-tokens 96] [--repeats 1] [--threads 2] \
         [--json F] [--plot F]
 
-Takes about 8 minutes with the default configurations on a quiet 2-core machine.
+Takes about 8 minutes with the default configurations on a quiet 2-core machine. ``run`` and ``summary`` are also
+what benchmarks/gpu_check.py runs on a GPU (other models, a device, fewer prompts per category).
 """
 
 from __future__ import annotations
@@ -48,13 +49,36 @@ def _timed(dec: SpeculativeDecoder, ids: list[int], n: int, use_draft: bool):
     return time.perf_counter() - t0, r
 
 
-def run(configs, max_tokens: int, repeats: int, categories) -> dict:
-    from trtspec.example import example_models
+def run(
+    configs,
+    max_tokens: int,
+    repeats: int,
+    categories,
+    *,
+    models: tuple[Path, Path] | None = None,
+    device: str = "cpu",
+    dtype: str = "float32",
+    prompts_per_category: int | None = None,
+    progress=None,
+) -> dict:
+    """The benchmark (module docstring) on ``models`` = (target dir, draft dir) (default: the embedded example), both
+    moved to ``device`` in ``dtype``; the first ``prompts_per_category`` conversations of each category (default:
+    all); the n-gram pool next to the draft when there is one (else prompt lookup only). ``progress``: a rich
+    Progress to add the task to (default: a transient one of its own)."""
     from trtspec.runtimes.torch.session import TorchSession
 
-    paths = example_models()
-    session = TorchSession(paths.target, paths.draft, max_draft_len=max(k for _, k in configs))
-    pool = NgramPool.load(Path(paths.draft) / POOL_FILE)
+    if models is None:
+        from trtspec.example import example_models
+
+        paths = example_models()
+        models = (paths.target, paths.draft)
+    target_dir, draft_dir = Path(models[0]), Path(models[1])
+    session = TorchSession(target_dir, draft_dir, dtype=dtype, max_draft_len=max(k for _, k in configs))
+    # Before any pass: the engine's fused step and KV caches are built on the device the weights are on.
+    session.target.to(device)
+    if session.draft is not None:
+        session.draft.to(device)
+    pool = NgramPool.load(draft_dir / POOL_FILE) if (draft_dir / POOL_FILE).is_file() else None
     eos = list(session.decoder.eos_ids)
     base = SpeculativeDecoder(session.target, None, eos_ids=eos)
     decoders = {
@@ -68,16 +92,18 @@ def run(configs, max_tokens: int, repeats: int, categories) -> dict:
         )
         for kind, k in configs
     }
-    sets = workloads()
+    sets = {c: convs[:prompts_per_category] for c, convs in workloads().items()}
     warm = encode_messages(session.tokenizer, sets["chat"][0])
     for dec in [base, *decoders.values()]:  # one-time costs (allocation, first passes) out of the measurement
         dec.generate([warm[:32]], 8)
     rows: dict[str, dict[str, dict]] = {}
+    from contextlib import nullcontext
+
     from rich.progress import Progress
 
     todo = sum(len(sets[c]) for c in categories) * repeats
-    with Progress(transient=True) as progress:
-        task = progress.add_task("prompts", total=todo)
+    with nullcontext(progress) if progress is not None else Progress(transient=True) as progress:
+        task = progress.add_task("workload prompts", total=todo)
         for cat in categories:
             acc = {
                 name: {"s": 0.0, "tokens": 0, "steps": 0, "drafted": 0, "accepted": 0, "same": True}
@@ -108,6 +134,7 @@ def run(configs, max_tokens: int, repeats: int, categories) -> dict:
                     "speedup": round(base_s / a["s"], 3) if a["s"] else 0.0,
                     "tokens_per_step": round(a["tokens"] / a["steps"], 3) if a["steps"] else 0.0,
                     "acceptance": round(a["accepted"] / a["drafted"], 3) if a["drafted"] else 0.0,
+                    "draft_tokens": a["drafted"],
                     "seconds": round(a["s"], 3),
                     "identical_greedy": a["same"],
                 }
@@ -115,7 +142,16 @@ def run(configs, max_tokens: int, repeats: int, categories) -> dict:
             }
     adaptive = [n for n in decoders if n.startswith("adaptive")]
     policy = decoders[adaptive[0]].policy.snapshot() if adaptive else None
-    return {"categories": rows, "configs": list(decoders), "max_tokens": max_tokens, "adaptive_policy": policy}
+    return {
+        "categories": rows,
+        "configs": list(decoders),
+        "max_tokens": max_tokens,
+        "adaptive_policy": policy,
+        "device": str(device),
+        "dtype": dtype,
+        "prompts_per_category": {c: len(sets[c]) * repeats for c in categories},
+        "ngram_pool": pool is not None,
+    }
 
 
 def _geo(xs) -> float:
@@ -139,7 +175,8 @@ def summary(result: dict) -> dict:
     return {"per_config": out, "best_fixed": best}
 
 
-def render(result: dict) -> None:
+def render(result: dict, console=None) -> None:
+    """The table (and the adaptive policy's snapshot) on ``console`` (default: stdout)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -163,9 +200,9 @@ def render(result: dict) -> None:
         *[f"{summ['per_config'][n]['geomean']:.2f}x ({summ['per_config'][n]['worst']:.2f}x)" for n in names],
         "",
     )
-    Console(width=max(120, 24 * (len(names) + 2))).print(table)
+    (console or Console(width=max(120, 24 * (len(names) + 2)))).print(table)
     if result.get("adaptive_policy"):
-        Console(width=160).print("adaptive policy:", result["adaptive_policy"])
+        (console or Console(width=160)).print("adaptive policy:", result["adaptive_policy"])
 
 
 def plot(result: dict, path: Path) -> None:

@@ -96,7 +96,8 @@ def train(
     step logs and the seconds spent training (summed over resumed runs)."""
     vocab = draft.config.vocab_size
     sub_index = torch.full((vocab,), -1, dtype=torch.long)
-    sub_index[draft.head_token_ids] = torch.arange(draft.head_token_ids.numel())
+    head_ids = draft.head_token_ids.cpu()  # the batches are built on the CPU (the draft may be on a GPU)
+    sub_index[head_ids] = torch.arange(head_ids.numel())
     device = next(draft.parameters()).device
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=settings.lr, betas=(0.9, 0.95), weight_decay=settings.weight_decay)

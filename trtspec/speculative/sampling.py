@@ -28,5 +28,8 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
-    """One token id from a 1-D distribution."""
+    """One token id from a 1-D distribution, drawn on the generator's device (a CPU generator with a model on a GPU:
+    the same draws as on a CPU, for the same seed)."""
+    if generator is not None and probs.device != generator.device:
+        probs = probs.to(generator.device)
     return int(torch.multinomial(probs, 1, generator=generator).item())

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from trtspec.runtimes.inflight.jobs import Job
-from trtspec.runtimes.inflight.kv_pool import KVGeometry, Slot, SlotKVPool
+from trtspec.runtimes.inflight.kv_pool import KVGeometry, Slot, SlotKVPool, device_of, synchronize
 from trtspec.runtimes.inflight.llama_step import step_of
 from trtspec.runtimes.inflight.packed import packed_forward, prepare_model
 from trtspec.speculative.drafters import Proposal
@@ -38,7 +38,7 @@ class ModelDrafter:
     def __init__(self, model: Any, *, slots: int, capacity: int, fast_step: bool = True) -> None:
         self.model = prepare_model(model)
         self.fast = step_of(self.model) if fast_step else None  # trtspec.runtimes.inflight.llama_step
-        self.pool = SlotKVPool(KVGeometry.of(self.model), slots, capacity)
+        self.pool = SlotKVPool(KVGeometry.of(self.model), slots, capacity, device=device_of(self.model))
         self.vocab = int(self.model.get_output_embeddings().weight.shape[0])
         self.passes = 0
         # Called after every packed pass with (rows, seconds): the adaptive drafter learns the draft's costs from it.
@@ -88,6 +88,7 @@ class ModelDrafter:
             logits = packed_forward(self.model, self.pool, feeds, keep, fast=self.fast)
             self.passes += 1
             if self.on_round is not None and offset <= 2 * len(rows):  # a catch-up (a long round 0) is no round
+                synchronize(logits.device)
                 self.on_round(len(rows), time.perf_counter() - t_round)
             for row, i in enumerate(rows):
                 job, state = jobs[i], jobs[i].draft_state

@@ -24,7 +24,7 @@ from trtspec.errors import GenerationError, RequestCancelled
 from trtspec.runtimes.inflight.drafter import ModelDrafter
 from trtspec.runtimes.inflight.head import lazy_head
 from trtspec.runtimes.inflight.jobs import Job
-from trtspec.runtimes.inflight.kv_pool import KVGeometry, SlotKVPool
+from trtspec.runtimes.inflight.kv_pool import KVGeometry, SlotKVPool, device_of, synchronize
 from trtspec.runtimes.inflight.llama_step import step_of
 from trtspec.runtimes.inflight.packed import packed_forward, prepare_model
 from trtspec.speculative.acceptance import Candidate, decide
@@ -66,7 +66,8 @@ class InflightEngine:
         self.vocab = int(self.model.get_output_embeddings().weight.shape[0])
         self.max_batch_size = max_batch_size
         n_slots = slots or 2 * max_batch_size
-        self.pool = SlotKVPool(self.geometry, n_slots, capacity)
+        self.device = device_of(self.model)  # the KV cache, and every tensor a step makes, live on the model's device
+        self.pool = SlotKVPool(self.geometry, n_slots, capacity, device=self.device)
         # The drafter: a draft model (ModelDrafter), or any object with its interface (admit, propose, commit,
         # release, free, observe_pass: trtspec.speculative.drafters.EngineDrafter), built for these slots.
         self.drafter: Any = drafter
@@ -217,7 +218,7 @@ class InflightEngine:
             if job.external:
                 q = None
                 if job.draft_logits is not None and not job.sampling.greedy and job.draft:
-                    q = logits_to_probs(job.draft_logits[: len(job.draft)].float(), job.sampling)
+                    q = logits_to_probs(job.draft_logits[: len(job.draft)].to(self.device).float(), job.sampling)
                 out[i] = Proposal(list(job.draft or []), q=q)
                 continue
             room = self.pool.capacity - len(job.history())
@@ -263,6 +264,8 @@ class InflightEngine:
                 offset += len(fed)
             t_pass = time.perf_counter()
             states = packed_forward(self.model, self.pool, feeds, keep, hidden=self.head is not None, fast=self.fast)
+            if self.drafter is not None:
+                synchronize(states.device)  # CUDA queues the pass: time what it ran, not its launch
             pass_s = time.perf_counter() - t_pass
             head = self.head if self.head is not None else _identity
             if self.fast is not None and self.fast.head is not None and head is self.model.lm_head:

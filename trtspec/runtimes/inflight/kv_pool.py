@@ -22,6 +22,17 @@ TAIL_SLACK = 16  # cached tokens a request may discard from a slot it takes (rej
 COPY_MIN_TOKENS = 8  # shorter shared prefixes are recomputed rather than copied
 
 
+def device_of(model: Any) -> torch.device:
+    """Where a model's input ids go (its input embeddings' device): where its KV cache and step inputs live."""
+    return model.get_input_embeddings().weight.device
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA runs asynchronously: a pass timed without this times its launch)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 @dataclass(frozen=True)
 class KVGeometry:
     """What a model needs per cached token."""

@@ -171,7 +171,10 @@ class LlamaStep:
         gqa = hq != hk
         upto = max(past + count for _, past, _, count in segments)
         cos, sin = self._rotary(pos, upto)
-        masks = [None if n == 1 else torch.ones(n, p + n, dtype=torch.bool).tril(diagonal=p) for _, p, _, n in segments]
+        masks = [
+            None if n == 1 else torch.ones(n, p + n, dtype=torch.bool, device=ids.device).tril(diagonal=p)
+            for _, p, _, n in segments
+        ]
         # Through the module (one call a step): forward hooks on the embeddings still see every pass's [1, T] ids.
         h = self.model.model.embed_tokens(ids.unsqueeze(0))[0]
         t = h.shape[0]

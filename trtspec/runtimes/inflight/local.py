@@ -24,7 +24,7 @@ class LocalEngines:
         q: asyncio.Queue[tuple[list[int], Any, bool] | Exception] = asyncio.Queue()
 
         def on_tokens(new: list[int], logits: torch.Tensor | None, final: bool) -> None:
-            loop.call_soon_threadsafe(q.put_nowait, (new, None if logits is None else logits.numpy(), final))
+            loop.call_soon_threadsafe(q.put_nowait, (new, None if logits is None else logits.cpu().numpy(), final))
 
         def on_error(exc: Exception) -> None:
             loop.call_soon_threadsafe(q.put_nowait, exc)

@@ -38,15 +38,15 @@ class PackedBatch:
     segments: Sequence[Segment]
 
 
-_MASKS: dict[tuple[int, int], torch.Tensor] = {}
+_MASKS: dict[tuple[int, int, torch.device], torch.Tensor] = {}
 
 
-def _causal_mask(count: int, past: int) -> torch.Tensor:
-    """[count, past + count] bool: new token i sees the prefix and new tokens 0..i."""
-    key = (count, past)
+def _causal_mask(count: int, past: int, device: torch.device) -> torch.Tensor:
+    """[count, past + count] bool on ``device``: new token i sees the prefix and new tokens 0..i."""
+    key = (count, past, device)
     m = _MASKS.get(key)
     if m is None:
-        m = torch.ones(count, past + count, dtype=torch.bool).tril(diagonal=past)
+        m = torch.ones(count, past + count, dtype=torch.bool, device=device).tril(diagonal=past)
         if len(_MASKS) < 4096:
             _MASKS[key] = m
     return m
@@ -102,7 +102,7 @@ def _attend(
     k = keys[s : s + 1, :, : p + n]
     v = values[s : s + 1, :, : p + n]
     q = query[:, :, a : a + n]
-    mask = None if n == 1 else _causal_mask(n, p)
+    mask = None if n == 1 else _causal_mask(n, p, query.device)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling, enable_gqa=gqa)
 
 
@@ -125,7 +125,15 @@ def prepare_model(model: Any) -> Any:
     return model
 
 
-_DUMMY_MASK = torch.ones(1, 1, 1, 1, dtype=torch.bool)  # a 4D mask makes transformers skip mask construction
+_DUMMY_MASKS: dict[torch.device, torch.Tensor] = {}
+
+
+def _dummy_mask(device: torch.device) -> torch.Tensor:
+    """A 4D mask (transformers then skips building one; slot attention ignores it) on the model's device."""
+    m = _DUMMY_MASKS.get(device)
+    if m is None:
+        m = _DUMMY_MASKS[device] = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device)
+    return m
 
 
 @torch.inference_mode()
@@ -162,13 +170,13 @@ def packed_forward(
     batch = {_BATCH_KWARG: PackedBatch(pool, segments)}
     if hidden:
         states = model.model(
-            input_ids=input_ids, position_ids=position_ids, attention_mask=_DUMMY_MASK, use_cache=False, **batch
+            input_ids=input_ids, position_ids=position_ids, attention_mask=_dummy_mask(device), use_cache=False, **batch
         ).last_hidden_state
         return states[0, torch.tensor(list(keep), dtype=torch.long, device=device)]
     out = model(
         input_ids=input_ids,
         position_ids=position_ids,
-        attention_mask=_DUMMY_MASK,
+        attention_mask=_dummy_mask(device),
         use_cache=False,
         logits_to_keep=torch.tensor(list(keep), dtype=torch.long, device=device),
         **batch,

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from trtspec.runtimes.inflight.head import lazy_head
-from trtspec.runtimes.inflight.kv_pool import KVGeometry, SlotKVPool
+from trtspec.runtimes.inflight.kv_pool import KVGeometry, SlotKVPool, device_of, synchronize
 from trtspec.runtimes.inflight.llama_step import step_of
 from trtspec.runtimes.inflight.packed import packed_forward, prepare_model
 from trtspec.speculative.rules import MAX_DRAFT_LEN
@@ -33,7 +33,7 @@ class _Passes:
         self.fast = step_of(self.model) if fast_step else None
         self.context = context
         self.vocab = int(model.config.vocab_size)
-        device = next(self.model.parameters()).device
+        self.device = device = device_of(self.model)
         self.pool = SlotKVPool(KVGeometry.of(self.model), slots, context + MAX_DRAFT_LEN + 2, device=device)
         prompt = torch.randint(0, self.vocab, (context,)).tolist()
         packed_forward(self.model, self.pool, [(0, 0, prompt)], [context - 1], fast=self.fast)
@@ -48,21 +48,25 @@ class _Passes:
         keep = list(range(n_new))
 
         def once() -> float:
+            synchronize(self.device)
             t0 = time.perf_counter()
             packed_forward(self.model, self.pool, [(0, self.context, new)], keep, hidden=body_only, fast=self.fast)
+            synchronize(self.device)
             return time.perf_counter() - t0  # the slot keeps ``context`` tokens: the next pass overwrites these
 
         return once
 
     def head_once(self) -> Callable[[], float]:
         param = next(self.model.parameters())
-        hidden = torch.randn(1, self.model.config.hidden_size, dtype=param.dtype, device=param.device)
+        hidden = torch.randn(1, self.model.config.hidden_size, dtype=param.dtype, device=self.device)
         head = self.head
         assert head is not None  # timed only when the head is applied lazily
 
         def once() -> float:
+            synchronize(self.device)
             t0 = time.perf_counter()
             head(hidden)
+            synchronize(self.device)
             return time.perf_counter() - t0
 
         return once
@@ -131,8 +135,10 @@ def measure_step_costs(
         ids = torch.randint(0, passes.vocab, (max(1, prompt_len - 1),)).tolist()
 
         def once() -> float:  # into the second slot, from scratch
+            synchronize(passes.device)
             t0 = time.perf_counter()
             packed_forward(passes.model, passes.pool, [(1, 0, ids)], [len(ids) - 1], fast=passes.fast)
+            synchronize(passes.device)
             return time.perf_counter() - t0
 
         return once

@@ -49,7 +49,7 @@ class _Request:
 
     def _tokens(self, b, new, logits, final):
         row = self.rows[b]
-        logits_np = None if logits is None else logits.float().numpy()
+        logits_np = None if logits is None else logits.float().cpu().numpy()
         with self.lock:
             if self.failed:
                 return
