@@ -26,7 +26,10 @@ CASES = {
     "no max_tokens, streamed": ({"text_input": "hello", "stream": True}, "missing required input(s) max_tokens"),
     # Preprocessing takes neither input it was sent: Triton answers for it (the Python backend gets no inputs at all).
     "only stream": ({"stream": True}, "request has 0 inputs"),
-    "max_tokens 0, streamed": ({"text_input": "hello", "max_tokens": 0, "stream": True}, "max_tokens must be > 0"),
+    "max_tokens 0, streamed": (
+        {"text_input": "hello", "max_tokens": 0, "stream": True},
+        "max_tokens must be >= 1, got 0",
+    ),
 }
 TYPES = {"text_input": ("BYTES", object), "max_tokens": ("INT32", np.int32), "stream": ("BOOL", bool)}
 

@@ -133,7 +133,7 @@ def test_kv_cache_is_reused_not_recomputed(models, prompts):
     ("kwargs", "message"),
     [
         ({"max_tokens": 0}, "max_tokens must be > 0"),
-        ({"max_tokens": 5, "draft_len": 17}, "out of range"),
+        ({"max_tokens": 5, "draft_len": 17}, r"num_draft_tokens must be in 0\.\.16, got 17"),
         ({"max_tokens": 5, "prompts": [[]]}, "prompt 0 is empty"),
         ({"max_tokens": 5, "prompts": [[1] * 4095]}, "exceeds the model's context of 4096"),
         ({"max_tokens": 5, "prompts": [[10**6]]}, "outside the vocabulary"),
@@ -155,7 +155,7 @@ def test_draft_with_other_vocabulary_is_refused(models, tmp_path, tiny_tokenizer
     model.resize_token_embeddings(model.config.vocab_size + 8)
     with pytest.raises(IncompatibleModelsError, match="vocabulary"):
         SpeculativeDecoder(models[0], model)
-    with pytest.raises(GenerationError, match="out of range"):
+    with pytest.raises(GenerationError, match=r"max_draft_len 0 must be in 1\.\.16"):
         SpeculativeDecoder(models[0], models[1], max_draft_len=0)
 
 

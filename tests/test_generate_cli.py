@@ -67,12 +67,12 @@ def test_generate_json_speculative_equals_no_draft(spec_file):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["hello", "--draft-len", "17"], "num_draft_tokens must be in 0..16, got 17"),
-        (["hello", "--num-draft-tokens", "-1"], "num_draft_tokens must be in 0..16, got -1"),
+        (["hello", "--draft-len", "17"], "num_draft_tokens must be in 0..3, got 17"),  # the spec's max_draft_len
+        (["hello", "--num-draft-tokens", "-1"], "num_draft_tokens must be >= 0, got -1"),
         (["hello", "-k", "4", "--no-draft"], "exclude each other"),
         (["", "-n", "4"], "prompt is empty"),
         (["hello", "--max-tokens", "0"], "max_tokens must be >= 1, got 0"),
-        (["hello " * 3000, "--raw", "-n", "4"], "exceeds the model's context"),
+        (["hello " * 3000, "--raw", "-n", "4"], "more than max_input_len (2048)"),  # as preprocessing counts it
         (["hello", "--top-p", "0"], "top_p must be in (0, 1]"),
     ],
 )

@@ -34,6 +34,15 @@ def _chat(**kw):
         (_chat(stop=["a", "b", "c", "d", "e"]), None),
         ({"messages": []}, "model"),
         (_chat(max_tokens="many"), "max_tokens"),
+        # strict types (issue 21): no conversion between JSON types
+        (_chat(max_tokens="8"), "max_tokens"),
+        (_chat(max_tokens=True), "max_tokens"),
+        (_chat(max_tokens=8.0), "max_tokens"),
+        (_chat(stream="yes"), "stream"),
+        (_chat(stream=1), "stream"),
+        (_chat(messages=[{"role": "user", "content": None}]), "messages.0.content"),
+        (_chat(messages=[{"role": "user"}]), "messages.0.content"),
+        (_chat(stop=[1]), "stop"),
         (_chat(response_format={"type": "json_object"}), "response_format"),
     ],
 )
@@ -45,6 +54,15 @@ def test_chat_requests_that_cannot_be_honoured_are_refused_by_field(body, param)
     e = exc_info.value
     assert e.status == 400 and e.body()["error"]["type"] == "invalid_request_error"
     assert e.param == (param or "stop")
+
+
+def test_numbers_stay_numbers_under_strict_types():
+    """An integer is a valid number (temperature 1), a text part list is valid content."""
+    r = parse_request(
+        ChatCompletionRequest,
+        _chat(temperature=1, top_p=1, messages=[{"role": "user", "content": [{"type": "text", "text": "hi"}]}]),
+    )
+    assert r.temperature == 1.0 and r.top_p == 1.0 and not r.stream
 
 
 def test_completion_fields_and_harmless_ones():
@@ -67,7 +85,10 @@ def test_completion_fields_and_harmless_ones():
     "kw, param",
     [
         (dict(max_tokens=("max_completion_tokens", 0)), "max_completion_tokens"),
-        (dict(temperature=2.5), "temperature"),
+        (dict(temperature=-0.5), "temperature"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(max_tokens=("max_tokens", 2**31)), "max_tokens"),
+        (dict(num_draft_tokens=5, max_draft_len=4), "num_draft_tokens"),
         (dict(top_p=0.0), "top_p"),
         (dict(top_k=-1), "top_k"),
         (dict(seed=-1), "seed"),

@@ -1,4 +1,4 @@
-"""`trtspec tune`: measure the drafter on a prompt set and choose K (1..16) and the route threshold.
+"""`trtspec tune`: measure the drafter on a prompt set and choose K (1..MAX_DRAFT_LEN) and the route threshold.
 
 In process: the target's greedy answers to the prompts are the references; the drafter's match length at every
 answer position gives its per-position acceptance, and every K is simulated step by step with the step costs c and
@@ -18,6 +18,7 @@ from typing import Any
 from trtspec.errors import GenerationError
 from trtspec.spec import BuildSpec
 from trtspec.speculative.drafters import DrafterKind
+from trtspec.speculative.rules import MAX_DRAFT_LEN, check_max_draft_len
 from trtspec.speculative.speedup import (
     MatchProfile,
     Simulated,
@@ -28,7 +29,7 @@ from trtspec.speculative.speedup import (
     sweep,
 )
 
-K_RANGE = tuple(range(1, 17))
+K_RANGE = tuple(range(1, MAX_DRAFT_LEN + 1))
 
 
 @dataclass
@@ -129,8 +130,10 @@ def tune_in_process(
             progress(text)
 
     ks = sorted(set(ks))
-    if not ks or ks[0] < 1 or ks[-1] > 16:
-        raise GenerationError(f"K values {ks} must lie in 1..16", hint="e.g. --k-max 8")
+    if not ks:
+        raise GenerationError("no K values to tune", hint="e.g. --k-max 8")
+    for k in (ks[0], ks[-1]):
+        check_max_draft_len(k, "K")
     session = TorchSession.from_spec(spec, load_draft=True)  # the draft's costs are measured for every drafter
     target, draft, pool = session.target, session.draft, session.decoder.ngram_pool
     ids = [
@@ -213,6 +216,7 @@ def tune_url(
     from trtspec.serving.client import TritonLLMClient
 
     rows, measured = [], {}
+    notes: list[str] = []
     with TritonLLMClient(url) as client:
         client.check_ready()
         if client.contract == "llmapi":
@@ -230,9 +234,22 @@ def tune_url(
                 accepted += int(r.stats.get("total_accepted_draft_tokens", 0))
             return time.perf_counter() - t0, drafted, accepted
 
+        # The server refuses a K above its max_draft_len (the one K rule): measure up to it.
+        bound = client.max_draft_len()
+        served_ks = sorted(k for k in set(ks) if bound is None or k <= bound)
+        if not served_ks:
+            raise GenerationError(
+                f"no K in {sorted(set(ks))} is within the deployment's max_draft_len ({bound})",
+                hint=f"tune K in 1..{bound} on this server",
+            )
+        if len(served_ks) < len(set(ks)):
+            notes.append(
+                f"K above the deployment's max_draft_len ({bound}) is refused by the server: measured "
+                f"{served_ks[0]}..{served_ks[-1]}; a larger K needs a larger speculative.max_draft_len and a rebuild"
+            )
         client.generate(prompts[0], 8, apply_chat_template=chat, num_draft_tokens=0)  # warm both paths
         base, _, _ = run(0)
-        for k in sorted(set(ks)):
+        for k in served_ks:
             seconds, drafted, accepted = run(k)
             rate = accepted / drafted if drafted else 0.0
             measured[k] = base / seconds if seconds else 0.0
@@ -246,7 +263,7 @@ def tune_url(
                 }
             )
     k = max(measured, key=lambda x: (measured[x], -x))
-    notes = ["through an endpoint only the measured speedup is known (no c, v): the route threshold is kept"]
+    notes.append("through an endpoint only the measured speedup is known (no c, v): the route threshold is kept")
     return TuneResult(
         url, spec.speculative.drafter.value, rows, [], None, k, spec.speculative.route_threshold, _current(spec), notes
     )

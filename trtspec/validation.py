@@ -13,36 +13,41 @@ from __future__ import annotations
 from typing import Any
 
 from trtspec.errors import GenerationError
-from trtspec.speculative.rules import MAX_DRAFT_LEN, number_of, validate_sampling
+from trtspec.speculative.rules import MAX_DRAFT_LEN, check_draft_len, check_int32, number_of, validate_sampling
 
 
-def validate_max_tokens(max_tokens: int) -> None:
-    """At least one token."""
-    if number_of("max_tokens", max_tokens, int) < 1:
-        raise GenerationError(
-            f"max_tokens must be >= 1, got {max_tokens}", hint="ask for at least one token (--max-tokens / -n)"
-        )
+def validate_max_tokens(max_tokens: int, name: str = "max_tokens") -> None:
+    """At least one token, and an INT32 (the contract's type: a larger value would wrap). ``name``: the field as
+    the door calls it (the OpenAI API's ``max_completion_tokens``)."""
+    if number_of(name, max_tokens, int) < 1:
+        raise GenerationError(f"{name} must be >= 1, got {max_tokens}", hint="ask for at least one token")
+    check_int32(name, max_tokens)
 
 
 def validate_num_draft_tokens(k: int | None, max_draft_len: int = MAX_DRAFT_LEN) -> None:
-    """None (the deployment's K), 0 (target only) or 1..max_draft_len."""
-    if k is None:
-        return
-    if not 0 <= number_of("num_draft_tokens", k, int) <= max_draft_len:
-        bound = (
-            f"K is at most {MAX_DRAFT_LEN}"
-            if max_draft_len == MAX_DRAFT_LEN
-            else f"the deployment's max_draft_len is {max_draft_len}"
-        )
-        raise GenerationError(
-            f"num_draft_tokens must be in 0..{max_draft_len}, got {k}",
-            hint=f"{bound}; 0 (or --no-draft) is target-only decoding",
-        )
+    """None (the deployment's K), else the one K rule (trtspec.speculative.rules.check_draft_len)."""
+    if k is not None:
+        check_draft_len(k, max_draft_len)
 
 
 def validate_prompt(prompt: str | bytes) -> None:
+    """Some text that is not only whitespace."""
     if not (prompt.strip() if isinstance(prompt, (str, bytes)) else prompt):
         raise GenerationError("the prompt is empty", hint="give some text to continue")
+
+
+def validate_prompt_tokens(n_prompt: int, max_tokens: int | None, max_input_len: int, max_seq_len: int) -> None:
+    """The prompt's tokens (as the target's tokenizer counts them, special tokens and chat template included) fit
+    max_input_len, and prompt + max_tokens fit max_seq_len (not checked for max_tokens None: not known yet)."""
+    if n_prompt > max_input_len:
+        raise GenerationError(
+            f"the prompt has {n_prompt} tokens, more than max_input_len ({max_input_len})", hint="shorten the prompt"
+        )
+    if max_tokens is not None and n_prompt + max_tokens > max_seq_len:
+        raise GenerationError(
+            f"prompt ({n_prompt} tokens) + max_tokens ({max_tokens}) exceeds max_seq_len ({max_seq_len})",
+            hint="shorten the prompt or lower max_tokens",
+        )
 
 
 def validate_request(

@@ -24,6 +24,7 @@ from trtspec.errors import IncompatibleModelsError, TrtspecError
 from trtspec.families import NormalizedConfig, known_families, read_config
 from trtspec.spec import BuildSpec, Runtime
 from trtspec.speculative.drafters import DrafterKind
+from trtspec.speculative.rules import MAX_DRAFT_LEN
 
 
 def drafters_served(spec: BuildSpec) -> set[DrafterKind]:
@@ -234,7 +235,7 @@ def _check_speculative(report: CheckReport, spec: BuildSpec, t: NormalizedConfig
             "lower speculative.max_draft_len or raise engine.max_seq_len",
         )
     else:
-        report.add("draft length", Level.OK, f"K={k} (runtime {spec.runtime.value} allows 1..16)")
+        report.add("draft length", Level.OK, f"K={k} (runtime {spec.runtime.value} allows 1..{MAX_DRAFT_LEN})")
     ratio = d.num_params / max(t.num_params, 1)
     if ratio > 0.5:
         report.add(

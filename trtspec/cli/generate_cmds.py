@@ -73,7 +73,9 @@ def generate(
     if threads < 0:
         raise GenerationError(f"--threads {threads} must be >= 0", hint="0 = one thread per core")
     sampling: dict[str, Any] = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    validate_request(prompt, max_tokens, num_draft_tokens=k, **sampling)  # before anything is loaded or sent
+    # Before anything is loaded or sent. K's bound is the deployment's: the spec's (below) or the server's (checked
+    # once it answers, after this check against the largest bound any deployment has).
+    validate_request(prompt, max_tokens, num_draft_tokens=k if url is not None else None, **sampling)
     if url is not None:
         if spec_path is not None:
             raise GenerationError("--url and --spec exclude each other", hint="the server was built from its spec")
@@ -95,6 +97,11 @@ def generate(
     quiet_transformers()
     with err_console.status("loading models"):
         session = TorchSession.from_spec(spec, with_draft=k != 0)
+    from trtspec.validation import validate_prompt_tokens
+
+    # The prompt in tokens, counted as the served preprocessing counts it (the same rule at every door).
+    n_prompt = len(session.encode(prompt, chat=not raw))
+    validate_prompt_tokens(n_prompt, max_tokens, spec.engine.max_input_len, spec.engine.max_seq_len)
     kwargs: dict[str, Any] = dict(draft_len=k or None, use_draft=k != 0, chat=not raw)
     title = "target only (no draft)" if k == 0 else f"speculative decoding (K = {k or spec.speculative.max_draft_len})"
     if stream and not as_json:

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from trtspec.cli._common import console, err_console, print_json, quiet_transformers, resolve_spec
 from trtspec.cli._options import JsonOpt, MaxTokensOpt, SpecArg, ThreadsOpt, UrlOpt
+from trtspec.speculative.rules import MAX_DRAFT_LEN, check_max_draft_len
 
 
 def _table(result) -> Table:
@@ -58,7 +59,7 @@ def tune(
     url: UrlOpt = None,
     n_prompts: Annotated[int, typer.Option("--n-prompts", help="prompts used")] = 8,
     max_tokens: MaxTokensOpt = 64,
-    k_max: Annotated[int, typer.Option("--k-max", help="largest K considered (1..16)")] = 16,
+    k_max: Annotated[int, typer.Option("--k-max", help=f"largest K considered (1..{MAX_DRAFT_LEN})")] = MAX_DRAFT_LEN,
     measure: Annotated[
         int, typer.Option(help="time the decoder at this many of the best predicted K (0: predict only)")
     ] = 4,
@@ -78,8 +79,7 @@ def tune(
     route threshold that maximise the speedup."""
     from trtspec.errors import GenerationError, SpecError
 
-    if not 1 <= k_max <= 16:
-        raise SpecError(f"--k-max {k_max} must be in 1..16", hint="K is the draft length the engines are built for")
+    check_max_draft_len(k_max, "--k-max")
     if n_prompts < 1 or max_tokens < 2 or measure < 0 or threads < 1:
         raise SpecError(
             "--n-prompts, --threads must be >= 1, --max-tokens >= 2, --measure >= 0",

@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from trtspec.distill import DistillError
 from trtspec.prompts import HELD_OUT
+from trtspec.speculative.rules import MAX_DRAFT_LEN
 
 LOSSES = ("fkl", "tvd", "fkl+ce")
 
@@ -138,7 +139,11 @@ class DistillSettings:
                 "--eval-prompts must be > 0 and --eval-max-tokens > 1",
                 "use positive values",
             ),
-            (1 <= self.k <= 16, f"--max-draft-len {self.k} must be in 1..16", "the draft length K of the report"),
+            (
+                1 <= self.k <= MAX_DRAFT_LEN,
+                f"--max-draft-len {self.k} must be in 1..{MAX_DRAFT_LEN}",
+                "the draft length K of the report",
+            ),
             (
                 self.train.steps > 0 and self.train.batch_size > 0 and self.train.lr > 0,
                 "--steps, --batch-size and --lr must be > 0",

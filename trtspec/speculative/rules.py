@@ -17,6 +17,16 @@ from typing import Any
 from trtspec.errors import GenerationError
 
 SEED_MAX = 2**64 - 1  # the ensemble's seed is UINT64
+INT32_MAX = 2**31 - 1  # max_tokens, top_k and num_draft_tokens are INT32 in the Triton contract
+
+
+def check_int32(name: str, value: int) -> None:
+    """An INT32 field of the Triton contract: a larger value would wrap (Triton's JSON parser does so silently)."""
+    if value > INT32_MAX:
+        raise GenerationError(
+            f"{name} must be at most {INT32_MAX} (2**31-1), got {value}",
+            hint=f"{name} is an INT32 in the request contract",
+        )
 
 
 def number_of(name: str, value: Any, kind: type) -> Any:
@@ -35,6 +45,7 @@ def validate_sampling(temperature: float = 0.0, top_k: int = 0, top_p: float = 1
         raise GenerationError(f"temperature must be >= 0, got {temperature}", hint="0 means greedy")
     if number_of("top_k", top_k, int) < 0:
         raise GenerationError(f"top_k must be >= 0, got {top_k}", hint="0 disables top-k filtering")
+    check_int32("top_k", top_k)
     if not 0.0 < number_of("top_p", top_p, float) <= 1.0:
         raise GenerationError(f"top_p must be in (0, 1], got {top_p}", hint="1.0 disables top-p filtering")
     if seed is not None and not 0 <= number_of("seed", seed, int) <= SEED_MAX:
@@ -88,14 +99,33 @@ class SamplingParams:
 
 
 def check_draft_len(k: int, max_draft_len: int = MAX_DRAFT_LEN, what: str = "num_draft_tokens") -> int:
-    """``k`` if 0 <= k <= max_draft_len, else a GenerationError naming the limit (0 means no draft)."""
-    if not 0 <= int(k) <= max_draft_len:
-        if max_draft_len < MAX_DRAFT_LEN and 0 < int(k) <= MAX_DRAFT_LEN:
-            raise GenerationError(
-                f"{what} {int(k)} exceeds this deployment's max_draft_len ({max_draft_len})",
-                hint=f"ask for at most {max_draft_len}, or rebuild with a larger speculative.max_draft_len",
-            )
-        raise GenerationError(f"{what} must be in 0..{max_draft_len}, got {int(k)}", hint="0 disables the draft")
+    """The one rule for a request's K (``num_draft_tokens``): ``k`` if 0 <= k <= max_draft_len (the deployment's
+    bound; MAX_DRAFT_LEN where none is known), else a GenerationError naming the bound. 0 means no draft. A negative
+    K is worded without the bound, so that a door that does not know the deployment's yet says the same.
+
+    Every door applies it with its deployment's max_draft_len: the CLI (in process and ``--url``), the OpenAI API,
+    the BLS orchestrator and the in-process torch model (trtspec.triton_repo.orchestrator.plan_request) and the
+    in-flight engine."""
+    if number_of(what, k, int) < 0:
+        raise GenerationError(f"{what} must be >= 0, got {k}", hint="0 is target-only decoding")
+    if k > max_draft_len:
+        hint = (
+            f"this deployment's max_draft_len is {max_draft_len}; 0 is target-only decoding; a larger K needs a "
+            "larger speculative.max_draft_len and a rebuild"
+            if max_draft_len < MAX_DRAFT_LEN
+            else f"K is at most {MAX_DRAFT_LEN}; 0 is target-only decoding"
+        )
+        raise GenerationError(f"{what} must be in 0..{max_draft_len}, got {k}", hint=hint)
+    return int(k)
+
+
+def check_max_draft_len(k: int, what: str = "max_draft_len") -> int:
+    """The one rule for a deployment's (or a tuning run's) K: 1..MAX_DRAFT_LEN."""
+    if not 1 <= number_of(what, k, int) <= MAX_DRAFT_LEN:
+        raise GenerationError(
+            f"{what} {k} must be in 1..{MAX_DRAFT_LEN}",
+            hint="K is the number of draft tokens proposed per target step",
+        )
     return int(k)
 
 

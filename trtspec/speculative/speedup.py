@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from trtspec.speculative.rules import MAX_DRAFT_LEN
+
 
 @dataclass(frozen=True)
 class StepCosts:
@@ -50,7 +52,7 @@ class StepCosts:
         """``{"c": 0.1, "v": {"1": 1.1, ...} or 1.2, "head": 0, ...}`` (JSON keys are strings)."""
         v = data.get("v", data.get("body"))
         if isinstance(v, (int, float)):
-            body = {k: float(v) for k in range(1, 17)}
+            body = {k: float(v) for k in range(1, MAX_DRAFT_LEN + 1)}
         elif isinstance(v, dict):
             body = {int(k): float(x) for k, x in v.items()}
         else:

@@ -136,6 +136,7 @@ def _draft_target_parameters(spec: BuildSpec, pool: str) -> dict[str, Any]:
     sp = spec.speculative
     return {
         "max_draft_len": sp.max_draft_len,
+        "max_input_len": spec.engine.max_input_len,  # a request's prompt, in tokens (as preprocessing counts them)
         "route_threshold": sp.route_threshold,
         "exclude_input_in_output": False,
         "stream_context_tokens": STREAM_CONTEXT_TOKENS,

@@ -32,9 +32,10 @@ from typing import Any, Protocol
 
 from trtspec.errors import GenerationError
 from trtspec.runtimes.inflight.contract import RowRequest
-from trtspec.speculative.rules import MAX_DRAFT_LEN, SpecStats, accepted_prefix, check_draft_len
+from trtspec.speculative.rules import SpecStats, accepted_prefix, check_draft_len
 from trtspec.speculative.words import hits_stop_word
 from trtspec.triton_repo.names import DRAFT, TARGET
+from trtspec.validation import validate_max_tokens, validate_prompt_tokens
 
 
 class EngineClient(Protocol):
@@ -51,13 +52,14 @@ class Deployment:
 
     target_model: str = TARGET
     draft_model: str = DRAFT
-    max_draft_len: int = 4  # the deployment's K: what requests get when they do not say
+    max_draft_len: int = 4  # the deployment's K: what requests get when they do not say, and the most they may ask
     draft_len_limit: int = 4  # the most draft tokens the target engine accepts per step (its --max_draft_len)
     route_threshold: int = 0
     use_draft_logits: bool = False  # the default for requests that do not say
     draft_logits_available: bool = False  # the engines were built with --gather_generation_logits
     max_seq_len: int = 1 << 30
     max_input_len: int = 1 << 30  # the longest sequence one engine request may carry (TensorRT-LLM's maxInputLen)
+    max_prompt_len: int = 1 << 30  # the longest prompt a request may carry (the spec's engine.max_input_len)
 
 
 @dataclass(frozen=True)
@@ -77,14 +79,9 @@ def plan_request(row: RowRequest, deployment: Deployment) -> Plan:
     here, with one clear error, before any engine sees it."""
     if not row.tokens:
         raise GenerationError("the prompt is empty", hint="send at least one token")
-    if row.max_new <= 0:
-        raise GenerationError(f"max_tokens must be > 0, got {row.max_new}", hint="ask for at least one token")
-    if len(row.tokens) + row.max_new > deployment.max_seq_len:
-        raise GenerationError(
-            f"prompt ({len(row.tokens)} tokens) + max_tokens ({row.max_new}) exceeds max_seq_len "
-            f"({deployment.max_seq_len})",
-            hint="shorten the prompt or lower max_tokens",
-        )
+    validate_max_tokens(row.max_new)
+    # The prompt in tokens, as preprocessing counts it (trtspec.validation: the same rule at every door).
+    validate_prompt_tokens(len(row.tokens), row.max_new, deployment.max_prompt_len, deployment.max_seq_len)
     longest = len(row.tokens) + row.max_new - 1  # the last step re-sends everything but the last token
     if longest > deployment.max_input_len:
         raise GenerationError(
@@ -92,8 +89,9 @@ def plan_request(row: RowRequest, deployment: Deployment) -> Plan:
             f"above the engines' maximum input length ({deployment.max_input_len})",
             hint="shorten the prompt or lower max_tokens (the engines re-read the whole sequence every step)",
         )
-    limit = min(deployment.draft_len_limit, MAX_DRAFT_LEN)
-    k = deployment.max_draft_len if row.num_draft_tokens is None else check_draft_len(row.num_draft_tokens, limit)
+    # A request's K: the one rule, bounded by the deployment's max_draft_len (and the engine's, were it smaller).
+    bound = min(deployment.max_draft_len, deployment.draft_len_limit)
+    k = deployment.max_draft_len if row.num_draft_tokens is None else check_draft_len(row.num_draft_tokens, bound)
     use_logits = deployment.use_draft_logits if row.use_draft_logits is None else row.use_draft_logits
     if use_logits and not deployment.draft_logits_available and row.use_draft_logits:
         raise GenerationError(

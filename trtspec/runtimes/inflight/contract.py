@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from trtspec.errors import GenerationError
-from trtspec.speculative.rules import SamplingParams
+from trtspec.speculative.rules import SamplingParams, validate_sampling
 
 
 def _rows(x: np.ndarray | None, batch: int) -> list[Any] | None:
@@ -89,8 +89,15 @@ class RowRequest:
     use_draft_logits: bool | None = None  # draft-target models: None means the deployment's setting
 
 
-def parse_request(inputs: Mapping[str, np.ndarray], *, exclude_input_default: bool = False) -> list[RowRequest]:
-    """Validate one Triton request's inputs and split it into rows."""
+def parse_request(
+    inputs: Mapping[str, np.ndarray], *, exclude_input_default: bool = False, client_request: bool = False
+) -> list[RowRequest]:
+    """Validate one Triton request's inputs and split it into rows.
+
+    ``client_request``: the request comes from a client (the draft-target models, behind the ensemble or called
+    directly), so its sampling values pass trtspec's request rule (trtspec.speculative.rules.validate_sampling, as
+    the CLI and the OpenAI API apply it) before TensorRT-LLM's reading of them (top_k 1 is greedy). Engine models
+    take TensorRT-LLM's contract as it is (upstream's greedy sends top_p 0)."""
     if "input_ids" not in inputs:
         raise GenerationError("input_ids is required", hint="send input_ids INT32 [batch, tokens]")
     ids = np.asarray(inputs["input_ids"])
@@ -140,6 +147,10 @@ def parse_request(inputs: Mapping[str, np.ndarray], *, exclude_input_default: bo
         if draft_logits is not None and draft is not None:
             arr = np.asarray(draft_logits)
             dl = arr[b] if arr.ndim == 3 else arr
+        if client_request:
+            validate_sampling(
+                float(temperature[b]), int(top_k[b]), float(top_p[b]), None if seed[b] is None else int(seed[b])
+            )
         # TRT-LLM samples with top_k = 1 / temperature unset by default: both "greedy" spellings are alike.
         sampling = SamplingParams.from_request(
             float(temperature[b]), int(top_k[b]), float(top_p[b]), None if seed[b] is None else int(seed[b])

@@ -29,7 +29,7 @@ from trtspec.runtimes.inflight.llama_step import step_of
 from trtspec.runtimes.inflight.packed import packed_forward, prepare_model
 from trtspec.speculative.acceptance import Candidate, decide
 from trtspec.speculative.drafters import Proposal
-from trtspec.speculative.rules import MAX_DRAFT_LEN
+from trtspec.speculative.rules import check_draft_len
 from trtspec.speculative.sampling import logits_to_probs
 from trtspec.speculative.words import hits_stop_word
 
@@ -136,10 +136,10 @@ class InflightEngine:
         if job.num_draft_tokens:
             if self.drafter is None:
                 raise GenerationError("this engine has no drafter (no draft model)", hint="send num_draft_tokens 0")
-            if not 0 <= job.num_draft_tokens <= MAX_DRAFT_LEN or job.draft is not None:
+            check_draft_len(job.num_draft_tokens)  # the one K rule (the deployment's bound was checked before)
+            if job.draft is not None:
                 raise GenerationError(
-                    f"num_draft_tokens must be in 0..{MAX_DRAFT_LEN} and without draft_input_ids",
-                    hint="one source of draft tokens per request",
+                    "num_draft_tokens and draft_input_ids exclude each other", hint="one source of draft tokens"
                 )
 
     # -- the loop -------------------------------------------------------------------------------------------------

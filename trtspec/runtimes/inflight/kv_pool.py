@@ -17,8 +17,9 @@ from typing import Any
 import torch
 
 from trtspec.errors import GenerationError
+from trtspec.speculative.rules import MAX_DRAFT_LEN
 
-TAIL_SLACK = 16  # cached tokens a request may discard from a slot it takes (rejected drafts: at most K <= 16)
+TAIL_SLACK = MAX_DRAFT_LEN  # cached tokens a request may discard from a slot it takes (rejected drafts: at most K)
 COPY_MIN_TOKENS = 8  # shorter shared prefixes are recomputed rather than copied
 
 

@@ -26,7 +26,7 @@ from trtspec.runtimes.inflight.jobs import Job
 from trtspec.speculative.adaptive import AdaptivePolicy
 from trtspec.speculative.drafters import DrafterKind
 from trtspec.speculative.drafters.registry import entry as drafter_entry
-from trtspec.speculative.rules import MAX_DRAFT_LEN, SamplingParams, SpecStats
+from trtspec.speculative.rules import SamplingParams, SpecStats, check_draft_len, check_max_draft_len
 
 MIN_CAPACITY = 512  # KV capacity per sequence the engine is sized for at least (grown on demand)
 
@@ -82,8 +82,7 @@ class SpeculativeDecoder:
         self.ngram_pool = ngram_pool
         # One policy for every engine this decoder builds, so what it learned survives a larger batch.
         self.policy = policy if policy is not None else AdaptivePolicy()
-        if not 1 <= max_draft_len <= MAX_DRAFT_LEN:
-            raise GenerationError(f"draft length K={max_draft_len} is out of range", hint=f"use 1..{MAX_DRAFT_LEN}")
+        check_max_draft_len(max_draft_len)
         if draft is not None and _vocab(draft) != _vocab(target):
             raise IncompatibleModelsError(
                 f"draft vocabulary ({_vocab(draft)}) differs from the target's ({_vocab(target)})",
@@ -157,8 +156,7 @@ class SpeculativeDecoder:
             raise GenerationError("no prompts given", hint="pass at least one prompt")
         if max_tokens <= 0:
             raise GenerationError(f"max_tokens must be > 0, got {max_tokens}", hint="ask for at least one token")
-        if not 0 <= k <= MAX_DRAFT_LEN:
-            raise GenerationError(f"draft length K={k} is out of range", hint=f"use 1..{MAX_DRAFT_LEN}")
+        check_draft_len(k)
         vocab = _vocab(self.target)
         for i, p in enumerate(prompts):
             if len(p) == 0:

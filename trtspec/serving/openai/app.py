@@ -24,6 +24,7 @@ from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from trtspec.errors import GenerationError
 from trtspec.serving.metrics import CONTENT_TYPE, Registry
 from trtspec.serving.openai.asgi import DONE, JSON, SSE, GenerationResponse, json_bytes, send_json, sse
 from trtspec.serving.openai.backend import TritonBackend, TritonRequestError, TritonUnavailable
@@ -42,6 +43,9 @@ from trtspec.serving.openai.protocol import (
     stop_strings,
 )
 from trtspec.serving.openai.text import PromptTokenizer, StopMatcher
+from trtspec.speculative.rules import MAX_DRAFT_LEN
+from trtspec.triton_repo.runtime_utils import error_message
+from trtspec.validation import validate_prompt, validate_prompt_tokens
 
 # Phrases of the request errors trtspec's models answer (preprocessing, orchestrator, LLM-API model): a 400, not a 500.
 REQUEST_ERROR_PHRASES = ("must be", "exceeds", "more than", "not valid", "is empty", "not supported", "out of range")
@@ -144,18 +148,17 @@ class OpenAIService:
             where = "messages"
         else:
             prompt = r.prompt if isinstance(r.prompt, str) else r.prompt[0]
-            if not prompt:
-                raise bad_field("prompt", "prompt must not be empty")
+            _rule("prompt", validate_prompt, prompt)
             check_prompt_chars("prompt", len(prompt), self.limits, self.max_input_len)
             n_prompt, where = await self.off_loop(self.tokenizer.count, prompt), "prompt"
         field_name, asked = requested_max_tokens(r)
-        check_generation_fields((field_name, asked), r.temperature, r.top_p, r.top_k, r.seed, r.num_draft_tokens)
-        if d.max_input_len and n_prompt > d.max_input_len:
-            raise bad_field(
-                where,
-                f"the prompt has {n_prompt} tokens; this model's maximum input is {d.max_input_len} tokens",
-                code="context_length_exceeded",
-            )
+        k_bound = d.max_draft_len if d.per_request_draft_len and d.max_draft_len else MAX_DRAFT_LEN
+        check_generation_fields(
+            (field_name, asked), r.temperature, r.top_p, r.top_k, r.seed, r.num_draft_tokens, k_bound
+        )
+        if d.max_input_len:  # counted as preprocessing counts it: the same rule and words at every door
+            args = (n_prompt, None, d.max_input_len, d.max_seq_len)
+            _rule(where, validate_prompt_tokens, *args, code="context_length_exceeded")
         if asked is None:
             asked = COMPLETION_DEFAULT_MAX_TOKENS if kind == "completion" else d.max_seq_len - n_prompt
             asked = min(asked, d.max_seq_len - n_prompt)
@@ -317,6 +320,14 @@ class OpenAIService:
                 }
             )
         yield DONE
+
+
+def _rule(param: str, check: Any, *args: Any, code: str = "invalid_value") -> None:
+    """A request rule of trtspec.validation, its error a 400 naming ``param``, worded as the Triton models word it."""
+    try:
+        check(*args)
+    except GenerationError as exc:
+        raise bad_field(param, error_message(exc), code=code) from None
 
 
 def _first_line(exc: BaseException) -> str:

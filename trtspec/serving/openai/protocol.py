@@ -13,6 +13,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from trtspec.errors import GenerationError
+from trtspec.speculative.rules import MAX_DRAFT_LEN, validate_sampling
+from trtspec.triton_repo.runtime_utils import error_message
+from trtspec.validation import validate_max_tokens, validate_num_draft_tokens
+
 ERROR_TYPES = {
     400: "invalid_request_error",
     401: "invalid_request_error",
@@ -52,15 +57,19 @@ def bad_field(param: str, message: str, code: str | None = "invalid_value") -> O
     return OpenAIError(400, message, param=param, code=code)
 
 
+# strict: JSON types are not converted ("8" or true is not an integer, "yes" not a boolean; an int is a number).
+STRICT = ConfigDict(extra="ignore", strict=True)
+
+
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
     include_usage: bool = False
 
 
 class _Common(BaseModel):
     """Fields both endpoints share."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
     model: str
     max_tokens: int | None = None
     temperature: float | None = None
@@ -79,15 +88,15 @@ class _Common(BaseModel):
 
 
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     type: str
     text: str | None = None
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[ContentPart] | None = None
+    content: str | list[ContentPart]  # required: a message without text (tool calls) cannot be served here
 
 
 class ChatCompletionRequest(_Common):
@@ -116,13 +125,20 @@ def parse_request(cls: type[_Common], body: Any) -> Any:
         request = cls.model_validate(body)
     except ValidationError as exc:
         err = exc.errors()[0]
-        loc = [str(p) for p in err.get("loc", ()) if not str(p).startswith(("function-", "str", "list["))]
+        # Union members name themselves in the location ("str", "list[ContentPart]"): not fields (e.g. "stream").
+        loc = [str(p) for p in err.get("loc", ()) if str(p) != "str" and not str(p).startswith(("function-", "list["))]
         param = ".".join(loc) or None
         if err.get("type") == "missing":
             raise bad_field(
                 param or "body", f"missing required parameter: {param!r}", code="missing_required_parameter"
             ) from None
-        raise bad_field(param or "body", f"invalid value for {param!r}: {err.get('msg')}") from None
+        got = repr(err.get("input"))
+        got = got if len(got) <= 40 else got[:37] + "..."
+        raise bad_field(
+            param or "body",
+            f"invalid value for {param!r}: {err.get('msg')}, got {got} (hint: values are not converted between "
+            "JSON types: send the type the API reference gives)",
+        ) from None
     _refuse_unsupported(request)
     return request
 
@@ -191,35 +207,28 @@ def check_generation_fields(
     top_k: int | None,
     seed: int | None,
     num_draft_tokens: int | None,
+    max_draft_len: int = MAX_DRAFT_LEN,
 ) -> None:
-    """The value rules for sampling, max tokens and K, in one place (raise a 400 naming the field).
-
-    Kept as one function so that it can give way to trtspec's shared request validation (issue 13) unchanged.
-    """
+    """The request rules for max tokens, sampling and K: trtspec.validation's, the same rule and message as at every
+    other door (the CLI, the ensemble, the Triton models), raised as a 400 naming the field. ``max_draft_len``: the
+    deployment's bound on K."""
     field, n = max_tokens
-    if n is not None and n < 1:
-        raise bad_field(field, f"{field} must be at least 1 (got {n})")
-    if temperature is not None and not 0.0 <= temperature <= 2.0:
-        raise bad_field("temperature", f"temperature must be in [0, 2] (got {temperature})")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise bad_field("top_p", f"top_p must be in (0, 1] (got {top_p})")
-    if top_k is not None and not 0 <= top_k < 2**31:
-        raise bad_field("top_k", f"top_k must be in [0, 2**31) (got {top_k}; 0 = no top-k filtering)")
-    if seed is not None and not 0 <= seed < 2**64:
-        raise bad_field("seed", f"seed must be in [0, 2**64) (got {seed})")
-    if num_draft_tokens is not None:
-        from trtspec.triton_repo.orchestrator import MAX_DRAFT_LEN
-
-        if not 0 <= num_draft_tokens <= MAX_DRAFT_LEN:  # the orchestrator's rule; it refuses more itself
-            raise bad_field(
-                "num_draft_tokens",
-                f"num_draft_tokens must be in 0..{MAX_DRAFT_LEN} (got {num_draft_tokens}; 0 = target only)",
-            )
+    checks: list[tuple[str, Any]] = [
+        (field, lambda: validate_max_tokens(n, field) if n is not None else None),
+        ("temperature", lambda: validate_sampling(temperature=temperature) if temperature is not None else None),
+        ("top_p", lambda: validate_sampling(top_p=top_p) if top_p is not None else None),
+        ("top_k", lambda: validate_sampling(top_k=top_k) if top_k is not None else None),
+        ("seed", lambda: validate_sampling(seed=seed)),
+        ("num_draft_tokens", lambda: validate_num_draft_tokens(num_draft_tokens, max_draft_len)),
+    ]
+    for param, check in checks:
+        try:
+            check()
+        except GenerationError as exc:
+            raise bad_field(param, error_message(exc)) from None  # worded as the Triton models word it
 
 
 def message_text(m: ChatMessage) -> str:
-    if m.content is None:
-        return ""
     if isinstance(m.content, str):
         return m.content
     return "".join(p.text or "" for p in m.content)

@@ -1,7 +1,8 @@
 """trtspec preprocessing: text_input -> input_ids with the target's tokenizer (TRT-LLM preprocessing contract).
 
-Validates each request (max_tokens > 0, prompt within max_input_len, prompt + max_tokens within max_seq_len, UTF-8)
-and answers a bad one with an error response; the rest of the batch is unaffected.
+Validates each request by trtspec's request rules (trtspec.validation: max_tokens >= 1, a prompt that is not only
+whitespace, within max_input_len in tokens, prompt + max_tokens within max_seq_len; UTF-8) and answers a bad one
+with an error response; the rest of the batch is unaffected.
 """
 
 import os
@@ -19,6 +20,7 @@ from trtspec.errors import GenerationError
 from trtspec.runtimes.inflight.contract import encode_word_list
 from trtspec.triton_repo.runtime_utils import as_bool, error_message, model_params, request_inputs, scalar_rows
 from trtspec.triton_repo.text import Preprocessor, decode_text, load_tokenizer
+from trtspec.validation import validate_max_tokens, validate_prompt, validate_prompt_tokens
 
 
 class TritonPythonModel:
@@ -54,20 +56,12 @@ class TritonPythonModel:
         pad_id = scalar_rows(x.get("PAD_ID"), batch, self.pre.pad_id)
         ids, bad, stop = [], [], []
         for b in range(batch):
-            if out_len[b] is None or int(out_len[b]) <= 0:
-                raise GenerationError(f"max_tokens must be > 0, got {out_len[b]}", hint="ask for at least one token")
-            tokens = self.pre.encode(decode_text(query[b, 0]), chat=bool(chat[b]))
-            if len(tokens) > self.max_input_len:
-                raise GenerationError(
-                    f"the prompt has {len(tokens)} tokens, more than max_input_len ({self.max_input_len})",
-                    hint="shorten the prompt",
-                )
-            if len(tokens) + int(out_len[b]) > self.max_seq_len:
-                raise GenerationError(
-                    f"prompt ({len(tokens)} tokens) + max_tokens ({int(out_len[b])}) exceeds "
-                    f"max_seq_len ({self.max_seq_len})",
-                    hint="lower max_tokens",
-                )
+            # The request rules every door applies (trtspec.validation), in the same words.
+            validate_max_tokens(int(out_len[b]))
+            text = decode_text(query[b, 0])
+            validate_prompt(text)
+            tokens = self.pre.encode(text, chat=bool(chat[b]))
+            validate_prompt_tokens(len(tokens), int(out_len[b]), self.max_input_len, self.max_seq_len)
             ids.append(tokens)
             bad.append(self.pre.words(x["BAD_WORDS_DICT"][b] if "BAD_WORDS_DICT" in x else [], "bad_words"))
             stop.append(self.pre.words(x["STOP_WORDS_DICT"][b] if "STOP_WORDS_DICT" in x else [], "stop_words"))

@@ -121,6 +121,7 @@ class TritonPythonModel:
             draft_logits_available=as_bool(p.get("engine_generation_logits")),
             max_seq_len=int(p["max_seq_len"]),
             max_input_len=int(p.get("engine_max_input_len") or int(p["max_seq_len"]) - 1),
+            max_prompt_len=int(p.get("max_input_len") or p["max_seq_len"]),
         )
         self.drafter = _load_drafter(
             p.get("drafter") or "model",
@@ -145,7 +146,9 @@ class TritonPythonModel:
 
     async def _serve(self, request, sender):
         try:
-            rows = parse_request(request_inputs(request), exclude_input_default=self.exclude_default)
+            rows = parse_request(
+                request_inputs(request), exclude_input_default=self.exclude_default, client_request=True
+            )
             for row in rows:  # every row is servable before any starts
                 plan_request(row, self.deployment)
             streaming = any(r.stream for r in rows)

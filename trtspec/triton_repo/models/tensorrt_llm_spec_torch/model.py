@@ -128,6 +128,7 @@ class TritonPythonModel:
             route_threshold=int(p.get("route_threshold") or 0),
             draft_logits_available=True,
             max_seq_len=int(p["max_seq_len"]),
+            max_prompt_len=int(p.get("max_input_len") or p["max_seq_len"]),
         )
         kind = p.get("drafter") or "model"  # speculative.drafter (trtspec.speculative.drafters.registry)
         pool = p.get("ngram_pool") or None  # ngram_pool.npz; none: prompt lookup only
@@ -168,7 +169,9 @@ class TritonPythonModel:
                 continue
             state = None
             try:
-                rows = parse_request(request_inputs(request), exclude_input_default=self.exclude_default)
+                rows = parse_request(
+                    request_inputs(request), exclude_input_default=self.exclude_default, client_request=True
+                )
                 plans = [plan_request(row, self.deployment) for row in rows]  # all rows are valid before any starts
                 if not self.decoupled and any(r.stream for r in rows):
                     raise GenerationError(

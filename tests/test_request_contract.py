@@ -1,0 +1,348 @@
+"""One request contract at every door (issue 21): a shared table of good and bad requests, every row sent through
+every door that can carry it, against real servers of both orchestrations (tiny pair, torch runtime,
+``max_draft_len`` 4, ``max_input_len`` 256), one outcome per row: the same text (good rows; the same token ids at the
+token-level doors) or the same rule's message (bad rows: a 400 in OpenAI's shape at the OpenAI API, exit 1 at the
+CLI, an error response at Triton's doors).
+
+Doors: ``trtspec generate`` in process (``--spec``) and through a server (``--url``, gRPC and HTTP), the OpenAI API
+(``/v1/completions``), the ensemble over gRPC (stream) and HTTP (``generate``), and each draft-target model called
+directly with tokens: the BLS orchestrator (``tensorrt_llm_bls``) and the in-process torch model (``tensorrt_llm`` of
+orchestration in_process).
+
+A door a row cannot reach is named with the reason (``SKIP``): a text rule (empty prompt) at a door that takes
+tokens; a value an INT32 tensor cannot carry (Triton's HTTP JSON parser wraps ``max_tokens`` 4294967301 to 5 before
+any model sees it: no trtspec code can tell it from 5).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import yaml
+
+from tests.openai_helpers import Served
+from tests.serving_helpers import torch_spec_dict
+from trtspec.spec import spec_from_dict
+from trtspec.triton_repo.names import BLS, ENSEMBLE, TARGET
+
+pytestmark = [pytest.mark.triton, pytest.mark.slow]
+
+NAME = "contract"
+PROMPT = "The quick brown fox"
+LONG = "hello " * 300  # more than max_input_len (256) in tokens, fewer characters than the OpenAI frontend's bound
+INT32_WRAP = 2**32 + 5  # 4294967301: Triton's JSON parser makes it 5
+
+TEXT_DOORS = ("cli", "cli --url grpc", "cli --url http", "openai", "ensemble grpc", "ensemble http")
+TOKEN_DOORS = ("bls", "in-process model")
+DOORS = TEXT_DOORS + TOKEN_DOORS
+NO_TEXT = "a text rule: this door takes token ids"
+INT32 = "an INT32 tensor cannot carry it (over HTTP JSON Triton wraps it before any model sees it)"
+TYPED = "typed at this door (CLI options, Triton tensors): only JSON can send the wrong type"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One request in ensemble field names; ``error`` is the rule's message (None: served)."""
+
+    id: str
+    fields: dict[str, Any]
+    error: str | None = None
+    skip: dict[str, str] = field(default_factory=dict)  # door -> why it cannot carry this row
+    openai: dict[str, Any] | None = None  # a body of its own at the OpenAI door (types JSON alone can send)
+    endpoint: str = "completions"
+    hint: str | None = None  # a part of the rule's hint every door must pass on
+
+
+def _row(
+    id: str, error: str | None = None, skip: dict[str, str] | None = None, hint: str | None = None, **fields: Any
+) -> Row:
+    return Row(id, {"text_input": PROMPT, "max_tokens": 8, **fields}, error, skip or {}, hint=hint)
+
+
+def _openai_only(id: str, body: dict[str, Any], error: str, endpoint: str = "completions") -> Row:
+    return Row(id, {}, error, {d: TYPED for d in DOORS if d != "openai"}, body, endpoint)
+
+
+K = "num_draft_tokens must be in 0..4, got"
+BOUND = "this deployment's max_draft_len is 4"
+ROWS = [
+    _row("greedy"),
+    _row("K 0 (target only)", num_draft_tokens=0),
+    _row("K 4 (max_draft_len)", num_draft_tokens=4),
+    _row("K 5", f"{K} 5", hint=BOUND, num_draft_tokens=5),
+    _row("K 16", f"{K} 16", hint=BOUND, num_draft_tokens=16),
+    _row("K -1", "num_draft_tokens must be >= 0, got -1", num_draft_tokens=-1),
+    _row("temperature -1", "temperature must be >= 0, got -1.0", temperature=-1.0),
+    _row("top_p 2", "top_p must be in (0, 1], got 2.0", temperature=0.8, top_p=2.0),
+    _row("top_p 0", "top_p must be in (0, 1], got 0.0", temperature=0.8, top_p=0.0),
+    _row("top_p -1", "top_p must be in (0, 1], got -1.0", temperature=0.8, top_p=-1.0),
+    _row("top_k -1 greedy", "top_k must be >= 0, got -1", top_k=-1),
+    _row("top_k -1 sampled", "top_k must be >= 0, got -1", temperature=0.8, top_k=-1),
+    _row("max_tokens 0", "max_tokens must be >= 1, got 0", max_tokens=0),
+    _row(
+        "max_tokens 2**32+5",
+        f"max_tokens must be at most 2147483647 (2**31-1), got {INT32_WRAP}",
+        {d: INT32 for d in DOORS if not d.startswith(("cli", "openai"))},
+        max_tokens=INT32_WRAP,
+    ),
+    _row("empty prompt", "the prompt is empty", {d: NO_TEXT for d in TOKEN_DOORS}, text_input=""),
+    _row("whitespace prompt", "the prompt is empty", {d: NO_TEXT for d in TOKEN_DOORS}, text_input=" \n\t "),
+    _row("prompt over max_input_len", "tokens, more than max_input_len (256)", text_input=LONG),
+    _openai_only("max_tokens '8'", {"prompt": PROMPT, "max_tokens": "8"}, "invalid value for 'max_tokens'"),
+    _openai_only("max_tokens true", {"prompt": PROMPT, "max_tokens": True}, "invalid value for 'max_tokens'"),
+    _openai_only("stream 'yes'", {"prompt": PROMPT, "max_tokens": 8, "stream": "yes"}, "invalid value for 'stream'"),
+    _openai_only(
+        "content null",
+        {"messages": [{"role": "user", "content": None}], "max_tokens": 8},
+        "invalid value for 'messages.0.content'",
+        "chat/completions",
+    ),
+    _openai_only(
+        "content missing",
+        {"messages": [{"role": "user"}], "max_tokens": 8},
+        "missing required parameter: 'messages.0.content'",
+        "chat/completions",
+    ),
+]
+
+
+# -- the servers: one per orchestration ---------------------------------------------------------------------------
+def _spec_data(tiny_pair, **triton):
+    return torch_spec_dict(
+        *tiny_pair,
+        name=NAME,
+        engine={"max_input_len": 256, "max_seq_len": 512},
+        speculative={"max_draft_len": 4, "route_threshold": 0, "drafter": "model"},
+        triton={"orchestrator_instances": 1, **triton},
+    )
+
+
+@pytest.fixture(scope="module")
+def servers(tiny_pair, tmp_path_factory):
+    """The BLS orchestration behind `trtspec serve --openai-port` (OpenAI API, ensemble, tensorrt_llm_bls) and the
+    in-process orchestration on a TritonServer (ensemble, the in-process tensorrt_llm); the spec file the CLI reads."""
+    from trtspec.pipeline import write_repo
+    from trtspec.serving.server import TritonServer
+
+    root = tmp_path_factory.mktemp("contract")
+    specs = {}
+    for kind, orchestration in (("bls", "bls"), ("in_process", "in_process")):
+        data = _spec_data(tiny_pair, orchestration=orchestration)
+        specs[kind] = spec_from_dict(data, base_dir=root / kind, environ={})
+        write_repo(specs[kind])
+    spec_file = root / "trtspec.yaml"
+    spec_file.write_text(yaml.safe_dump(_spec_data(tiny_pair)))
+    served = Served(specs["bls"].repo_dir, root / "bls.log")
+    try:
+        with TritonServer(specs["in_process"].repo_dir, log_file=root / "in_process.log") as inproc:
+            yield {"bls": served, "in_process": inproc, "spec_file": spec_file, "target": tiny_pair[0]}
+    finally:
+        served.stop()
+
+
+# -- the doors: each returns ("ok", text or token ids) or ("error", message) --------------------------------------
+def _cli(row: Row, *where: str) -> tuple[str, Any]:
+    f = row.fields
+    args = [f["text_input"], "-n", str(f["max_tokens"]), "--raw", "--json", *where]
+    for name, flag in (
+        ("temperature", "--temperature"),
+        ("top_k", "--top-k"),
+        ("top_p", "--top-p"),
+        ("num_draft_tokens", "--num-draft-tokens"),
+    ):
+        if name in f:
+            args += [flag, str(f[name])]
+    r = subprocess.run(
+        [sys.executable, "-m", "trtspec", "generate", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "400"},
+    )
+    if r.returncode == 0:
+        out = json.loads(r.stdout)
+        return "ok", out["text"]
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    return "error", " ".join(r.stderr.split())
+
+
+def _openai(row: Row, base_url: str) -> tuple[str, Any]:
+    if row.openai is not None:
+        body = {"model": NAME, **row.openai}
+    else:
+        f = row.fields
+        body = {"model": NAME, "prompt": f["text_input"], "max_tokens": f["max_tokens"]}
+        body["temperature"] = f.get("temperature", 0.0)  # OpenAI's default is 1.0; the others' is greedy
+        body.update({k: f[k] for k in ("top_k", "top_p", "num_draft_tokens") if k in f})
+    r = httpx.post(f"{base_url}/{row.endpoint}", json=body, timeout=120)
+    if r.status_code == 200:
+        return "ok", r.json()["choices"][0]["text"]
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["type"] == "invalid_request_error", r.text
+    return "error", error["message"]
+
+
+ENSEMBLE_TYPES = {
+    "text_input": ("BYTES", np.object_),
+    "max_tokens": ("INT32", np.int32),
+    "temperature": ("FP32", np.float32),
+    "top_k": ("INT32", np.int32),
+    "top_p": ("FP32", np.float32),
+    "num_draft_tokens": ("INT32", np.int32),
+    "stream": ("BOOL", np.bool_),
+    "exclude_input_in_output": ("BOOL", np.bool_),
+}
+TOKEN_NAMES = {"temperature": "temperature", "top_k": "runtime_top_k", "top_p": "runtime_top_p"}
+
+
+def _tensor(name: str, value: Any, dtype: str, np_type: Any) -> Any:
+    import tritonclient.grpc as grpcclient
+
+    arr = np.asarray(value, dtype=np_type)
+    x = grpcclient.InferInput(name, list(arr.shape), dtype)
+    x.set_data_from_numpy(arr)
+    return x
+
+
+def _grpc_stream(url: str, model: str, inputs: list) -> tuple[str, list]:
+    """("ok", the responses) or ("error", the first error) of one request over the gRPC stream."""
+    import tritonclient.grpc as grpcclient
+
+    got: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(url)
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    results = []
+    try:
+        client.async_stream_infer(model, inputs, enable_empty_final_response=True)
+        while True:
+            result, error = got.get(timeout=120)
+            if error is not None:
+                return "error", str(error)
+            results.append(result)
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return "ok", results
+    finally:
+        client.stop_stream(cancel_requests=True)
+        client.close()
+
+
+def _ensemble_grpc(row: Row, url: str) -> tuple[str, Any]:
+    values = {**row.fields, "stream": False, "exclude_input_in_output": True}
+    inputs = []
+    for name, value in values.items():
+        dtype, np_type = ENSEMBLE_TYPES[name]
+        inputs.append(_tensor(name, [[value.encode() if isinstance(value, str) else value]], dtype, np_type))
+    status, out = _grpc_stream(url, ENSEMBLE, inputs)
+    if status == "error":
+        return status, out
+    return "ok", "".join(
+        b"".join(bytes(t) for t in r.as_numpy("text_output").reshape(-1)).decode()
+        for r in out
+        if r.as_numpy("text_output") is not None
+    )
+
+
+def _ensemble_http(row: Row, url: str) -> tuple[str, Any]:
+    body = {**row.fields, "stream": False, "exclude_input_in_output": True}
+    req = urllib.request.Request(
+        f"http://{url}/v2/models/{ENSEMBLE}/generate",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            data = json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return "error", json.loads(exc.read())["error"]
+    text = data["text_output"]
+    return "ok", "".join(text) if isinstance(text, list) else text
+
+
+def _tokens(row: Row, url: str, model: str, target) -> tuple[str, Any]:
+    """The draft-target model called directly with the prompt's token ids, as preprocessing makes them."""
+    from trtspec.triton_repo.text import Preprocessor, load_tokenizer
+
+    pre = Preprocessor(load_tokenizer(target), True)
+    f = row.fields
+    ids = pre.encode(f["text_input"])
+    inputs = [
+        _tensor("input_ids", [ids], "INT32", np.int32),
+        _tensor("input_lengths", [[len(ids)]], "INT32", np.int32),
+        _tensor("request_output_len", [[f["max_tokens"]]], "INT32", np.int32),
+        _tensor("end_id", [[pre.end_id]], "INT32", np.int32),
+        _tensor("pad_id", [[pre.pad_id]], "INT32", np.int32),
+        _tensor("streaming", [[False]], "BOOL", np.bool_),
+        _tensor("exclude_input_in_output", [[True]], "BOOL", np.bool_),
+    ]
+    for name in ("temperature", "top_k", "top_p", "num_draft_tokens"):
+        if name in f:
+            dtype, np_type = ENSEMBLE_TYPES[name]
+            inputs.append(_tensor(TOKEN_NAMES.get(name, name), [[f[name]]], dtype, np_type))
+    status, out = _grpc_stream(url, model, inputs)
+    if status == "error":
+        return status, out
+    tokens: list[int] = []
+    for r in out:
+        if r.as_numpy("output_ids") is not None:
+            n = int(r.as_numpy("sequence_length").reshape(-1)[0])
+            tokens += r.as_numpy("output_ids").reshape(-1)[:n].tolist()
+    return "ok", tokens
+
+
+def _send(door: str, row: Row, s: dict) -> tuple[str, Any]:
+    bls, inproc = s["bls"], s["in_process"]
+    if door == "cli":
+        return _cli(row, "--spec", str(s["spec_file"]))
+    if door == "cli --url grpc":
+        return _cli(row, "--url", inproc.grpc_url)
+    if door == "cli --url http":
+        return _cli(row, "--url", f"http://127.0.0.1:{bls.ports['http']}")
+    if door == "openai":
+        return _openai(row, bls.base_url)
+    if door == "ensemble grpc":
+        return _ensemble_grpc(row, inproc.grpc_url)
+    if door == "ensemble http":
+        return _ensemble_http(row, f"127.0.0.1:{bls.ports['http']}")
+    if door == "bls":
+        return _tokens(row, bls.grpc_url, BLS, s["target"])
+    assert door == "in-process model"
+    return _tokens(row, inproc.grpc_url, TARGET, s["target"])
+
+
+@pytest.fixture(scope="module")
+def greedy_ids(servers):
+    """The target's greedy token ids for PROMPT (the in-process model, K 0): what every good row's token doors
+    return, and, decoded, every text door's text (greedy draft-target output is the target's)."""
+    status, ids = _send("in-process model", _row("reference", num_draft_tokens=0), servers)
+    assert status == "ok" and len(ids) == 8, ids
+    return ids
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
+def test_every_door_gives_the_same_outcome(servers, greedy_ids, row):
+    from transformers import AutoTokenizer
+
+    text = AutoTokenizer.from_pretrained(servers["target"]).decode(greedy_ids, skip_special_tokens=True)
+    outcomes = {door: _send(door, row, servers) for door in DOORS if door not in row.skip}
+    wrong = {}
+    for door, (status, got) in outcomes.items():
+        if row.error is None:
+            want = ("ok", greedy_ids if door in TOKEN_DOORS else text)
+            if (status, got) != want:
+                wrong[door] = (status, got)
+        elif status != "error" or row.error not in got:
+            wrong[door] = (status, got)
+    assert not wrong, f"{row.id}: expected {row.error or 'served, ' + repr(text)}; these doors differ: {wrong}"
+    if row.hint is not None:  # the rule's hint travels with its message through every door
+        assert all(row.hint in got for _, got in outcomes.values()), outcomes
