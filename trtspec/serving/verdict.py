@@ -45,9 +45,9 @@ def speedup_verdict(
     per_step = 1 + a * k  # tokens a speculative step commits (accepted drafts + the target's own), about
     cost = per_step / s  # what one speculative step cost, in target-only steps, implied by the measured speedup
     return (
-        f"{head}: {figures}. Why: the target kept {a:.0%} of the draft's {k} proposals, so a speculative step "
-        f"gave about {per_step:.1f} tokens where a target-only step gives 1, but cost about {cost:.1f} target "
-        f"steps ({k} draft steps plus verifying {k + 1} tokens at once). On a CPU a step is compute-bound, so "
+        f"{head}: {figures}. Why: the target kept {a:.0%} of the proposals (up to {k} a step), so a step of {k} "
+        f"proposals gave about {per_step:.1f} tokens where a target-only step gives 1, but cost about {cost:.1f} "
+        f"target steps (drafting, plus verifying up to {k + 1} tokens at once). On a CPU a step is compute-bound, so "
         "verifying several tokens costs more than one; it pays when the draft agrees more often or verification "
         "is nearly free (a GPU, where a decode step is memory-bound)."
     )
