@@ -67,6 +67,9 @@ def quantize_into(spec: BuildSpec, role: str, out_dir: Path, progress: Progress 
             f"{role}: quantization none on runtime {spec.runtime.value}: nothing to write",
             hint="the source directory is served as is",
         )
+    from trtspec.build.toolchain import require_stage_packages
+
+    require_stage_packages("quantize")  # e.g. the NGC image: TensorRT-LLM's torch/transformers/ModelOpt, not trtspec's
     t0 = time.monotonic()
     calibrated = calibrate(spec, role, progress)
     extra = export_calibrated(spec, calibrated, Path(out_dir), progress)
