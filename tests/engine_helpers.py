@@ -70,6 +70,7 @@ class TinyStageBodies:
         self.calls.append(f"quantize:{role}")
         for f in self.checkpoints[role].iterdir():
             shutil.copy2(f, out_dir / f.name)
+        copy_tokenizer(spec.model_path(role), out_dir)  # as the real stage exports it with the checkpoint
         return {"format": "tensorrt_llm checkpoint (test body)"}
 
     def write_repo_into(self, spec, out_dir):

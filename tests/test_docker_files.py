@@ -255,7 +255,7 @@ def _fake_distributions(root: Path, versions: dict[str, str]) -> Path:
 def test_quantize_on_the_ngc_images_packages_is_refused_in_one_line(tmp_path, tiny_pair):
     """In the image (TensorRT-LLM's transformers 4.57, ModelOpt 0.37, torch 2.9: tests/upstream/
     trtllm_requirements.json) `trtspec quantize` and `trtspec build` stop before quantizing, one line with a hint,
-    exit 1, nothing written; where trtspec's pins are met the same stage runs (test_quant_cli)."""
+    exit 1, nothing written; checkpoints quantized where trtspec's pins are met are kept there."""
     import os
     import subprocess
     import sys
@@ -280,6 +280,23 @@ def test_quantize_on_the_ngc_images_packages_is_refused_in_one_line(tmp_path, ti
         assert "nvidia-modelopt==0.47.0 (installed: 0.37.0)" in r.stderr and "torch==2.13.0" in r.stderr
         assert "pip install 'trtspec[torch,quant]'" in r.stderr  # the hint prints the extra (not eaten as markup)
         assert not (tmp_path / "build" / "target").exists(), command
+
+    # Quantized where trtspec's pins are installed (this environment), the same spec's checkpoints are kept in the
+    # image: quantize is up to date there, and nothing is quantized again.
+    here = {**os.environ, "PYTHONPATH": os.getcwd()}
+    r = subprocess.run([sys.executable, "-m", "trtspec", "quantize", "trtspec.yaml"], cwd=tmp_path, env=here)
+    assert r.returncode == 0
+    manifests = {p: p.read_text() for p in (tmp_path / "build").rglob("manifest.json")}
+    r = subprocess.run(
+        [sys.executable, "-m", "trtspec", "quantize", "trtspec.yaml", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr
+    assert {p: p.read_text() for p in (tmp_path / "build").rglob("manifest.json")} == manifests
+    assert "skipped" in r.stdout, r.stdout
 
 
 def test_stage_packages_are_held_to_trtspecs_own_pins_local_builds_included():
