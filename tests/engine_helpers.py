@@ -22,6 +22,15 @@ def export_trtllm_checkpoint(hf_dir: Path, out: Path) -> Path:
     return out
 
 
+def copy_tokenizer(model_dir: Path, out: Path) -> Path:
+    """The tokenizer files of ``model_dir`` into ``out``, as the quantize stage saves them with a checkpoint."""
+    out.mkdir(parents=True, exist_ok=True)
+    for f in Path(model_dir).iterdir():
+        if f.is_file() and f.name.startswith(("tokenizer", "special_tokens", "chat_template")):
+            shutil.copy2(f, out / f.name)
+    return out
+
+
 def engine_spec(tmp_path: Path, tiny_pair, **overrides) -> BuildSpec:
     data = {
         "name": "tiny-engines",
@@ -61,6 +70,7 @@ class TinyStageBodies:
         self.calls.append(f"quantize:{role}")
         for f in self.checkpoints[role].iterdir():
             shutil.copy2(f, out_dir / f.name)
+        copy_tokenizer(spec.model_path(role), out_dir)  # as the real stage exports it with the checkpoint
         return {"format": "tensorrt_llm checkpoint (test body)"}
 
     def write_repo_into(self, spec, out_dir):

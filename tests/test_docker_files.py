@@ -223,3 +223,95 @@ def test_entrypoint_stops_the_frontend_when_triton_exits(tmp_path):
         ["bash", str(DOCKER / "entrypoint.sh"), "serve-only"], env={**env, "TRTSPEC_OPENAI_PORT": "0"}, timeout=30
     )
     assert r.returncode == 3 and not (tmp_path / "front").exists()  # Triton alone, exec'd
+
+
+def test_the_image_keeps_tensorrt_llms_packages_and_installs_what_compile_and_repo_need():
+    """The NGC image's torch, transformers and ModelOpt are TensorRT-LLM's (trtllm-build runs on them): the image
+    installs trtspec with the frontend extra only, which brings what `compile` (trtllm-build, in the image) and `repo`
+    (tritonclient's config protobuf) need; trtspec's own pins for torch/quant would replace TensorRT-LLM's."""
+    import tomllib
+
+    extras = tomllib.loads((DOCKER.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    runs = " ".join(_dockerfile()["RUN"])
+    installs = re.findall(r"pip install [^&]*", runs)
+    assert installs and all("[frontend]" in i for i in installs)
+    for banned in ("torch", "transformers", "modelopt", "[quant]", "[all]", "[torch"):
+        assert not any(banned in i for i in installs), banned
+    assert any(r.startswith("tritonclient[grpc]") for r in extras["frontend"]) and extras["repo"] == [
+        "tritonclient[grpc]>=2.50"
+    ]
+
+
+def _fake_distributions(root: Path, versions: dict[str, str]) -> Path:
+    """A directory whose *.dist-info say these versions are installed (importlib.metadata reads the first found)."""
+    root.mkdir()
+    for name, version in versions.items():
+        info = root / f"{name.replace('-', '_')}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    return root
+
+
+def test_quantize_on_the_ngc_images_packages_is_refused_in_one_line(tmp_path, tiny_pair):
+    """In the image (TensorRT-LLM's transformers 4.57, ModelOpt 0.37, torch 2.9: tests/upstream/
+    trtllm_requirements.json) `trtspec quantize` and `trtspec build` stop before quantizing, one line with a hint,
+    exit 1, nothing written; checkpoints quantized where trtspec's pins are met are kept there."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.serving_helpers import torch_spec_dict
+    from tests.upstream import facts
+
+    image = dict(facts.load("trtllm_requirements")["installed_example"])
+    image.pop("about")
+    fake = _fake_distributions(tmp_path / "image-site", image)
+    data = torch_spec_dict(*tiny_pair)
+    data["target"]["quantization"] = data["draft"]["quantization"] = "fp8"
+    (tmp_path / "trtspec.yaml").write_text(yaml.safe_dump(data))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), str(fake)])}
+    for command in (["quantize", "trtspec.yaml"], ["build", "trtspec.yaml"]):
+        r = subprocess.run(
+            [sys.executable, "-m", "trtspec", *command], capture_output=True, text=True, cwd=tmp_path, env=env
+        )
+        assert r.returncode == 1, (command, r.stdout, r.stderr)
+        assert "Traceback" not in r.stderr and "hint:" in r.stderr, r.stderr
+        assert "quantize needs" in r.stderr and "transformers<5.30,>=5.20 (installed: 4.57.1)" in r.stderr
+        assert "nvidia-modelopt==0.47.0 (installed: 0.37.0)" in r.stderr and "torch==2.13.0" in r.stderr
+        assert "pip install 'trtspec[torch,quant]'" in r.stderr  # the hint prints the extra (not eaten as markup)
+        assert not (tmp_path / "build" / "target").exists(), command
+
+    # Quantized where trtspec's pins are installed (this environment), the same spec's checkpoints are kept in the
+    # image: quantize is up to date there, and nothing is quantized again.
+    here = {**os.environ, "PYTHONPATH": os.getcwd()}
+    r = subprocess.run([sys.executable, "-m", "trtspec", "quantize", "trtspec.yaml"], cwd=tmp_path, env=here)
+    assert r.returncode == 0
+    manifests = {p: p.read_text() for p in (tmp_path / "build").rglob("manifest.json")}
+    r = subprocess.run(
+        [sys.executable, "-m", "trtspec", "quantize", "trtspec.yaml", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr
+    assert {p: p.read_text() for p in (tmp_path / "build").rglob("manifest.json")} == manifests
+    assert "skipped" in r.stdout, r.stdout
+
+
+def test_stage_packages_are_held_to_trtspecs_own_pins_local_builds_included():
+    """The pins come from trtspec's installed metadata (pyproject.toml's extras); a local build label (torch's +cpu,
+    +cu130, the NGC container's +...nv25.10) is the same release; a missing package is unmet."""
+    from trtspec.build.toolchain import trtspec_pins, unmet_packages
+
+    pins = trtspec_pins(['torch==2.13.0; extra == "torch"', 'nvidia-modelopt[torch]==0.47.0; extra == "quant"'])
+    assert pins == {"torch": "==2.13.0", "nvidia-modelopt": "==0.47.0"}
+    ours = {"torch": "2.13.0+cpu", "transformers": "5.24.0", "safetensors": "0.8.0", "nvidia-modelopt": "0.47.0"}
+    assert unmet_packages("quantize", version_of=ours.get) == []
+    image = {**ours, "torch": "2.9.0a0+145a3a7bda.nv25.10"}
+    del image["safetensors"]
+    assert unmet_packages("quantize", version_of=image.get) == [
+        ("torch", "==2.13.0", "2.9.0a0+145a3a7bda.nv25.10"),
+        ("safetensors", ">=0.4", None),
+    ]
+    assert unmet_packages("compile") == [] and unmet_packages("repo") == []  # nothing beyond the image's own

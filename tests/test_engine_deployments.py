@@ -16,7 +16,7 @@ import yaml
 from tritonclient.grpc import model_config_pb2 as pb
 from typer.testing import CliRunner
 
-from tests.engine_helpers import engine_spec
+from tests.engine_helpers import copy_tokenizer, engine_spec
 from tests.upstream import facts
 from trtspec.build.layout import checkpoint_dir, engine_dir
 from trtspec.trtllm.trtllm_build import trtllm_build_command
@@ -29,9 +29,10 @@ DEPLOYMENTS = {
 }
 
 
-def _fake_checkpoint(out: Path, tp: int) -> None:
-    """A placeholder TensorRT-LLM checkpoint: the config.json keys and rank files trtllm-build reads, no weights."""
-    out.mkdir(parents=True)
+def _fake_checkpoint(out: Path, tp: int, tokenizer_from: Path) -> None:
+    """A placeholder TensorRT-LLM checkpoint: the config.json keys and rank files trtllm-build reads, no weights, and
+    the tokenizer the quantize stage saves with it (the repository copies it)."""
+    copy_tokenizer(tokenizer_from, out)
     (out / "config.json").write_text(
         json.dumps(
             {
@@ -54,7 +55,7 @@ def _deploy(tmp_path, tiny_pair, monkeypatch, overrides):
     spec = engine_spec(tmp_path, tiny_pair, **overrides)
     monkeypatch.setenv("TRTLLM_STANDIN_VERSION", spec.engine.trtllm_version)
     for role in ("target", "draft"):
-        _fake_checkpoint(checkpoint_dir(spec, role), getattr(spec, role).tp_size)
+        _fake_checkpoint(checkpoint_dir(spec, role), getattr(spec, role).tp_size, tiny_pair[0])
         cmd = trtllm_build_command(spec, role, checkpoint_dir(spec, role), engine_dir(spec, role))
         assert standin_build(cmd[1:]) == 0, role
     return spec, write_repo(spec)

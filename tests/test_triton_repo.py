@@ -205,6 +205,7 @@ def test_engine_runtime_swaps_only_the_two_engine_models(tiny_pair, tmp_path):
     """runtime trtllm-engine: backend tensorrtllm definitions (engines branch) for tensorrt_llm / tensorrt_llm_draft,
     everything else identical. The writer only references the engines and the checkpoint, and reads the release an
     engine was built by (the version guard): a config.json and an empty rank0.engine stand in for each engine."""
+    from tests.engine_helpers import copy_tokenizer
     from trtspec.build.layout import checkpoint_dir, engine_dir
 
     data = torch_spec_dict(*tiny_pair, runtime="trtllm-engine")
@@ -216,7 +217,7 @@ def test_engine_runtime_swaps_only_the_two_engine_models(tiny_pair, tmp_path):
             json.dumps({"version": spec.engine.trtllm_version, "build_config": {}, "pretrained_config": {}})
         )
         (engine_dir(spec, role) / "rank0.engine").write_bytes(b"")
-    checkpoint_dir(spec, "target").mkdir(parents=True)
+    copy_tokenizer(tiny_pair[0], checkpoint_dir(spec, "target"))  # the quantize stage saves it with the checkpoint
     torch_configs = load_configs(
         write_repo(
             spec_from_dict(

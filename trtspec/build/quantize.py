@@ -50,9 +50,26 @@ def quantize_inputs(spec: BuildSpec, role: str) -> tuple[dict[str, Path | None],
         }
         if calibrate
         else None,
-        "versions": tool_versions("nvidia-modelopt", "transformers", "torch"),
+        "versions": _quantizer_versions(spec, role),
     }
     return paths, settings
+
+
+def _quantizer_versions(spec: BuildSpec, role: str) -> dict:
+    """The versions of what quantizes (a new one rebuilds the checkpoint). Where the stage cannot run (its packages
+    are not trtspec's pins: the NGC image's are TensorRT-LLM's), those recorded by a checkpoint already there, so that
+    one quantized elsewhere from the same inputs is kept and the rest of the build runs; any other change still
+    reaches the stage, which then refuses in one line."""
+    from trtspec.build.artifacts import read_manifest
+    from trtspec.build.layout import checkpoint_dir
+    from trtspec.build.toolchain import unmet_packages
+
+    versions = tool_versions("nvidia-modelopt", "transformers", "torch")
+    if unmet_packages("quantize"):
+        recorded = ((read_manifest(checkpoint_dir(spec, role)) or {}).get("settings") or {}).get("versions")
+        if isinstance(recorded, dict):
+            return recorded
+    return versions
 
 
 def quantize_into(spec: BuildSpec, role: str, out_dir: Path, progress: Progress | None = None) -> dict:
@@ -67,6 +84,9 @@ def quantize_into(spec: BuildSpec, role: str, out_dir: Path, progress: Progress 
             f"{role}: quantization none on runtime {spec.runtime.value}: nothing to write",
             hint="the source directory is served as is",
         )
+    from trtspec.build.toolchain import require_stage_packages
+
+    require_stage_packages("quantize")  # e.g. the NGC image: TensorRT-LLM's torch/transformers/ModelOpt, not trtspec's
     t0 = time.monotonic()
     calibrated = calibrate(spec, role, progress)
     extra = export_calibrated(spec, calibrated, Path(out_dir), progress)

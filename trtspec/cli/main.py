@@ -90,13 +90,16 @@ def main(argv: list[str] | None = None) -> None:
     except TrtspecError as exc:
         if debug:
             raise
+        from rich.markup import escape
+
         from trtspec.cli._common import err_console
         from trtspec.errors import Interrupted
 
         label = "[bold yellow]interrupted:[/]" if isinstance(exc, Interrupted) else "[bold red]error:[/]"
-        err_console.print(f"{label} {exc.message}", highlight=False, soft_wrap=True)
+        # Escaped: a message or hint is plain text ("pip install 'trtspec[torch,quant]'" is not markup).
+        err_console.print(f"{label} {escape(exc.message)}", highlight=False, soft_wrap=True)
         if exc.hint:
-            err_console.print(f"[dim]hint:[/] {exc.hint}", highlight=False, soft_wrap=True)
+            err_console.print(f"[dim]hint:[/] {escape(exc.hint)}", highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
     except typer.Exit as exc:
         if exc.exit_code == 130:  # typer turns Ctrl-C into a silent Exit(130)

@@ -177,6 +177,15 @@ def _serve_docker(path: Path, image: str, host: str, ports: tuple[int, int, int]
     from trtspec.trtllm.engine_dir import check_repo_engines
 
     check_repo_engines(path, image)  # engines only load in the TensorRT-LLM release that built them
+    from trtspec.serving.container_paths import docker_form, path_problems
+
+    problems = path_problems(path, docker_form(path, image))  # what the configs name exists under the -v mounts
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ServerError(
+            problems[0] + more,
+            hint="rebuild what it names (`trtspec build`), or rewrite the repository (`trtspec repo`) on this machine",
+        )
     mounts, env = repo_mounts(path)
     chosen: list[int] = []
     for port in ports:  # 0: a port free now on the publishing address

@@ -51,6 +51,8 @@ class ModelDefinition:
     container_paths: dict[Path, str] = field(default_factory=dict)
     server_env: dict[str, str] = field(default_factory=dict)  # environment the server needs for this model
     texts: dict[str, str] = field(default_factory=dict)  # generated files: path in the model dir -> content
+    # A tokenizer copied into the model (the writer copies its files into ``1/<TOKENIZER_DIR>``): its source directory.
+    tokenizer_from: Path | None = None
 
     def __post_init__(self) -> None:
         if self.config.name != self.name:
@@ -61,14 +63,21 @@ def _python_files(source_model: str) -> dict[str, Path]:
     return {"1/model.py": MODELS_DIR / source_model / "model.py"}
 
 
-def tokenizer_dir(spec: BuildSpec) -> Path:
-    """The target's tokenizer is the pair's (check verifies the draft shares it): its serving directory, or for
-    engines (which hold no tokenizer) the quantize stage's checkpoint, written with the tokenizer files."""
+def tokenizer_source(spec: BuildSpec) -> Path:
+    """Where the repository's tokenizer is copied from. The target's tokenizer is the pair's (check verifies the
+    draft shares it): its serving directory, or for engines (which hold no tokenizer) the quantize stage's
+    checkpoint, written with the tokenizer files."""
     if spec.runtime is Runtime.TRTLLM_ENGINE:
         from trtspec.build.layout import checkpoint_dir
 
         return checkpoint_dir(spec, "target")
     return serving_model_dir(spec, "target")
+
+
+# preprocessing and postprocessing carry their own copy of the tokenizer, in their version directory, and name it
+# relative to that directory: the repository itself is all they read, so every deployment form that mounts the
+# repository (serve --docker, compose, Kubernetes) finds it, wherever the build wrote the checkpoints.
+TOKENIZER_DIR = "tokenizer"
 
 
 # -- runtime-independent models ------------------------------------------------------------------------------------
@@ -80,7 +89,7 @@ def preprocessing(spec: BuildSpec) -> ModelDefinition:
         max_batch_size=mbs,
         instances=1,
         parameters={
-            "tokenizer_dir": tokenizer_dir(spec),
+            "tokenizer_dir": TOKENIZER_DIR,
             "add_special_tokens": True,
             "max_input_len": spec.engine.max_input_len,
             "max_seq_len": spec.engine.max_seq_len,
@@ -89,7 +98,7 @@ def preprocessing(spec: BuildSpec) -> ModelDefinition:
         outputs=t.PRE_OUTPUTS,
         batching=Batching(spec.triton.max_queue_delay_us),
     )
-    return ModelDefinition(PRE, c, _python_files(PRE), [tokenizer_dir(spec)])
+    return ModelDefinition(PRE, c, _python_files(PRE), tokenizer_from=tokenizer_source(spec))
 
 
 def postprocessing(spec: BuildSpec) -> ModelDefinition:
@@ -99,14 +108,14 @@ def postprocessing(spec: BuildSpec) -> ModelDefinition:
         max_batch_size=spec.engine.max_batch_size,
         instances=1,
         parameters={
-            "tokenizer_dir": tokenizer_dir(spec),
+            "tokenizer_dir": TOKENIZER_DIR,
             "skip_special_tokens": True,
         },
         inputs=t.POST_INPUTS,
         outputs=t.POST_OUTPUTS,
         batching=Batching(spec.triton.max_queue_delay_us),
     )
-    return ModelDefinition(POST, c, _python_files(POST), [tokenizer_dir(spec)])
+    return ModelDefinition(POST, c, _python_files(POST), tokenizer_from=tokenizer_source(spec))
 
 
 def engine_capabilities(spec: BuildSpec) -> dict[str, Any]:

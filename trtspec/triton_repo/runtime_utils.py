@@ -16,6 +16,16 @@ def model_params(args: dict[str, str]) -> dict[str, str]:
     return {k: v.get("string_value", "") for k, v in (cfg.get("parameters") or {}).items()}
 
 
+def model_file(args: dict[str, str], path: str) -> str:
+    """A path a config names, as the model opens it: relative ones are relative to the model's version directory
+    (``<repository>/<model>/<version>/``; the repository's own files, e.g. the tokenizer copy), absolute ones as is."""
+    import os
+
+    if os.path.isabs(path):
+        return path
+    return os.path.join(args["model_repository"], str(args["model_version"]), path)
+
+
 def as_bool(value: Any, default: bool = False) -> bool:
     if value is None or value == "":
         return default

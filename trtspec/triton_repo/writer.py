@@ -16,9 +16,55 @@ from trtspec.build.layout import ROLES, served_ngram_pool, serving_model_dir
 from trtspec.build.stages import PlanEntry
 from trtspec.errors import SpecError
 from trtspec.spec import BuildSpec
-from trtspec.triton_repo.definitions import ENSEMBLE, MODELS_DIR, ModelDefinition, repository_models
+from trtspec.triton_repo.definitions import (
+    ENSEMBLE,
+    MODELS_DIR,
+    TOKENIZER_DIR,
+    ModelDefinition,
+    repository_models,
+    tokenizer_source,
+)
 from trtspec.triton_repo.pbtxt import serialize
 from trtspec.triton_repo.validate import validate_repo
+
+# What AutoTokenizer.from_pretrained (and trtspec's FastTokenizer) read from a model directory: the tokenizer, its
+# configuration and chat template, and a Hugging Face config.json (the model type, where tokenizer_config.json names
+# no tokenizer class).
+TOKENIZER_PATTERNS = (
+    "tokenizer*.json",
+    "tokenizer.model",
+    "*.tiktoken",
+    "spiece.model",
+    "vocab.*",
+    "merges.txt",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.*",
+    "tokenization_*.py",
+    "config.json",
+)
+TOKENIZER_REQUIRED = ("tokenizer.json", "tokenizer.model", "*.tiktoken", "spiece.model", "vocab.*")
+
+
+def tokenizer_files(source: Path) -> list[Path]:
+    """The tokenizer files of a model directory (empty when it holds no tokenizer)."""
+    source = Path(source)
+    if not source.is_dir() or not any(p.is_file() for pat in TOKENIZER_REQUIRED for p in source.glob(pat)):
+        return []
+    return sorted({p for pat in TOKENIZER_PATTERNS for p in source.glob(pat) if p.is_file() and _wanted(p)})
+
+
+def _wanted(path: Path) -> bool:
+    """config.json only when it is a Hugging Face model config (a TensorRT-LLM checkpoint's is not one: no
+    model_type, which AutoTokenizer would look up in it)."""
+    if path.name != "config.json":
+        return True
+    import json
+
+    try:
+        return "model_type" in json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
 
 
 def repo_inputs(spec: BuildSpec) -> tuple[dict[str, Path | None], dict]:
@@ -49,6 +95,8 @@ def repo_inputs(spec: BuildSpec) -> tuple[dict[str, Path | None], dict]:
     settings.update(version_guard_settings(spec))
     # The pool is copied into (or read by) the repository: a rebuilt pool rewrites it.
     paths: dict[str, Path | None] = {"model_sources": MODELS_DIR, "ngram_pool": served_ngram_pool(spec)}
+    for f in tokenizer_files(tokenizer_source(spec)):  # copied into the repository: a changed tokenizer rewrites it
+        paths[f"tokenizer/{f.name}"] = f
     for role in ROLES:
         manifest = serving_model_dir(spec, role) / MANIFEST
         paths[f"{role}_manifest"] = manifest if manifest.is_file() else None
@@ -57,12 +105,18 @@ def repo_inputs(spec: BuildSpec) -> tuple[dict[str, Path | None], dict]:
 
 def _check_sources(spec: BuildSpec, models: list[ModelDefinition]) -> None:
     for m in models:
-        for path in m.external_paths:
+        for path in m.external_paths + ([m.tokenizer_from] if m.tokenizer_from is not None else []):
             if not Path(path).is_dir():
                 raise SpecError(
                     f"{m.name} reads {path}, which does not exist yet",
                     hint="run the earlier stages first (`trtspec build`), or fix the model path",
                 )
+        if m.tokenizer_from is not None and not tokenizer_files(m.tokenizer_from):
+            raise SpecError(
+                f"{m.name} copies the tokenizer from {m.tokenizer_from}, which holds none "
+                "(no tokenizer.json, tokenizer.model or vocabulary file)",
+                hint="save the target's tokenizer into its model directory (tokenizer.save_pretrained(DIR))",
+            )
 
 
 def _write_model(out_dir: Path, m: ModelDefinition) -> None:
@@ -73,6 +127,10 @@ def _write_model(out_dir: Path, m: ModelDefinition) -> None:
         dst = model_dir / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src, dst)
+    if m.tokenizer_from is not None:
+        (model_dir / "1" / TOKENIZER_DIR).mkdir()
+        for f in tokenizer_files(m.tokenizer_from):
+            shutil.copyfile(f, model_dir / "1" / TOKENIZER_DIR / f.name)
     for rel, content in m.texts.items():
         dst = model_dir / rel
         dst.parent.mkdir(parents=True, exist_ok=True)

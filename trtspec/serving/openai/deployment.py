@@ -88,7 +88,7 @@ class ServedDeployment:
                 contract="ensemble",
                 entry_model=ENSEMBLE,
                 runtime=runtime,
-                tokenizer_dir=_local(pre["tokenizer_dir"], mounts),
+                tokenizer_dir=_local(pre["tokenizer_dir"], mounts, repo / PRE / "1"),
                 add_special_tokens=pre.get("add_special_tokens", "true").lower() in ("1", "true", "yes"),
                 max_input_len=int(pre.get("max_input_len", 0) or 0),
                 max_seq_len=int(pre.get("max_seq_len", 0) or bls.get("max_seq_len", 0) or 0),
@@ -127,8 +127,11 @@ def _params(config: Any) -> dict[str, str]:
     return {k: v.string_value for k, v in config.parameters.items()}
 
 
-def _local(path: str, mounts: dict[str, str]) -> Path:
-    """``path`` as it exists here: itself, or the host directory a container mount maps it from."""
+def _local(path: str, mounts: dict[str, str], version_dir: Path | None = None) -> Path:
+    """``path`` as it exists here: itself, or the host directory a container mount maps it from; a relative path is
+    the model's own file, relative to its version directory (``version_dir``: runtime_utils.model_file)."""
+    if version_dir is not None and not Path(path).is_absolute():
+        return Path(version_dir) / path
     if Path(path).exists():
         return Path(path)
     for inside, host in sorted(mounts.items(), key=lambda kv: -len(kv[0])):

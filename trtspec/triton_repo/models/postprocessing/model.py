@@ -12,14 +12,23 @@ for _path in reversed(os.environ.get("TRTSPEC_PYTHONPATH", "").split(os.pathsep)
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from trtspec.triton_repo.runtime_utils import as_bool, error_message, model_params, request_inputs, scalar_rows
+from trtspec.triton_repo.runtime_utils import (
+    as_bool,
+    error_message,
+    model_file,
+    model_params,
+    request_inputs,
+    scalar_rows,
+)
 from trtspec.triton_repo.text import Postprocessor, load_tokenizer
 
 
 class TritonPythonModel:
     def initialize(self, args):
         p = model_params(args)
-        self.post = Postprocessor(load_tokenizer(p["tokenizer_dir"]), as_bool(p.get("skip_special_tokens"), True))
+        self.post = Postprocessor(
+            load_tokenizer(model_file(args, p["tokenizer_dir"])), as_bool(p.get("skip_special_tokens"), True)
+        )
 
     def execute(self, requests):
         responses = []

@@ -18,7 +18,14 @@ import triton_python_backend_utils as pb_utils
 
 from trtspec.errors import GenerationError
 from trtspec.runtimes.inflight.contract import encode_word_list
-from trtspec.triton_repo.runtime_utils import as_bool, error_message, model_params, request_inputs, scalar_rows
+from trtspec.triton_repo.runtime_utils import (
+    as_bool,
+    error_message,
+    model_file,
+    model_params,
+    request_inputs,
+    scalar_rows,
+)
 from trtspec.triton_repo.text import Preprocessor, decode_text, load_tokenizer
 from trtspec.validation import validate_max_tokens, validate_prompt, validate_prompt_tokens
 
@@ -26,7 +33,9 @@ from trtspec.validation import validate_max_tokens, validate_prompt, validate_pr
 class TritonPythonModel:
     def initialize(self, args):
         p = model_params(args)
-        self.pre = Preprocessor(load_tokenizer(p["tokenizer_dir"]), as_bool(p.get("add_special_tokens"), True))
+        self.pre = Preprocessor(
+            load_tokenizer(model_file(args, p["tokenizer_dir"])), as_bool(p.get("add_special_tokens"), True)
+        )
         self.max_input_len = int(p["max_input_len"])
         self.max_seq_len = int(p["max_seq_len"])
 
