@@ -58,3 +58,9 @@ def llm_api(version: str) -> dict[str, Any]:
 def ngc_images() -> dict[str, str]:
     """NGC tag -> the TensorRT-LLM version it ships."""
     return {i["tag"]: i["trtllm_version"] for i in load("ngc_images")["images"]}
+
+
+def ensemble_inputs(version: str = "1.0.0") -> list[dict[str, Any]]:
+    """The ensemble's inputs (what clients send) in the reading that applies to ``version``."""
+    data = load("ensemble_inputs")
+    return data["readings"][data["applies_to"][release_line(version)]]["inputs"]
