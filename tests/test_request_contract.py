@@ -33,6 +33,7 @@ import yaml
 
 from tests.openai_helpers import Served
 from tests.serving_helpers import torch_spec_dict
+from tests.upstream import facts
 from trtspec.spec import spec_from_dict
 from trtspec.triton_repo.names import BLS, ENSEMBLE, TARGET
 
@@ -72,6 +73,83 @@ def _row(
 
 def _openai_only(id: str, body: dict[str, Any], error: str, endpoint: str = "completions") -> Row:
     return Row(id, {}, error, {d: TYPED for d in DOORS if d != "openai"}, body, endpoint)
+
+
+# Upstream's ensemble inputs that trtspec does not implement (issue 23, item 7): declared, so a request carrying one
+# is not Triton's "unexpected inference input"; its absence and upstream's default are served as the greedy text, any
+# other value is refused by name in preprocessing. Inputs trtspec honours are served (values that leave greedy
+# output unchanged). Only the ensemble doors take these fields.
+ENSEMBLE_ONLY = {
+    d: "not a field of this door: only TensorRT-LLM's ensemble contract has it" for d in DOORS if "ensemble" not in d
+}
+UNSUPPORTED = "is not supported by trtspec's draft-target models"
+NOT_DEFAULT = {  # input -> a value other than upstream's default
+    "decoder_text_input": "a decoder prompt",
+    "num_return_sequences": 2,
+    "length_penalty": 0.5,
+    "repetition_penalty": 1.3,
+    "min_tokens": 4,
+    "presence_penalty": 0.5,
+    "frequency_penalty": 0.5,
+    "return_log_probs": True,
+    "return_context_logits": True,
+    "return_generation_logits": True,
+    "beam_width": 2,
+    "prompt_embedding_table": [[0.5, 0.25]],
+    "prompt_table_extra_id": 7,
+    "prompt_vocab_size": 4,
+    "embedding_bias_words": ["fox"],
+    "embedding_bias_weights": [1.5, 0.5],
+    "lora_task_id": 1,
+    "lora_weights": [[0.5, 0.25]],
+    "lora_config": [[0, 0, 1]],
+    "guided_decoding_guide_type": "json",
+    "guided_decoding_guide": "{}",
+}
+DEFAULTS = {  # upstream's default values: served as if absent
+    "decoder_text_input": "",
+    "num_return_sequences": 1,
+    "length_penalty": 1.0,
+    "repetition_penalty": 1.0,
+    "min_tokens": 1,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "return_log_probs": False,
+    "return_context_logits": False,
+    "return_generation_logits": False,
+    "beam_width": 1,
+    "prompt_vocab_size": 0,
+}
+HONOURED = {  # trtspec implements these: a value that leaves greedy output unchanged is served, and the same
+    "seed": 7,
+    "return_perf_metrics": True,
+    "return_num_input_tokens": True,
+    "return_num_output_tokens": True,
+    "stop_words": ["\u2603\u2603\u2603"],
+    "bad_words": ["\u2603\u2603\u2603"],
+}
+
+
+def _shown(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+# Measured: Triton's HTTP generate extension answers "The schema can not convert input ... to tensor with proper
+# shape" for a numeric array, before any model sees it (string lists pass).
+NUMERIC_ARRAY = "Triton's HTTP generate extension cannot carry a numeric array; the gRPC door sends it"
+
+
+def _upstream_rows() -> list[Row]:
+    rows = []
+    for name, value in NOT_DEFAULT.items():
+        error = f"{name} {UNSUPPORTED}" if isinstance(value, (list, str)) else f"{name} {_shown(value)} {UNSUPPORTED}"
+        numeric = isinstance(value, list) and not isinstance(value[0], str)
+        skip = {**ENSEMBLE_ONLY, **({"ensemble http": NUMERIC_ARRAY} if numeric else {})}
+        rows.append(_row(f"{name} {_shown(value)}", error, skip, hint=f"leave {name} out", **{name: value}))
+    rows += [_row(f"{n} {_shown(v)} (default)", None, ENSEMBLE_ONLY, **{n: v}) for n, v in DEFAULTS.items()]
+    rows.append(_row("min_tokens 0 (default)", None, ENSEMBLE_ONLY, min_tokens=0))
+    rows += [_row(f"{n} {_shown(v)} (honoured)", None, ENSEMBLE_ONLY, **{n: v}) for n, v in HONOURED.items()]
+    return rows
 
 
 K = "num_draft_tokens must be in 0..4, got"
@@ -114,6 +192,7 @@ ROWS = [
         "missing required parameter: 'messages.0.content'",
         "chat/completions",
     ),
+    *_upstream_rows(),
 ]
 
 
@@ -193,15 +272,18 @@ def _openai(row: Row, base_url: str) -> tuple[str, Any]:
     return "error", error["message"]
 
 
+_NUMPY = {
+    "STRING": ("BYTES", np.object_),
+    "INT32": ("INT32", np.int32),
+    "UINT64": ("UINT64", np.uint64),
+    "FP32": ("FP32", np.float32),
+    "FP16": ("FP16", np.float16),
+    "BOOL": ("BOOL", np.bool_),
+}
+# Each field with upstream's type (tests/upstream/ensemble_inputs.json), plus trtspec's num_draft_tokens.
 ENSEMBLE_TYPES = {
-    "text_input": ("BYTES", np.object_),
-    "max_tokens": ("INT32", np.int32),
-    "temperature": ("FP32", np.float32),
-    "top_k": ("INT32", np.int32),
-    "top_p": ("FP32", np.float32),
+    **{i["name"]: _NUMPY[i["data_type"]] for i in facts.ensemble_inputs()},
     "num_draft_tokens": ("INT32", np.int32),
-    "stream": ("BOOL", np.bool_),
-    "exclude_input_in_output": ("BOOL", np.bool_),
 }
 TOKEN_NAMES = {"temperature": "temperature", "top_k": "runtime_top_k", "top_p": "runtime_top_p"}
 
@@ -242,7 +324,11 @@ def _ensemble_grpc(row: Row, url: str) -> tuple[str, Any]:
     inputs = []
     for name, value in values.items():
         dtype, np_type = ENSEMBLE_TYPES[name]
-        inputs.append(_tensor(name, [[value.encode() if isinstance(value, str) else value]], dtype, np_type))
+        if isinstance(value, list):  # a [-1] or [-1, -1] input: the list is the request's row
+            row = [v.encode() if isinstance(v, str) else v for v in value]
+        else:
+            row = [value.encode() if isinstance(value, str) else value]
+        inputs.append(_tensor(name, [row], dtype, np_type))
     status, out = _grpc_stream(url, ENSEMBLE, inputs)
     if status == "error":
         return status, out

@@ -205,3 +205,49 @@ def test_ngc_table_is_the_recorded_one():
     by_tag = {t.tag: t for t in NGC_TAGS}
     for image in facts.load("ngc_images")["images"]:
         assert by_tag[image["tag"]].source == image["source"], image["tag"]
+
+
+# -- the ensemble (what clients send) -----------------------------------------------------------------------------
+def _ensemble_specs(tmp_path, tiny_pair):
+    from tests.serving_helpers import torch_spec_dict
+    from trtspec.spec import spec_from_dict
+
+    yield "trtllm-engine", engine_spec(tmp_path, tiny_pair)
+    for orchestration in ("bls", "in_process"):
+        data = torch_spec_dict(*tiny_pair, triton={"orchestration": orchestration})
+        yield f"torch {orchestration}", spec_from_dict(data, base_dir=tmp_path / orchestration, environ={})
+
+
+@pytest.mark.parametrize("line", sorted(VERSIONS))
+def test_the_ensemble_declares_every_upstream_input_with_its_type(tmp_path, tiny_pair, line):
+    """A client of TensorRT-LLM's ensemble may send any of its inputs: an undeclared one fails with Triton's
+    "unexpected inference input" before any model can answer it (issue 23, item 7)."""
+    from trtspec.triton_repo.definitions import ensemble
+
+    recorded = facts.ensemble_inputs(VERSIONS[line])
+    for what, spec in _ensemble_specs(tmp_path, tiny_pair):
+        declared = {i.name: i for i in ensemble(spec).config.input}
+        for rec in recorded:
+            i = declared.get(rec["name"])
+            assert i is not None, f"{what}: upstream's ensemble input {rec['name']} is not declared"
+            assert pb.DataType.Name(i.data_type) == f"TYPE_{rec['data_type']}", (what, rec["name"])
+            assert list(i.dims) == rec["dims"], (what, rec["name"])
+            # text_input and max_tokens: declared optional on purpose (trtspec.triton_repo.tensors)
+            assert i.optional or not rec["optional"], (what, rec["name"])
+            assert i.allow_ragged_batch == rec.get("allow_ragged_batch", False), (what, rec["name"])
+
+
+def test_every_input_the_ensemble_does_not_implement_reaches_preprocessing(tmp_path, tiny_pair):
+    """Each upstream input without a trtspec model input goes to preprocessing, which refuses a non-default value."""
+    from trtspec.triton_repo.definitions import ensemble
+    from trtspec.triton_repo.names import PRE
+    from trtspec.validation import ALWAYS_HONOURED_INPUTS, UNSUPPORTED_INPUTS
+
+    recorded = {r["name"] for r in facts.ensemble_inputs()}
+    assert set(UNSUPPORTED_INPUTS) | set(ALWAYS_HONOURED_INPUTS) <= recorded
+    for what, spec in _ensemble_specs(tmp_path, tiny_pair):
+        steps = ensemble(spec).config.ensemble_scheduling.step
+        consumed = {v for s in steps for v in s.input_map.values()}
+        assert recorded <= consumed, (what, sorted(recorded - consumed))
+        pre = next(s for s in steps if s.model_name == PRE)
+        assert set(UNSUPPORTED_INPUTS) <= set(pre.input_map.values()), what

@@ -10,6 +10,7 @@ request contract's (TensorRT-LLM's): ``max_tokens``, ``temperature``, ``top_k``,
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from trtspec.errors import GenerationError
@@ -78,3 +79,79 @@ def validate_fields(values: dict[str, Any]) -> None:
         values.get("temperature", 0.0), values.get("top_k", 0), values.get("top_p", 1.0), values.get("seed")
     )
     validate_num_draft_tokens(values.get("num_draft_tokens"))
+
+
+# -- the ensemble inputs of TensorRT-LLM's contract that trtspec's draft-target models do not implement --------------
+# The ensemble declares every input of upstream's (tests/upstream/ensemble_inputs.json), so that a client of
+# TensorRT-LLM's ensemble does not meet Triton's "unexpected inference input". Each input below travels to
+# preprocessing, which accepts its absence and upstream's default value silently and refuses any other value by name
+# (``validate_unsupported_input``), before any engine work.
+@dataclass(frozen=True)
+class UnsupportedInput:
+    """``defaults``: the values accepted silently (empty: only an absent or empty input); ``why``: what is missing."""
+
+    defaults: tuple[Any, ...]
+    why: str
+    hint: str = ""
+
+
+_PENALTY = "penalties are not implemented in draft-target sampling"
+_LOGITS = "the ensemble returns text and speculative statistics, not logits or log-probabilities"
+UNSUPPORTED_INPUTS: dict[str, UnsupportedInput] = {
+    "decoder_text_input": UnsupportedInput((), "it is for encoder-decoder models; draft and target are decoder-only"),
+    "num_return_sequences": UnsupportedInput(
+        (1,), "one sequence per request", "send the request once per sequence, each with its own seed"
+    ),
+    "length_penalty": UnsupportedInput((1.0,), "it applies to beam search, and draft-target decoding has beam width 1"),
+    "repetition_penalty": UnsupportedInput((1.0,), _PENALTY),
+    "min_tokens": UnsupportedInput((0, 1), "end_id is never suppressed to reach a minimum length"),
+    "presence_penalty": UnsupportedInput((0.0,), _PENALTY),
+    "frequency_penalty": UnsupportedInput((0.0,), _PENALTY),
+    "return_log_probs": UnsupportedInput((False,), _LOGITS),
+    "return_context_logits": UnsupportedInput((False,), _LOGITS),
+    "return_generation_logits": UnsupportedInput((False,), _LOGITS),
+    "beam_width": UnsupportedInput((1,), "draft-target decoding has beam width 1 (TensorRT-LLM's too)"),
+    "prompt_embedding_table": UnsupportedInput((), "prompt tuning is not implemented"),
+    "prompt_table_extra_id": UnsupportedInput((), "prompt tuning is not implemented"),
+    "prompt_vocab_size": UnsupportedInput((0,), "prompt tuning is not implemented"),
+    "embedding_bias_words": UnsupportedInput((), "embedding bias is not implemented", "send bad_words to ban words"),
+    "embedding_bias_weights": UnsupportedInput((), "embedding bias is not implemented", "send bad_words to ban words"),
+    "lora_task_id": UnsupportedInput((), "LoRA adapters are not implemented"),
+    "lora_weights": UnsupportedInput((), "LoRA adapters are not implemented"),
+    "lora_config": UnsupportedInput((), "LoRA adapters are not implemented"),
+    "guided_decoding_guide_type": UnsupportedInput((), "guided decoding is not implemented"),
+    "guided_decoding_guide": UnsupportedInput((), "guided decoding is not implemented"),
+}
+# Upstream inputs that trtspec honours without a model input of its own: num_input_tokens and num_output_tokens are
+# in every response, asked for or not.
+ALWAYS_HONOURED_INPUTS = ("return_num_input_tokens", "return_num_output_tokens")
+
+
+def _elements(value: Any) -> list[Any]:
+    """The elements of one request's input (a numpy row, a list or a scalar), flattened."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [e for v in value for e in _elements(v)]
+    return [value]
+
+
+def validate_unsupported_input(name: str, value: Any) -> None:
+    """Refuse one request's value of an input in UNSUPPORTED_INPUTS unless it is absent, empty or upstream's default."""
+    rule = UNSUPPORTED_INPUTS[name]
+    items = [e for e in _elements(value) if e not in (b"", "")]
+    if not items:
+        return
+    scalar = len(items) == 1 and not isinstance(items[0], (bytes, str))
+    if scalar and any(items[0] == d and isinstance(items[0], bool) == isinstance(d, bool) for d in rule.defaults):
+        return
+    v = items[0]
+    shown = (
+        "" if not scalar else f" {v:g}" if isinstance(v, float) else f" {str(v).lower() if isinstance(v, bool) else v}"
+    )
+    allowed = " or ".join(str(d).lower() if isinstance(d, bool) else str(d) for d in rule.defaults)
+    hint = f"leave {name} out" + (f" or send {allowed} (upstream's default)" if allowed else "")
+    raise GenerationError(
+        f"{name}{shown} is not supported by trtspec's draft-target models: {rule.why}",
+        hint=hint + (f"; {rule.hint}" if rule.hint else ""),
+    )

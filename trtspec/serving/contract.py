@@ -35,7 +35,7 @@ LLMAPI_FIELDS = {
     "apply_chat_template": "apply_chat_template",
 }
 LLMAPI_STATS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "num_output_tokens")
-_NUMPY_TYPES = {"INT32": "int32", "UINT64": "uint64", "FP32": "float32", "BOOL": "bool_"}
+_NUMPY_TYPES = {"INT32": "int32", "UINT64": "uint64", "FP32": "float32", "FP16": "float16", "BOOL": "bool_"}
 
 
 def input_types(contract: str = "ensemble") -> dict[str, str]:
@@ -111,7 +111,8 @@ def grpc_inputs(values: dict[str, Any], contract: str) -> list[Any]:
             arr = np.array([v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in items], dtype=np.object_)
             dtype = "BYTES"
         else:
-            arr = np.array([value], dtype=getattr(np, _NUMPY_TYPES[dtype]))
+            items = value if isinstance(value, (list, tuple)) else [value]  # a list for a [-1] input, scalars in [1]
+            arr = np.array(items, dtype=getattr(np, _NUMPY_TYPES[dtype]))
         if contract != "llmapi":
             arr = arr[None]  # the ensemble batches: [1, ...]
         x = grpcclient.InferInput(name, list(arr.shape), dtype)

@@ -210,6 +210,7 @@ def ensemble(spec: BuildSpec) -> ModelDefinition:
             "END_ID": "end_id",
             "PAD_ID": "pad_id",
             "APPLY_CHAT_TEMPLATE": "apply_chat_template",
+            **{i.name: i.name for i in t.UNSUPPORTED_ENSEMBLE_INPUTS},
         },
         {
             "INPUT_ID": "_INPUT_ID",

@@ -1,11 +1,12 @@
 """Tensor names, types and dims of every model in the repository.
 
 Mirrors TensorRT-LLM's ``triton_backend/all_models/inflight_batcher_llm/{ensemble,preprocessing,postprocessing,
-tensorrt_llm,tensorrt_llm_bls}/config.pbtxt`` (same names, types and dims) for the fields trtspec implements; inputs it
-does not implement (LoRA, multimodal, beam search, penalties) are left out so that Triton rejects them by name instead
-of them being silently ignored. Additions are marked "trtspec". The exception is backend tensorrtllm (runtime
-trtllm-engine), which implements all of its template's tensors. One format: ``TensorSpec`` rows, which
-``pbtxt.new_config`` turns into a model's inputs and outputs.
+tensorrt_llm,tensorrt_llm_bls}/config.pbtxt`` (same names, types and dims) for the fields trtspec implements. The
+ensemble declares every input of upstream's, and those trtspec does not implement (beam search, penalties, LoRA,
+prompt tuning ...: ``UNSUPPORTED_ENSEMBLE_INPUTS``) go to preprocessing, which refuses a value other than upstream's
+default by name (trtspec.validation.UNSUPPORTED_INPUTS) instead of ignoring it. Additions are marked "trtspec". The
+exception is backend tensorrtllm (runtime trtllm-engine), which implements all of its template's tensors. One format:
+``TensorSpec`` rows, which ``pbtxt.new_config`` turns into a model's inputs and outputs.
 """
 
 from __future__ import annotations
@@ -52,6 +53,34 @@ ENSEMBLE_INPUTS = [
     T("use_draft_logits", "BOOL", SCALAR, optional=True),  # upstream: tensorrt_llm_bls input
     T("apply_chat_template", "BOOL", SCALAR, optional=True),  # trtspec: wrap text_input in the chat template
 ]
+# Upstream's ensemble inputs that trtspec does not implement (every one in trtspec.validation.UNSUPPORTED_INPUTS) or
+# honours without a model input (ALWAYS_HONOURED_INPUTS): the ensemble passes each to preprocessing under its own name.
+UNSUPPORTED_ENSEMBLE_INPUTS = [
+    T("decoder_text_input", "STRING", SCALAR, optional=True),
+    T("num_return_sequences", "INT32", SCALAR, optional=True),
+    T("length_penalty", "FP32", SCALAR, optional=True),
+    T("repetition_penalty", "FP32", SCALAR, optional=True),
+    T("min_tokens", "INT32", SCALAR, optional=True),
+    T("presence_penalty", "FP32", SCALAR, optional=True),
+    T("frequency_penalty", "FP32", SCALAR, optional=True),
+    T("return_log_probs", "BOOL", SCALAR, optional=True),
+    T("return_context_logits", "BOOL", SCALAR, optional=True),
+    T("return_generation_logits", "BOOL", SCALAR, optional=True),
+    T("return_num_input_tokens", "BOOL", SCALAR, optional=True),  # honoured: num_input_tokens is always returned
+    T("return_num_output_tokens", "BOOL", SCALAR, optional=True),  # honoured: num_output_tokens is always returned
+    T("beam_width", "INT32", SCALAR, optional=True),
+    T("prompt_embedding_table", "FP16", (-1, -1), optional=True),
+    T("prompt_table_extra_id", "UINT64", SCALAR, optional=True),
+    T("prompt_vocab_size", "INT32", SCALAR, optional=True),
+    T("embedding_bias_words", "STRING", (-1,), optional=True),
+    T("embedding_bias_weights", "FP32", (-1,), optional=True),
+    T("lora_task_id", "UINT64", SCALAR, optional=True),
+    T("lora_weights", "FP16", (-1, -1), optional=True, ragged=True),
+    T("lora_config", "INT32", (-1, 3), optional=True, ragged=True),
+    T("guided_decoding_guide_type", "STRING", SCALAR, optional=True, ragged=True),
+    T("guided_decoding_guide", "STRING", SCALAR, optional=True, ragged=True),
+]
+ENSEMBLE_INPUTS += UNSUPPORTED_ENSEMBLE_INPUTS
 STAT_OUTPUTS = [
     T("acceptance_rate", "FP32", SCALAR),
     T("total_accepted_draft_tokens", "INT32", SCALAR),
@@ -73,6 +102,7 @@ PRE_INPUTS = [
     T("END_ID", "INT32", SCALAR, optional=True),
     T("PAD_ID", "INT32", SCALAR, optional=True),
     T("APPLY_CHAT_TEMPLATE", "BOOL", SCALAR, optional=True),  # trtspec
+    *UNSUPPORTED_ENSEMBLE_INPUTS,  # trtspec: refused unless absent or upstream's default
 ]
 PRE_OUTPUTS = [
     T("INPUT_ID", "INT32", (-1,)),

@@ -1,8 +1,9 @@
 """trtspec preprocessing: text_input -> input_ids with the target's tokenizer (TRT-LLM preprocessing contract).
 
 Validates each request by trtspec's request rules (trtspec.validation: max_tokens >= 1, a prompt that is not only
-whitespace, within max_input_len in tokens, prompt + max_tokens within max_seq_len; UTF-8) and answers a bad one
-with an error response; the rest of the batch is unaffected.
+whitespace, within max_input_len in tokens, prompt + max_tokens within max_seq_len; UTF-8; upstream's ensemble inputs
+that trtspec does not implement absent or at upstream's default) and answers a bad one with an error response; the
+rest of the batch is unaffected.
 """
 
 import os
@@ -27,7 +28,13 @@ from trtspec.triton_repo.runtime_utils import (
     scalar_rows,
 )
 from trtspec.triton_repo.text import Preprocessor, decode_text, load_tokenizer
-from trtspec.validation import validate_max_tokens, validate_prompt, validate_prompt_tokens
+from trtspec.validation import (
+    UNSUPPORTED_INPUTS,
+    validate_max_tokens,
+    validate_prompt,
+    validate_prompt_tokens,
+    validate_unsupported_input,
+)
 
 
 class TritonPythonModel:
@@ -59,6 +66,10 @@ class TritonPythonModel:
             )
         query = x["QUERY"].reshape(x["QUERY"].shape[0], -1)
         batch = query.shape[0]
+        # Upstream's inputs that trtspec does not implement: absent or upstream's default, else refused by name.
+        for name in sorted(set(x) & set(UNSUPPORTED_INPUTS)):
+            for b in range(x[name].shape[0]):
+                validate_unsupported_input(name, x[name][b])
         out_len = scalar_rows(x.get("REQUEST_OUTPUT_LEN"), batch, None)
         chat = scalar_rows(x.get("APPLY_CHAT_TEMPLATE"), batch, False)
         end_id = scalar_rows(x.get("END_ID"), batch, self.pre.end_id)
