@@ -74,16 +74,10 @@ class AdaptiveEngineDrafter:
     def propose(self, jobs: list[Any], ks: list[int], batch_tokens: int = 0) -> list[Proposal]:
         t0 = time.perf_counter()
         found = [self.ngram.propose_one(job.history(), k) for job, k in zip(jobs, ks)]
+        ready = [self._model_ready(job) for job in jobs]
         asks = [
-            Ask(
-                k,
-                p.tokens,
-                p.match_len,
-                self._model_ready(job),
-                max(1, len(job.pending)),
-                self.model.lag(job) if self._model_ready(job) else 0,
-            )
-            for job, k, p in zip(jobs, ks, found)
+            Ask(k, p.tokens, p.match_len, r, max(1, len(job.pending)), self.model.lag(job) if r else 0)
+            for job, k, p, r in zip(jobs, ks, found, ready)
         ]
         # Jobs of the batch that do not speculate feed tokens too: the step's cost grows from all of them.
         others = max(0, batch_tokens - sum(a.base_tokens for a in asks))
