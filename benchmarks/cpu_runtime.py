@@ -3,15 +3,17 @@
 The embedded example (SmolLM2-135M fp32 target, its distilled draft and n-gram pool), greedy, in process through the
 in-flight engine: ms/token and tok/s target-only and speculative (n-gram drafter and draft model, K 4) with the
 transformers module tree (``fast_step=False``, the path before the fused step) and with the fused Llama step
-(trtspec.runtimes.inflight.llama_step); the cost ratios v (verify K + 1 tokens / one decode step, with the head at the
-measured tokens per step) and c (draft step / target step) through each path (trtspec.runtimes.torch.costs);
-and whether every path's text equals the new target-only text. Methods alternate prompt by prompt, so background load
-hits them alike. Run it under the CPU lock on a quiet machine and note ``uptime``:
+(trtspec.runtimes.inflight.llama_step), and with ``--bf16`` the fused step on the same weights in bfloat16 (another
+target: its own greedy text, which its speculative runs must equal); the cost ratios v (verify K + 1 tokens / one
+decode step, with the head at the measured tokens per step) and c (draft step / target step) through each path
+(trtspec.runtimes.torch.costs); and whether every path's text equals its own target-only text. Methods alternate
+prompt by prompt, so background load hits them alike. Run it under the CPU lock on a quiet machine, note ``uptime``:
 
-    OMP_WAIT_POLICY=PASSIVE python benchmarks/cpu_runtime.py [--max-tokens 64] [--k 4] [--threads 0] [--json out.json]
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/cpu_runtime.py [--max-tokens 64] [--k 4] [--threads 0] [--bf16]
+        [--json out.json]
 
-(about 4 minutes on 2 cores.) The OpenMP wait policy is read when torch loads: this script defaults it to passive as
-trtspec does (trtspec.threads) unless the environment sets it.
+(about 4 minutes on 2 cores, 6 with --bf16.) The OpenMP wait policy is read when torch loads: this script defaults it
+to passive as trtspec does (trtspec.threads) unless the environment sets it.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ QUESTIONS = [
     "Summarize the plot of Romeo and Juliet in three sentences.",
 ]
 MODES = ("target-only", "ngram", "draft model")
+PATHS = (("old", False), ("new", True), ("new bf16", True))  # (name, fused step)
 
 
 def main() -> None:
@@ -54,6 +57,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: one per core)")
     ap.add_argument("--context", type=int, default=256, help="cached tokens before the timed passes of v and c")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--bf16", action="store_true", help="also the fused step on bfloat16 weights")
     args = ap.parse_args()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -61,16 +65,21 @@ def main() -> None:
 
     paths = example_models()
     session = TorchSession(paths.target, paths.draft)
+    sessions = {"old": session, "new": session}
+    if args.bf16:  # the same weights in bfloat16 through the fused step (its row-invariant path)
+        sessions["new bf16"] = TorchSession(paths.target, paths.draft, dtype="bfloat16")
     prompts = [session.encode(q) for q in QUESTIONS]
     eos = list(session.decoder.eos_ids)
     pool = NgramPool.load(Path(paths.draft) / POOL_FILE)
     decoders = {}
-    for path, fast in (("old", False), ("new", True)):
+    for path, fast in PATHS:
+        if path not in sessions:
+            continue
         for mode in MODES:
             drafter = "ngram" if mode == "ngram" else "model"
             decoders[(path, mode)] = SpeculativeDecoder(
-                session.target,
-                session.draft,
+                sessions[path].target,
+                sessions[path].draft,
                 max_draft_len=args.k,
                 eos_ids=eos,
                 drafter=drafter,
@@ -96,14 +105,14 @@ def main() -> None:
             tokens[key] += len(r.token_ids)
             steps[key] += r.stats.target_steps
             texts[key].append(r.token_ids)
-    reference = texts[("new", "target-only")]
     tps = {key: tokens[key] / max(1, steps[key]) for key in decoders}
     costs = {}
-    for path, fast in (("old", False), ("new", True)):
-        c, v = step_cost_ratios(
-            session.target, session.draft, args.context, args.k, tps[(path, "draft model")], fast_step=fast
-        )
-        costs[path] = (c, v)
+    for path, fast in PATHS:
+        if path in sessions:
+            s = sessions[path]
+            costs[path] = step_cost_ratios(
+                s.target, s.draft, args.context, args.k, tps[(path, "draft model")], fast_step=fast
+            )
 
     rows = []
     for key in decoders:
@@ -115,15 +124,27 @@ def main() -> None:
                 "ms_per_token": round(ms, 2),
                 "tok_per_s": round(1000 / ms, 2),
                 "tokens_per_step": round(tps[key], 3),
-                "identical_to_new_target_only": texts[key] == reference,
+                # each path against its own target-only text (bfloat16 is another target: its own greedy text)
+                "identical_to_own_target_only": texts[key] == texts[(key[0], "target-only")],
             }
         )
     table = Table(title=f"torch runtime, in process, K {args.k}, {args.max_tokens} tokens x {len(prompts)} prompts")
-    for col in ("path", "mode", "ms/token", "tok/s", "tokens/step", "old/new", "same text"):
+    for col in (
+        "path",
+        "mode",
+        "ms/token",
+        "tok/s",
+        "tokens/step",
+        "old/this",
+        "speedup",
+        "same text as its target-only",
+    ):
         table.add_column(col)
     for row in rows:
         old = next(r for r in rows if r["path"] == "old" and r["mode"] == row["mode"])
         ratio = old["ms_per_token"] / row["ms_per_token"]
+        own = next(r for r in rows if r["path"] == row["path"] and r["mode"] == "target-only")
+        row["speedup_over_own_target_only"] = round(own["ms_per_token"] / row["ms_per_token"], 3)
         table.add_row(
             row["path"],
             row["mode"],
@@ -131,7 +152,8 @@ def main() -> None:
             f"{row['tok_per_s']:.1f}",
             f"{row['tokens_per_step']:.2f}",
             f"{ratio:.2f}x",
-            "yes" if row["identical_to_new_target_only"] else "NO",
+            f"{row['speedup_over_own_target_only']:.2f}x",
+            "yes" if row["identical_to_own_target_only"] else "NO",
         )
     console = Console()
     console.print(table)

@@ -9,7 +9,7 @@ seconds over the category's prompts; greedy output must equal target-only for ev
 decoder keeps one policy for the whole run, as a server does (it learns from every request before).
 
     python benchmarks/workloads_cpu.py [--configs ...] [--max-tokens 96] [--repeats 1] [--threads 2] \
-        [--json F] [--plot F]
+        [--dtype float32|bfloat16] [--json F] [--plot F]
 
 Takes about 8 minutes with the default configurations on a quiet 2-core machine. ``run`` and ``summary`` are also
 what benchmarks/gpu_check.py runs on a GPU (other models, a device, fewer prompts per category).
@@ -24,9 +24,13 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from trtspec.threads import set_wait_policy  # noqa: E402
+
+set_wait_policy()  # before torch loads: OpenMP waits passively, as in every process trtspec runs torch in
+
+import torch  # noqa: E402
 
 from trtspec.prompts import WORKLOAD_CATEGORIES, encode_messages, workloads  # noqa: E402
 from trtspec.runtimes.torch.decoder import SpeculativeDecoder  # noqa: E402
@@ -236,13 +240,17 @@ def main() -> None:
     parser.add_argument("--categories", default=",".join(WORKLOAD_CATEGORIES))
     parser.add_argument("--json", type=Path)
     parser.add_argument("--plot", type=Path)
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="both models' weights")
     args = parser.parse_args()
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     torch.set_num_threads(args.threads)
-    result = run(parse_configs(args.configs), args.max_tokens, args.repeats, args.categories.split(","))
+    result = run(
+        parse_configs(args.configs), args.max_tokens, args.repeats, args.categories.split(","), dtype=args.dtype
+    )
+    result["dtype"] = args.dtype
     result["summary"] = summary(result)
     render(result)
     if args.json:

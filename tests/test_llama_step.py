@@ -71,3 +71,75 @@ def test_cost_ratios_are_measured_through_the_engine_passes(model):
     assert c > 0 and v > 0  # timings: their size is for benchmarks/cpu_runtime.py
     costs = measure_step_costs(model, model, context=16, k_max=3, prompt_len=12, reps=3)
     assert sorted(costs.body) == [0, 1, 2, 3] and costs.head > 0 and costs.target_prefill > 0
+
+
+@pytest.fixture(scope="module")
+def bf16_pair(tmp_path_factory):
+    """A tiny bfloat16 target whose MLP reduces over 1536 inputs (past INVARIANT_REDUCTION, where oneDNN's multiply
+    rounds rows differently by row count) and a noisy copy of it as draft."""
+    from transformers import AutoModelForCausalLM
+
+    root = tmp_path_factory.mktemp("bf16")
+    tok = make_tokenizer(root / "tok")
+    path = make_llama(root / "m", tok, layers=2, intermediate=1536)
+    target = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
+    draft = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_((torch.randn(p.shape, generator=gen) * 0.002).to(p.dtype))
+    return prepare_model(target), prepare_model(draft)
+
+
+def test_bfloat16_rows_get_the_same_bits_whatever_else_is_in_the_pass(bf16_pair):
+    """A sequence's 5 tokens after 700 cached ones give bit-identical hidden states fed one per pass (decoding), all
+    in one pass (verification), or packed beside a prefill and a decode of other sequences (in-flight batching).
+    Without the split multiplies, or with scaled_dot_product_attention, this fails here (checked)."""
+    from trtspec.runtimes.inflight.llama_step import INVARIANT_REDUCTION, row_invariant
+
+    target = bf16_pair[0]
+    step = step_of(target)
+    assert step is not None and step.invariant and row_invariant(step.embed)
+    assert any(layer.down.pieces for layer in step.layers)  # 1536 inputs > INVARIANT_REDUCTION: split
+    assert target.config.intermediate_size > INVARIANT_REDUCTION
+    torch.manual_seed(0)
+    vocab = target.config.vocab_size
+    prompt, tail = torch.randint(0, vocab, (700,)), torch.randint(0, vocab, (5,))
+    other = torch.randint(0, vocab, (40,))
+    results = []
+    with torch.inference_mode():
+        for how in ("one per pass", "one pass", "packed with others", "beside a long prefill"):
+            pool = SlotKVPool(KVGeometry.of(target), 3, 1024)
+            step.body(pool, [(0, 0, 0, 700)], prompt, torch.arange(700))
+            step.body(pool, [(2, 0, 0, 40)], other, torch.arange(40))
+            if how == "one per pass":
+                rows = [
+                    step.body(pool, [(0, 700 + i, 0, 1)], tail[i : i + 1], torch.tensor([700 + i])) for i in range(5)
+                ]
+                results.append(torch.cat(rows))
+            elif how == "one pass":
+                results.append(step.body(pool, [(0, 700, 0, 5)], tail, torch.arange(700, 705)))
+            else:  # slot 1: a prefill (17 tokens, or 100: a pass that attends on every thread), slot 0: the 5
+                # tokens, slot 2: one decode token
+                m = 17 if how == "packed with others" else 100
+                ids = torch.cat([torch.randint(0, vocab, (m,)), tail, torch.randint(0, vocab, (1,))])
+                pos = torch.cat([torch.arange(m), torch.arange(700, 705), torch.tensor([40])])
+                out = step.body(pool, [(1, 0, 0, m), (0, 700, m, 5), (2, 40, m + 5, 1)], ids, pos)
+                results.append(out[m : m + 5])
+    assert results[0].dtype == torch.bfloat16
+    for other_result in results[1:]:
+        assert torch.equal(results[0], other_result)
+
+
+def test_bfloat16_greedy_speculative_equals_target_only_batched_and_not(bf16_pair):
+    from trtspec.runtimes.torch.decoder import SpeculativeDecoder
+
+    target, draft = bf16_pair
+    torch.manual_seed(1)
+    prompts = [torch.randint(0, target.config.vocab_size, (n,)).tolist() for n in (7, 19, 3, 12)]
+    alone = [SpeculativeDecoder(target, None).generate([p], 40)[0].token_ids for p in prompts]
+    dec = SpeculativeDecoder(target, draft, max_draft_len=4)
+    assert [dec.generate([p], 40)[0].token_ids for p in prompts] == alone
+    batch = dec.generate(prompts, 40)
+    assert [r.token_ids for r in batch] == alone
+    assert 0.1 < sum(r.stats.acceptance_rate for r in batch) / len(batch) < 1.0  # drafts were partly rejected

@@ -16,6 +16,12 @@ multiplies read q/k/v and gate/up as five separate weights. Here:
   1.2x); each row count costs one more copy of the weights (SmolLM2-135M: the step with rows 1 and 5 adds about
   1.3 GB of resident memory to the model's 0.5 GB, measured).
 
+bfloat16 weights on a CPU take another path, built so that every row of a pass gets the bits it would get alone
+(:func:`row_invariant`): oneDNN multiplies on pre-packed weights, split at INVARIANT_REDUCTION inputs, and attention
+as two batched multiplies per kv head with a float32 softmax (:func:`_row_attention`), on one thread for small passes.
+So verification of K + 1 tokens, batched or not, equals K + 1 decode steps bit for bit, and it costs about one step
+(measured on SmolLM2-135M, 2 cores: v = 1.03 against 1.6-2.0 on the float32 path; benchmarks/cpu_runtime.py --bf16).
+
 Only plain Llama-style decoders qualify (:func:`supports`): silu MLP, no sliding window, no per-head norms, plain RoPE
 variants that depend on the position only. Anything else keeps the transformers path. Greedy output is the same
 function of the weights up to float rounding (fused multiplies round like the separate ones on MKL; the tests
@@ -33,6 +39,12 @@ import torch.nn.functional as F
 from trtspec.runtimes.inflight.kv_pool import SlotKVPool
 
 DEFAULT_PACK_ROWS = (1, 5)  # a decode step, and a verification of K = 4 (the default draft length) + 1 tokens
+# oneDNN's bfloat16 matrix multiply on a CPU gives each row the same bits whatever the number of rows when the
+# reduction (input) dimension is at most this; longer reductions are split by rows into differently ordered sums
+# (measured with torch 2.13 on AVX512-BF16: row results changed from 2-6 rows on at 1088-2048 inputs, never at
+# <= 1024 up to 300 rows; tests/test_llama_step.py checks it on the machine that runs the tests).
+INVARIANT_REDUCTION = 1024
+SMALL_PASS = 64  # passes of at most this many tokens (decoding, verification) attend on one thread
 
 # transformers classes whose decoder layers are exactly: norm, attention (q/k/v/o, RoPE), residual, norm, silu MLP
 _CLASSES = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"})
@@ -69,11 +81,26 @@ class _Linear:
         self.weight = weight
         self.bias = bias
         self.packed: dict[int, torch.Tensor] = {}
+        self.pieces: list[tuple[int, int, torch.Tensor]] = []
         if weight.dtype == torch.float32 and weight.device.type == "cpu" and torch._C.has_mkl:
             for rows in sorted(set(pack_rows)):
                 self.packed[rows] = torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
+        elif row_invariant(weight):
+            # Pieces of at most INVARIANT_REDUCTION inputs, each pre-packed for oneDNN (the plain layout is reordered
+            # on every call: measured 38 -> 27 ms per step's multiplies here, the same bits).
+            n = -(-weight.shape[1] // INVARIANT_REDUCTION)
+            bounds = [round(i * weight.shape[1] / n) for i in range(n + 1)]
+            self.pieces = [(a, b, _onednn_packed(weight[:, a:b].contiguous())) for a, b in zip(bounds, bounds[1:])]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.pieces:  # a row's result must not depend on how many rows the pass has (see row_invariant)
+            if len(self.pieces) == 1:
+                return _onednn_linear(x, self.pieces[0][2], self.bias)
+            acc = torch.zeros(x.shape[0], self.weight.shape[0], dtype=torch.float32, device=x.device)
+            for a, b, w in self.pieces:
+                acc += _onednn_linear(x[:, a:b].contiguous(), w, None).float()
+            out = acc.to(x.dtype)
+            return out if self.bias is None else out + self.bias
         t = x.shape[0]
         for rows, packed in self.packed.items():  # ascending
             if t == rows:
@@ -83,6 +110,19 @@ class _Linear:
                     :t
                 ]
         return F.linear(x, self.weight, self.bias)
+
+
+def _onednn_packed(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` in oneDNN's blocked layout when this torch has it (else as it is)."""
+    if torch.backends.mkldnn.is_available():
+        return torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+    return weight
+
+
+def _onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    if torch.backends.mkldnn.is_available():
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    return F.linear(x, packed, bias)
 
 
 def _fuse(modules: Sequence[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -118,6 +158,38 @@ def _detached(t: torch.Tensor | None) -> torch.Tensor | None:
     return None if t is None else t.detach()
 
 
+def row_invariant(weight: torch.Tensor) -> bool:
+    """Whether the step computes with ``weight`` so that every row of a pass gets the bits it would get alone: the
+    bfloat16 path on a CPU (multiplies split at INVARIANT_REDUCTION inputs, attention by :func:`_row_attention`). Then
+    a verification of K + 1 tokens, batched with other sequences or not, computes exactly what K + 1 decode steps
+    would, and greedy speculative output is the target-only output bit for bit. (The float32 path is not: MKL's
+    sgemm and scaled_dot_product_attention round differently by row count, rarely enough to flip a greedy token.)"""
+    return weight.dtype == torch.bfloat16 and weight.device.type == "cpu"
+
+
+def _row_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int, scaling: float
+) -> torch.Tensor:
+    """Causal attention of ``q`` [n, hq, d] (positions past .. past + n - 1) over ``keys``/``values`` [hk, past + n,
+    d], each query row computed as it would be alone: two batched multiplies per kv head with a reduction of d and of
+    the keys (zero weights past a row's last key add exact zeros), a float32 softmax per row. On a CPU in bfloat16
+    this is also 2-6x faster than scaled_dot_product_attention for one query (measured: 67-176 us against 156-1045 us
+    at 10-1500 cached tokens, 9 heads of 64)."""
+    n, hq, d = q.shape
+    hk, length = keys.shape[0], keys.shape[1]
+    g = hq // hk
+    qq = q.view(n, hk, g, d).permute(1, 0, 2, 3).reshape(hk, n * g, d)
+    scores = torch.bmm(qq, keys.transpose(1, 2)).float()
+    if n > 1:
+        last = (past + 1 + torch.arange(n, device=q.device)).repeat_interleave(g)
+        scores.masked_fill_(
+            torch.arange(length, device=q.device).view(1, 1, length) >= last.view(1, n * g, 1), -torch.inf
+        )
+    probs = torch.softmax(scores * scaling, -1).to(values.dtype)
+    out = torch.bmm(probs, values)  # [hk, n * g, d]
+    return out.view(hk, n, g, d).permute(1, 0, 2, 3).reshape(n, hq, d)
+
+
 class LlamaStep:
     """The fast packed forward of one supported model (see module docstring); build once per model."""
 
@@ -130,6 +202,7 @@ class LlamaStep:
         self.eps = float(cfg.rms_norm_eps)
         self.scaling = self.head_dim**-0.5
         self.embed = model.model.embed_tokens.weight.detach()
+        self.invariant = row_invariant(self.embed)
         self.final_norm = model.model.norm.weight.detach()
         self.layers = [_Layer(layer, pack_rows) for layer in model.model.layers]
         self.pack_rows = tuple(pack_rows)
@@ -162,46 +235,77 @@ class LlamaStep:
         half = x.shape[-1] // 2
         return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
-    def body(
-        self, pool: SlotKVPool, segments: Sequence[tuple[int, int, int, int]], ids: torch.Tensor, pos: torch.Tensor
+    def _attend(
+        self,
+        pool: SlotKVPool,
+        layer: int,
+        segments: Sequence[tuple[int, int, int, int]],
+        masks: Sequence[torch.Tensor | None],
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
     ) -> torch.Tensor:
-        """Final-norm hidden states [T, hidden] of the packed tokens ``ids`` at positions ``pos``; ``segments`` =
-        [(slot, past, start, count)]. Writes each segment's keys/values into its slot."""
-        hq, hk, d = self.heads, self.kv_heads, self.head_dim
-        gqa = hq != hk
-        upto = max(past + count for _, past, _, count in segments)
-        cos, sin = self._rotary(pos, upto)
-        masks = [
-            None if n == 1 else torch.ones(n, p + n, dtype=torch.bool, device=ids.device).tril(diagonal=p)
-            for _, p, _, n in segments
-        ]
-        # Through the module (one call a step): forward hooks on the embeddings still see every pass's [1, T] ids.
-        h = self.model.model.embed_tokens(ids.unsqueeze(0))[0]
-        t = h.shape[0]
-        for i, layer in enumerate(self.layers):
-            x = self._norm(h, layer.norm1)
-            qkv = layer.qkv(x)
-            q = self._rope(qkv[:, : hq * d].view(t, hq, d), cos, sin)
-            k = self._rope(qkv[:, hq * d : (hq + hk) * d].view(t, hk, d), cos, sin)
-            v = qkv[:, (hq + hk) * d :].view(t, hk, d)
-            keys, values = pool.keys[i], pool.values[i]
-            out = torch.empty(t, hq, d, dtype=h.dtype, device=h.device) if len(segments) > 1 else None
-            for (slot, past, a, n), mask in zip(segments, masks):
-                keys[slot, :, past : past + n] = k[a : a + n].transpose(0, 1)
-                values[slot, :, past : past + n] = v[a : a + n].transpose(0, 1)
+        """Write each segment's keys/values into its slot and attend its queries over the slot: [T, heads, d]."""
+        keys, values = pool.keys[layer], pool.values[layer]
+        out = torch.empty_like(q) if len(segments) > 1 else None
+        for (slot, past, a, n), mask in zip(segments, masks):
+            keys[slot, :, past : past + n] = k[a : a + n].transpose(0, 1)
+            values[slot, :, past : past + n] = v[a : a + n].transpose(0, 1)
+            if self.invariant:
+                o = _row_attention(
+                    q[a : a + n], keys[slot, :, : past + n], values[slot, :, : past + n], past, self.scaling
+                )
+            else:
                 o = F.scaled_dot_product_attention(
                     q[a : a + n].transpose(0, 1).unsqueeze(0),
                     keys[slot : slot + 1, :, : past + n],
                     values[slot : slot + 1, :, : past + n],
                     attn_mask=mask,
                     scale=self.scaling,
-                    enable_gqa=gqa,
+                    enable_gqa=self.heads != self.kv_heads,
                 )[0].transpose(0, 1)
-                if out is None:
-                    out = o
-                else:
-                    out[a : a + n] = o
-            assert out is not None
+            if out is None:
+                out = o
+            else:
+                out[a : a + n] = o
+        assert out is not None
+        return out
+
+    def body(
+        self, pool: SlotKVPool, segments: Sequence[tuple[int, int, int, int]], ids: torch.Tensor, pos: torch.Tensor
+    ) -> torch.Tensor:
+        """Final-norm hidden states [T, hidden] of the packed tokens ``ids`` at positions ``pos``; ``segments`` =
+        [(slot, past, start, count)]. Writes each segment's keys/values into its slot."""
+        hq, hk, d = self.heads, self.kv_heads, self.head_dim
+        upto = max(past + count for _, past, _, count in segments)
+        cos, sin = self._rotary(pos, upto)
+        masks = [
+            None
+            if n == 1 or self.invariant
+            else torch.ones(n, p + n, dtype=torch.bool, device=ids.device).tril(diagonal=p)
+            for _, p, _, n in segments
+        ]
+        # Through the module (one call a step): forward hooks on the embeddings still see every pass's [1, T] ids.
+        h = self.model.model.embed_tokens(ids.unsqueeze(0))[0]
+        t = h.shape[0]
+        # A decode or verification pass's attention is a few tiny multiplies per layer: waking OpenMP's second thread
+        # for each costs more than it saves under the passive wait (trtspec.threads). Measured (bfloat16, 9 heads of
+        # 64, 200 cached tokens): 365 -> 140 us per layer, the same bits (the test checks rows against 2 threads).
+        threads = torch.get_num_threads()
+        one_thread = self.invariant and threads > 1 and t <= SMALL_PASS
+        for i, layer in enumerate(self.layers):
+            x = self._norm(h, layer.norm1)
+            qkv = layer.qkv(x)
+            q = self._rope(qkv[:, : hq * d].view(t, hq, d), cos, sin)
+            k = self._rope(qkv[:, hq * d : (hq + hk) * d].view(t, hk, d), cos, sin)
+            v = qkv[:, (hq + hk) * d :].view(t, hk, d)
+            if one_thread:
+                torch.set_num_threads(1)
+            try:
+                out = self._attend(pool, i, segments, masks, q, k, v)
+            finally:
+                if one_thread:
+                    torch.set_num_threads(threads)
             h += layer.o(out.reshape(t, hq * d))
             x = self._norm(h, layer.norm2)
             gu = layer.gate_up(x)
