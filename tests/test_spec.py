@@ -81,3 +81,18 @@ def test_commented_yaml_round_trips_and_documents_every_field():
     leaf = [ln for ln in lines if not ln.rstrip().endswith(":")]
     assert all("  # " in ln for ln in leaf), [ln for ln in leaf if "  # " not in ln]
     assert "[none | fp8 | int8_sq | int8_wo | int4_awq | w4a8_awq | nvfp4]" in text
+
+
+def test_the_example_runs_in_bfloat16_only_where_the_cpu_has_native_bfloat16(monkeypatch):
+    from trtspec import spec_defaults
+    from trtspec.example import example_spec_dict
+
+    zen4 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni\n"
+    skylake = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_vnni\n"
+    sapphire = "flags\t\t: avx512f amx_tile amx_bf16 amx_int8\n"
+    assert spec_defaults.cpu_dtype(zen4) == "bfloat16" and spec_defaults.cpu_dtype(sapphire) == "bfloat16"
+    assert spec_defaults.cpu_dtype(skylake) == "float32" and spec_defaults.cpu_dtype("") == "float32"
+    monkeypatch.setattr(spec_defaults, "cpu_dtype", lambda cpuinfo=None: "float32")
+    data = example_spec_dict("t", "d")
+    assert data["target"]["dtype"] == data["draft"]["dtype"] == "float32"
+    assert example_spec_dict("t", "d", dtype="bfloat16")["draft"]["dtype"] == "bfloat16"

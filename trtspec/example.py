@@ -156,13 +156,17 @@ def example_models() -> ExamplePaths:
     return ExamplePaths(target=example_target(), draft=example_draft())
 
 
-def example_spec_dict(target: Path | str, draft: Path | str) -> dict:
-    """The example's spec: torch runtime on a CPU, fp32, K = 4."""
+def example_spec_dict(target: Path | str, draft: Path | str, dtype: str | None = None) -> dict:
+    """The example's spec: torch runtime on a CPU, K = 4, in ``dtype`` (default: bfloat16 where this CPU has native
+    bfloat16, else float32; trtspec.spec_defaults.cpu_dtype says why)."""
+    from trtspec.spec_defaults import cpu_dtype
+
+    dtype = dtype or cpu_dtype()
     return {
         "name": "smollm2-example",
         "runtime": "torch",
-        "target": {"model": str(target), "dtype": "float32", "quantization": "none"},
-        "draft": {"model": str(draft), "dtype": "float32", "quantization": "none"},
+        "target": {"model": str(target), "dtype": dtype, "quantization": "none"},
+        "draft": {"model": str(draft), "dtype": dtype, "quantization": "none"},
         "speculative": {"max_draft_len": 4, "route_threshold": 16},
         "engine": {"max_batch_size": 8, "max_input_len": 1024, "max_seq_len": 2048},
         "gpu": {"memory_gib": 80, "count": 1},

@@ -55,8 +55,8 @@ class ModelSpec(_Section):
     )
     dtype: DType = Field(
         DType.BFLOAT16,
-        description="dtype of the unquantized parts: bfloat16 or float16 on GPUs; "
-        "float32 only on CPUs (the torch runtime), where it is fastest",
+        description="dtype of the unquantized parts: bfloat16 or float16 on GPUs; on CPUs (the torch runtime) "
+        "bfloat16 where the CPU has native bfloat16 (verification then costs about one step), else float32",
     )
     quantization: Quantization | None = Field(
         None,

@@ -1,4 +1,5 @@
-"""Defaults that depend on the models: the quantization format of each model on a GPU runtime.
+"""Defaults that depend on the models or the machine: the quantization format of each model on a GPU runtime, and
+the dtype of the embedded example on this CPU (:func:`cpu_dtype`).
 
 An empty ``quantization`` on runtime trtllm-engine or trtllm-llmapi becomes the first format of the role's preference
 list that the model's shapes and the GPU allow (trtspec.build.formats owns the lists and the rules), read from
@@ -14,6 +15,28 @@ from typing import Any
 
 from trtspec.build.engine_rules import refusal
 from trtspec.build.formats import KVCacheFormat, Quantization, choose_format, linear_input_dims, parse_capability
+
+# CPU flags of native bfloat16 arithmetic (Linux /proc/cpuinfo names): AVX512-BF16 (Cooper Lake, Zen 4 on), AMX.
+NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+
+
+def cpu_dtype(cpuinfo: str | None = None) -> str:
+    """The torch runtime's dtype for the embedded example on this CPU: bfloat16 where the CPU has native bfloat16
+    arithmetic, else float32. Measured on the 2-core development CPU (AVX512-BF16), SmolLM2-135M, in process,
+    benchmarks/workloads_cpu.py: float32 decodes a token in 52 ms but verifies 2-5 tokens in 100-137 ms, so no drafter
+    pays (adaptive speculation 0.98x target-only, best fixed 0.81x); bfloat16 verifies 5 tokens for the price of one
+    (trtspec.runtimes.inflight.llama_step), and speculation pays 1.5-1.6x its own target-only. Without native
+    bfloat16 the multiplies are emulated and float32 stays. ``cpuinfo``: the text of /proc/cpuinfo (read when None;
+    other systems: float32)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
+        except OSError:
+            return "float32"
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags") and NATIVE_BF16_FLAGS & set(line.split(":", 1)[-1].split()):
+            return "bfloat16"
+    return "float32"
 
 
 def _read_model_config(ref: Any, base: Path) -> Any:
