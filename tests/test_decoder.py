@@ -161,17 +161,24 @@ def test_draft_with_other_vocabulary_is_refused(models, tmp_path, tiny_tokenizer
 
 @pytest.mark.parametrize("which", ["noisy", "random"])
 def test_verification_applies_the_head_only_where_logits_are_used(models, prompts, reference, which):
-    """Position j of a K + 1 verification needs logits only if draft tokens 0..j-1 were accepted: the head runs on
-    exactly accepted + 1 positions per row and step, and the output equals the full-logits path's."""
+    """Alone, position j of a K + 1 verification needs logits only if draft tokens 0..j-1 were accepted: the head
+    runs on exactly accepted + 1 positions per step. In a batch where two or more sequences speculate it runs once
+    per step over every row (one read of the vocabulary matrix instead of one per position). Either way the output
+    equals the full-logits path's."""
     target, draft, noisy, _ = models
     dec = SpeculativeDecoder(target, noisy if which == "noisy" else draft, max_draft_len=4)
     assert dec.head is target.lm_head
     rows_seen = []
     head = dec.head
     dec.head = lambda hidden: (rows_seen.append(hidden.shape[0]), head(hidden))[1]
-    lazy = dec.generate(prompts, 48)
-    assert [r.token_ids for r in lazy] == reference
-    assert sum(rows_seen) == sum(r.stats.total_accepted_draft_tokens + r.stats.target_steps for r in lazy)
-    assert sum(rows_seen) < sum(5 * r.stats.target_steps for r in lazy)  # fewer than K + 1 per step
+    alone = [dec.generate([p], 48)[0] for p in prompts]
+    assert [r.token_ids for r in alone] == reference
+    assert sum(rows_seen) == sum(r.stats.total_accepted_draft_tokens + r.stats.target_steps for r in alone)
+    assert sum(rows_seen) < sum(5 * r.stats.target_steps for r in alone)  # fewer than K + 1 per step
+    rows_seen.clear()
+    batch = dec.generate(prompts, 48)
+    assert [r.token_ids for r in batch] == reference
+    assert max(rows_seen) > 5 * 1 and max(rows_seen) <= 5 * len(prompts)  # one call over several sequences' rows
+    assert len(rows_seen) < sum(r.stats.total_accepted_draft_tokens + r.stats.target_steps for r in batch)
     dec.head = None  # full logits for every position, as for model classes without a plain head
     assert [r.token_ids for r in dec.generate(prompts, 48)] == reference

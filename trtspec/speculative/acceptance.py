@@ -75,15 +75,29 @@ def decide(
     cands: Sequence[Candidate], states: Sequence[torch.Tensor], head: Callable[[torch.Tensor], torch.Tensor]
 ) -> list[Decision]:
     """One Decision per candidate. ``states[i]`` is [len(draft_i) + 1, D]: the target's hidden states (``head`` its
-    lm_head) or logits (``head`` the identity) at the positions of the draft tokens' predecessors and the bonus."""
+    lm_head) or logits (``head`` the identity) at the positions of the draft tokens' predecessors and the bonus.
+
+    With one speculating sequence the head is applied position by position to the rows still undecided (a rejected
+    position's logits are never computed). With two or more it is applied once to every row: position by position
+    it would read the whole vocabulary matrix once per position (up to K + 1 times a step, against once for a plain
+    step of the same batch), and one multiply over a few dozen rows costs about one read."""
     out: list[Decision | None] = [None] * len(cands)
+    flat: torch.Tensor | None = None  # every row's logits, when computed at once
+    offsets = [0]  # where each candidate's rows start in ``flat``
+    for rows in states[:-1]:
+        offsets.append(offsets[-1] + len(rows))
+    if sum(1 for c in cands if c.draft) >= 2:
+        flat = head(torch.cat(list(states)))
     kept: list[list[torch.Tensor]] = [[] for _ in cands]
     # Each sequence's uniforms are drawn first (then the residual / bonus sample), as a one-sequence sampler would.
     u = [torch.rand(len(c.draft), generator=c.generator) if c.draft and not c.sampling.greedy else None for c in cands]
     undecided = list(range(len(cands)))
     j = 0
     while undecided:
-        logits = head(torch.stack([states[i][j] for i in undecided]))  # [rows, V]
+        if flat is not None:
+            logits = flat[[offsets[i] + j for i in undecided]]  # [rows, V]
+        else:
+            logits = head(torch.stack([states[i][j] for i in undecided]))  # [rows, V]
         going_on = []
         for row, i in enumerate(undecided):
             c = cands[i]
