@@ -5,7 +5,8 @@ all accepted. On a CPU the head is a large part of a step (SmolLM2-135M: 576 x 4
 multiply-adds per token), so evaluating it for K + 1 positions made verification cost ~1.5 target steps at K = 4.
 The decoder asks the body for hidden states and this head for the logits of the rows still undecided at each
 position, in order: with acceptance a, about (1 - a^(K+1)) / (1 - a) positions instead of K + 1, and the same
-logits (the same ``lm_head`` on the same hidden state) as a full forward pass.
+logits (the same ``lm_head`` on the same hidden state) as a full forward pass. (With two or more speculating
+sequences in a step, ``acceptance.decide`` applies it once over every row instead: one read of its weights.)
 
 Only model classes whose ``forward`` is exactly ``lm_head(model(...).last_hidden_state)`` qualify (no logit scaling
 or soft-capping); for any other model the decoder computes full logits as before.
