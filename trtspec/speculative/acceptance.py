@@ -84,10 +84,10 @@ def decide(
     out: list[Decision | None] = [None] * len(cands)
     flat: torch.Tensor | None = None  # every row's logits, when computed at once
     offsets = [0]  # where each candidate's rows start in ``flat``
-    for rows in states[:-1]:
-        offsets.append(offsets[-1] + len(rows))
     if sum(1 for c in cands if c.draft) >= 2:
         flat = head(torch.cat(list(states)))
+        for rows in states[:-1]:
+            offsets.append(offsets[-1] + len(rows))
     kept: list[list[torch.Tensor]] = [[] for _ in cands]
     # Each sequence's uniforms are drawn first (then the residual / bonus sample), as a one-sequence sampler would.
     u = [torch.rand(len(c.draft), generator=c.generator) if c.draft and not c.sampling.greedy else None for c in cands]
