@@ -8,7 +8,7 @@ import torch
 
 from tests.tiny import make_llama, make_tokenizer
 from trtspec.runtimes.inflight.kv_pool import KVGeometry, SlotKVPool
-from trtspec.runtimes.inflight.llama_step import LlamaStep, step_of, supports
+from trtspec.runtimes.inflight.llama_step import LlamaStep, onednn_bf16, step_of, supports
 from trtspec.runtimes.inflight.packed import packed_forward, prepare_model
 from trtspec.runtimes.torch.costs import measure_step_costs, step_cost_ratios
 
@@ -56,6 +56,11 @@ def test_fused_weights_are_the_models_parameters(model):
     fused = step.layers[0].qkv.weight
     assert attn.q_proj.weight.data_ptr() == fused.data_ptr()
     assert attn.k_proj.weight.data_ptr() == fused[attn.q_proj.weight.shape[0] :].data_ptr()
+    # float32 on a CPU: one oneDNN-packed copy serves every row count (no MKL copy per count)
+    packed = step_of(model)
+    assert packed is not None
+    if torch.backends.mkldnn.is_available():
+        assert packed.layers[0].qkv.onednn is not None and not packed.layers[0].qkv.packed
 
 
 def test_models_outside_the_plain_llama_decoder_keep_the_transformers_path():
@@ -91,6 +96,7 @@ def bf16_pair(tmp_path_factory):
     return prepare_model(target), prepare_model(draft)
 
 
+@pytest.mark.skipif(not onednn_bf16(), reason="no oneDNN bfloat16 on this CPU: bfloat16 takes the plain path")
 def test_bfloat16_rows_get_the_same_bits_whatever_else_is_in_the_pass(bf16_pair):
     """A sequence's 5 tokens after 700 cached ones give bit-identical hidden states fed one per pass (decoding), all
     in one pass (verification), or packed beside a prefill and a decode of other sequences (in-flight batching).
@@ -129,6 +135,24 @@ def test_bfloat16_rows_get_the_same_bits_whatever_else_is_in_the_pass(bf16_pair)
     assert results[0].dtype == torch.bfloat16
     for other_result in results[1:]:
         assert torch.equal(results[0], other_result)
+
+
+def test_bfloat16_without_onednn_takes_the_plain_path(bf16_pair, monkeypatch):
+    """On a CPU where oneDNN has no bfloat16 kernel (AVX2 only) the step must not ask for one (it raised there:
+    "bf16 path needs the cpu support avx_ne_convert or avx512bw ..."): plain multiplies and attention, the same
+    logits as transformers' own forward within bfloat16 rounding."""
+    from trtspec.runtimes.inflight import llama_step
+
+    monkeypatch.setattr(llama_step, "_ONEDNN_BF16", False)
+    target = bf16_pair[0]
+    step = LlamaStep(target)
+    assert not step.invariant and not any(layer.down.pieces or layer.down.packed for layer in step.layers)
+    ids = torch.randint(0, target.config.vocab_size, (9,))
+    pool = SlotKVPool(KVGeometry.of(target), 1, 32)
+    with torch.inference_mode():
+        ours = packed_forward(target, pool, [(0, 0, ids.tolist())], list(range(9)), fast=step)
+        ref = target(ids.unsqueeze(0)).logits[0]
+    torch.testing.assert_close(ours.float(), ref.float(), atol=0.05, rtol=0.05)
 
 
 def test_bfloat16_greedy_speculative_equals_target_only_batched_and_not(bf16_pair):
