@@ -155,7 +155,22 @@ def run(
         "dtype": dtype,
         "prompts_per_category": {c: len(sets[c]) * repeats for c in categories},
         "ngram_pool": pool is not None,
+        "cpu": cpu_description() if str(device) == "cpu" else None,
     }
+
+
+def cpu_description() -> dict:
+    """The CPU the figures belong to: its model name, the vector extensions that decide the step's kernels, cores."""
+    import os
+
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return {"cores": os.cpu_count()}
+    name = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")), "")
+    flags = next((set(ln.split(":", 1)[1].split()) for ln in text.splitlines() if ln.startswith("flags")), set())
+    wanted = ("avx2", "avx512f", "avx512bw", "avx512_bf16", "amx_bf16")
+    return {"model": name, "extensions": [f for f in wanted if f in flags], "cores": os.cpu_count()}
 
 
 def _geo(xs) -> float:
