@@ -51,6 +51,18 @@ class Candidate:
     history: Sequence[int] = ()  # tokens before the draft (bad words look at them)
     bad_words: Sequence[Sequence[int]] = ()
     keep_logits: bool = False  # return the target's logits at the decided positions
+    logprobs: int | None = None  # return each emitted token's log-probability and this many top alternatives
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """An emitted token's log-probability under the target (log-softmax of its logits at that position, after bad
+    words: before temperature, top-k and top-p, as OpenAI's and vLLM's logprobs), and the ``top`` most likely
+    tokens there, most likely first, as (token, log-probability)."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass
@@ -58,6 +70,20 @@ class Decision:
     accepted: int  # draft tokens accepted
     token: int  # the target's own token after them (correction or bonus)
     logits: list[torch.Tensor]  # the target's logits at positions 0..accepted (when keep_logits)
+    logprobs: list[TokenLogprob] | None = None  # of the emitted tokens draft[:accepted] + [token] (when asked)
+
+
+def token_logprobs(rows: Sequence[torch.Tensor], tokens: Sequence[int], top: int) -> list[TokenLogprob]:
+    """Each token's log-probability under the logits row of its position, and the ``top`` best tokens there."""
+    out = []
+    for lg, tok in zip(rows, tokens):
+        lp = torch.log_softmax(lg.float(), -1)
+        best: tuple[tuple[int, float], ...] = ()
+        if top > 0:
+            values, ids = lp.topk(min(top, lp.shape[-1]))
+            best = tuple(zip((int(i) for i in ids.tolist()), (float(v) for v in values.tolist())))
+        out.append(TokenLogprob(int(tok), float(lp[tok]), best))
+    return out
 
 
 def _constrain(logits: torch.Tensor, c: Candidate, j: int) -> torch.Tensor:
@@ -103,7 +129,7 @@ def decide(
             c = cands[i]
             k = len(c.draft)
             lg = _constrain(logits[row], c, j)
-            if c.keep_logits:  # what the token was drawn from (a draft's q must be exactly that)
+            if c.keep_logits or c.logprobs is not None:  # what the token was drawn from (a draft's q is exactly that)
                 kept[i].append(lg)
             if c.sampling.greedy:
                 t = int(lg.argmax())
@@ -129,4 +155,10 @@ def decide(
             out[i] = Decision(j, sample(residual(p, q), gen), kept[i])  # type: ignore[arg-type]
         undecided = going_on
         j += 1
+    for c, d in zip(cands, out):
+        assert d is not None
+        if c.logprobs is not None:
+            d.logprobs = token_logprobs(d.logits, [*c.draft[: d.accepted], d.token], c.logprobs)
+            if not c.keep_logits:
+                d.logits = []
     return out  # type: ignore[return-value]

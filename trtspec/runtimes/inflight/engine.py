@@ -280,6 +280,7 @@ class InflightEngine:
                     history=h,
                     bad_words=job.bad_words,
                     keep_logits=job.return_logits,
+                    logprobs=job.logprobs,
                 )
                 for job, prop, h in zip(jobs, proposals, histories)
             ]
@@ -339,6 +340,8 @@ class InflightEngine:
                 break
         if job.return_logits:
             job.logits.extend(dec.logits[:new])
+        if dec.logprobs is not None:
+            job.token_logprobs.extend(dec.logprobs[:new])
         job.stats.note_step(len(draft), n)
         job.stats.note_tokens(new)
         job.stats.target_s += dt

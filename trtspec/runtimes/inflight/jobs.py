@@ -40,6 +40,7 @@ class Job:
     bad_words: Sequence[Sequence[int]] = ()
     stream: bool = False
     return_logits: bool = False
+    logprobs: int | None = None  # each emitted token's log-probability and this many top alternatives (None: none)
     generator: torch.Generator | None = None
     stats: SpecStats = field(default_factory=SpecStats)
     cancelled: bool = False  # set from any thread; the engine stops the job at its next iteration
@@ -49,6 +50,7 @@ class Job:
     draft_state: Any = None  # the drafter's per-job state
     out: list[int] = field(default_factory=list)
     logits: list[torch.Tensor] = field(default_factory=list)
+    token_logprobs: list[Any] = field(default_factory=list)  # trtspec.speculative.acceptance.TokenLogprob per out token
     sent: int = 0  # tokens already delivered (streaming)
     done: bool = False
     finish_reason: str = "length"  # "stop" (end_id or a stop word), "length", "cancelled"

@@ -23,6 +23,7 @@ from trtspec.runtimes.inflight.drafter import engine_drafter
 from trtspec.runtimes.inflight.engine import InflightEngine
 from trtspec.runtimes.inflight.head import lazy_head
 from trtspec.runtimes.inflight.jobs import Job
+from trtspec.speculative.acceptance import TokenLogprob
 from trtspec.speculative.adaptive import AdaptivePolicy
 from trtspec.speculative.drafters import DrafterKind
 from trtspec.speculative.drafters.registry import entry as drafter_entry
@@ -36,6 +37,8 @@ class GenerationResult:
     token_ids: list[int]
     finish_reason: str  # "stop" (a stop token was emitted) or "length" (max_tokens reached)
     stats: SpecStats = field(default_factory=SpecStats)
+    # Per token: its log-probability under the target and the top alternatives (``logprobs`` of generate/stream).
+    logprobs: list[TokenLogprob] | None = None
 
 
 def _vocab(model: Any) -> int:
@@ -113,10 +116,12 @@ class SpeculativeDecoder:
         draft_len: int | None = None,
         use_draft: bool = True,
         stop_ids: Sequence[int] = (),
+        logprobs: int | None = None,
     ) -> list[GenerationResult]:
-        """Decode a batch of tokenized prompts; results in prompt order."""
+        """Decode a batch of tokenized prompts; results in prompt order. ``logprobs``: also each token's
+        log-probability under the target and this many top alternatives (0: the token's own only)."""
         engine, jobs, t0, errors = self._submit(
-            prompts, max_tokens, sampling, draft_len, use_draft, stop_ids, stream=False
+            prompts, max_tokens, sampling, draft_len, use_draft, stop_ids, stream=False, logprobs=logprobs
         )
         engine.run_until_idle()
         if errors:
@@ -132,10 +137,11 @@ class SpeculativeDecoder:
         draft_len: int | None = None,
         use_draft: bool = True,
         stop_ids: Sequence[int] = (),
+        logprobs: int | None = None,
     ) -> Iterator[list[int] | GenerationResult]:
         """Yield the tokens each step commits for one prompt, then the final GenerationResult."""
         engine, jobs, t0, errors = self._submit(
-            [prompt], max_tokens, sampling, draft_len, use_draft, stop_ids, stream=True
+            [prompt], max_tokens, sampling, draft_len, use_draft, stop_ids, stream=True, logprobs=logprobs
         )
         chunks: list[list[int]] = []
         jobs[0].on_tokens = lambda new, _logits, _final: chunks.append(new)
@@ -204,7 +210,7 @@ class SpeculativeDecoder:
         engine.head = self.head
         return engine
 
-    def _submit(self, prompts, max_tokens, sampling, draft_len, use_draft, stop_ids, stream):
+    def _submit(self, prompts, max_tokens, sampling, draft_len, use_draft, stop_ids, stream, logprobs=None):
         sampling = sampling or SamplingParams()
         k = self.max_draft_len if draft_len is None else draft_len
         use_draft = use_draft and self.speculates and k > 0
@@ -225,6 +231,7 @@ class SpeculativeDecoder:
                 stop_words=stops,
                 stream=stream,
                 generator=None if sampling.greedy else sampling.generator(i),
+                logprobs=logprobs,
             )
             engine.submit(job)
             jobs.append(job)
@@ -233,4 +240,5 @@ class SpeculativeDecoder:
     @staticmethod
     def _result(job: Job, t0: float) -> GenerationResult:
         job.stats.total_s = time.perf_counter() - t0
-        return GenerationResult(list(job.out), job.finish_reason, job.stats)
+        lps = list(job.token_logprobs) if job.logprobs is not None else None
+        return GenerationResult(list(job.out), job.finish_reason, job.stats, lps)
