@@ -375,3 +375,19 @@ def test_bench_warns_when_requests_fall_below_the_route_threshold(served):
     assert "fewer than the route threshold (8)" in " ".join(r.stderr.split())
     out = " ".join(r.stdout.split())
     assert "trtspec bench: ensemble (torch) via grpc" in out and "target-only, K=4" in out
+
+
+def test_logprobs_are_refused_by_name_where_the_deployment_cannot_serve_them(served):
+    """The BLS orchestration's model refuses return_log_probs (a 400 with its words); the LLM-API runtime's door
+    refuses logprobs before anything is sent. tests/test_openai_logprobs.py serves them (in-process model)."""
+    client = _client(served)
+    with pytest.raises(openai.BadRequestError) as exc_info:
+        client.chat.completions.create(
+            model=NAME, messages=_chat(QUESTIONS[0]), max_tokens=8, temperature=0, logprobs=True
+        )
+    message = _error(exc_info)["message"]
+    if served.kind == "ensemble":
+        assert "return_log_probs is not supported by the BLS orchestration" in message
+    else:
+        assert _error(exc_info)["param"] == "logprobs" and "trtllm-llmapi" in message
+    assert client.completions.create(model=NAME, prompt=QUESTIONS[0], max_tokens=4, temperature=0).choices[0].text

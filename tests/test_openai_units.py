@@ -26,7 +26,9 @@ def _chat(**kw):
     [
         (_chat(n=3), "n"),
         (_chat(presence_penalty=0.5), "presence_penalty"),
-        (_chat(logprobs=True), "logprobs"),
+        (_chat(top_logprobs=3), "top_logprobs"),  # only with logprobs true (OpenAI's rule)
+        (_chat(logprobs=True, top_logprobs=21), "top_logprobs"),
+        (_chat(logprobs=True, top_logprobs=-1), "top_logprobs"),
         (_chat(tools=[{"type": "function"}]), "tools"),
         (_chat(stream_options={"include_usage": True}), "stream_options"),
         (_chat(messages=[]), "messages"),
@@ -72,7 +74,8 @@ def test_completion_fields_and_harmless_ones():
         ({"prompt": ["a", "b"]}, "prompt"),
         ({"suffix": "x"}, "suffix"),
         ({"best_of": 2}, "best_of"),
-        ({"logprobs": 2}, "logprobs"),
+        ({"logprobs": 21}, "logprobs"),
+        ({"logprobs": True}, "logprobs"),
     ):
         with pytest.raises(OpenAIError) as exc_info:
             parse_request(CompletionRequest, {"model": "m", "prompt": "p", **bad})

@@ -31,6 +31,22 @@ def validate_num_draft_tokens(k: int | None, max_draft_len: int = MAX_DRAFT_LEN)
         check_draft_len(k, max_draft_len)
 
 
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs
+
+
+def validate_top_logprobs(top: int, return_log_probs: bool, name: str = "top_logprobs") -> None:
+    """0..MAX_TOP_LOGPROBS alternatives per token, and only when log-probabilities are asked for."""
+    top = number_of(name, top, int)
+    if not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise GenerationError(
+            f"{name} must be in 0..{MAX_TOP_LOGPROBS}, got {top}", hint="ask for at most 20 alternatives per token"
+        )
+    if top and not return_log_probs:
+        raise GenerationError(
+            f"{name} {top} needs log-probabilities to be returned", hint="set return_log_probs (OpenAI: logprobs) true"
+        )
+
+
 def validate_prompt(prompt: str | bytes) -> None:
     """Some text that is not only whitespace."""
     if not (prompt.strip() if isinstance(prompt, (str, bytes)) else prompt):
@@ -97,6 +113,7 @@ class UnsupportedInput:
 
 _PENALTY = "penalties are not implemented in draft-target sampling"
 _LOGITS = "the ensemble returns text and speculative statistics, not logits or log-probabilities"
+_LOGPROBS_HINT = "call the draft-target model (tensorrt_llm) with return_log_probs, or ask the OpenAI API for logprobs"
 UNSUPPORTED_INPUTS: dict[str, UnsupportedInput] = {
     "decoder_text_input": UnsupportedInput((), "it is for encoder-decoder models; draft and target are decoder-only"),
     "num_return_sequences": UnsupportedInput(
@@ -107,7 +124,7 @@ UNSUPPORTED_INPUTS: dict[str, UnsupportedInput] = {
     "min_tokens": UnsupportedInput((0, 1), "end_id is never suppressed to reach a minimum length"),
     "presence_penalty": UnsupportedInput((0.0,), _PENALTY),
     "frequency_penalty": UnsupportedInput((0.0,), _PENALTY),
-    "return_log_probs": UnsupportedInput((False,), _LOGITS),
+    "return_log_probs": UnsupportedInput((False,), _LOGITS, _LOGPROBS_HINT),
     "return_context_logits": UnsupportedInput((False,), _LOGITS),
     "return_generation_logits": UnsupportedInput((False,), _LOGITS),
     "beam_width": UnsupportedInput((1,), "draft-target decoding has beam width 1 (TensorRT-LLM's too)"),

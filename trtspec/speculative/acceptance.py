@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trtspec.speculative.rules import SamplingParams
+from trtspec.speculative.rules import SamplingParams, TokenLogprob
 from trtspec.speculative.sampling import logits_to_probs, sample
 from trtspec.speculative.words import banned_tokens
 
@@ -52,17 +52,6 @@ class Candidate:
     bad_words: Sequence[Sequence[int]] = ()
     keep_logits: bool = False  # return the target's logits at the decided positions
     logprobs: int | None = None  # return each emitted token's log-probability and this many top alternatives
-
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    """An emitted token's log-probability under the target (log-softmax of its logits at that position, after bad
-    words: before temperature, top-k and top-p, as OpenAI's and vLLM's logprobs), and the ``top`` most likely
-    tokens there, most likely first, as (token, log-probability)."""
-
-    token: int
-    logprob: float
-    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass

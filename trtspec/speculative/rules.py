@@ -20,6 +20,17 @@ SEED_MAX = 2**64 - 1  # the ensemble's seed is UINT64
 INT32_MAX = 2**31 - 1  # max_tokens, top_k and num_draft_tokens are INT32 in the Triton contract
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """An emitted token's log-probability under the target (log-softmax of its logits at that position, after bad
+    words: before temperature, top-k and top-p, as OpenAI's and vLLM's logprobs), and the ``top`` most likely
+    tokens there, most likely first, as (token, log-probability)."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 def check_int32(name: str, value: int) -> None:
     """An INT32 field of the Triton contract: a larger value would wrap (Triton's JSON parser does so silently)."""
     if value > INT32_MAX:

@@ -60,6 +60,7 @@ class Deployment:
     max_seq_len: int = 1 << 30
     max_input_len: int = 1 << 30  # the longest sequence one engine request may carry (TensorRT-LLM's maxInputLen)
     max_prompt_len: int = 1 << 30  # the longest prompt a request may carry (the spec's engine.max_input_len)
+    log_probs: bool = False  # serves return_log_probs (the in-process model; the BLS orchestrator does not)
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,11 @@ def plan_request(row: RowRequest, deployment: Deployment) -> Plan:
     if not row.tokens:
         raise GenerationError("the prompt is empty", hint="send at least one token")
     validate_max_tokens(row.max_new)
+    if row.return_log_probs and not deployment.log_probs:
+        raise GenerationError(
+            "return_log_probs is not supported by the BLS orchestration (orchestration bls)",
+            hint="leave return_log_probs out, or serve with orchestration in_process (runtime torch)",
+        )
     # The prompt in tokens, as preprocessing counts it (trtspec.validation: the same rule at every door).
     validate_prompt_tokens(len(row.tokens), row.max_new, deployment.max_prompt_len, deployment.max_seq_len)
     longest = len(row.tokens) + row.max_new - 1  # the last step re-sends everything but the last token

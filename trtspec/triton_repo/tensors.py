@@ -245,6 +245,8 @@ BLS_INPUTS = [
     T("streaming", "BOOL", SCALAR, optional=True),
     T("num_draft_tokens", "INT32", SCALAR, optional=True),
     T("use_draft_logits", "BOOL", SCALAR, optional=True),
+    T("return_log_probs", "BOOL", SCALAR, optional=True),  # honoured by the in-process model; BLS refuses true
+    T("top_logprobs", "INT32", SCALAR, optional=True),  # trtspec: alternatives per token with return_log_probs
 ]
 BLS_OUTPUTS = [
     T("output_ids", "INT32", (-1, -1)),
@@ -252,6 +254,13 @@ BLS_OUTPUTS = [
     T("decoded_length", "INT32", (-1,)),  # trtspec: see postprocessing DECODED_LENGTH
     T("is_final", "BOOL", (-1,)),  # trtspec
     *STAT_OUTPUTS,
+    # With return_log_probs: per token of output_ids (streamed: the context tokens too) its log-probability under
+    # the target [B, 1, L], and their sum over the generated tokens [B, 1] (upstream's names and dims)
+    T("output_log_probs", "FP32", (-1, -1)),
+    T("cum_log_probs", "FP32", (-1,)),
+    # trtspec, with top_logprobs N > 0: the N most likely tokens at each position and their log-probabilities [B, L, N]
+    T("output_top_ids", "INT32", (-1, -1)),
+    T("output_top_log_probs", "FP32", (-1, -1)),
 ]
 
 # -- tensorrt_llm for runtime trtllm-llmapi (TensorRT-LLM's triton_backend/all_models/llmapi/tensorrt_llm) ----------

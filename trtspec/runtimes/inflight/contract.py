@@ -18,6 +18,7 @@ import numpy as np
 
 from trtspec.errors import GenerationError
 from trtspec.speculative.rules import SamplingParams, validate_sampling
+from trtspec.validation import validate_top_logprobs
 
 
 def _rows(x: np.ndarray | None, batch: int) -> list[Any] | None:
@@ -87,6 +88,13 @@ class RowRequest:
     bad_words: list[list[int]] = field(default_factory=list)
     num_draft_tokens: int | None = None  # draft-target models: None means the deployment's max_draft_len
     use_draft_logits: bool | None = None  # draft-target models: None means the deployment's setting
+    return_log_probs: bool = False  # each generated token's log-probability under the target
+    top_logprobs: int = 0  # and this many most likely alternatives per position (trtspec)
+
+    @property
+    def logprobs(self) -> int | None:
+        """What the engine job asks for (trtspec.runtimes.inflight.jobs.Job.logprobs)."""
+        return self.top_logprobs if self.return_log_probs else None
 
 
 def parse_request(
@@ -127,6 +135,8 @@ def parse_request(
     exclude = per_row("exclude_input_in_output", exclude_input_default)
     k = per_row("num_draft_tokens", None)
     use_logits = per_row("use_draft_logits", None)
+    want_logprobs = per_row("return_log_probs", False)
+    top_logprobs = per_row("top_logprobs", 0)
     draft_ids = inputs.get("draft_input_ids")
     draft_logits = inputs.get("draft_logits")
     stop = inputs.get("stop_words_list")
@@ -147,6 +157,7 @@ def parse_request(
         if draft_logits is not None and draft is not None:
             arr = np.asarray(draft_logits)
             dl = arr[b] if arr.ndim == 3 else arr
+        validate_top_logprobs(int(top_logprobs[b]), bool(want_logprobs[b]))
         if client_request:
             validate_sampling(
                 float(temperature[b]), int(top_k[b]), float(top_p[b]), None if seed[b] is None else int(seed[b])
@@ -171,6 +182,8 @@ def parse_request(
                 bad_words=decode_word_list(np.asarray(bad)[b]) if bad is not None else [],
                 num_draft_tokens=None if k[b] is None else int(k[b]),
                 use_draft_logits=None if use_logits[b] is None else bool(use_logits[b]),
+                return_log_probs=bool(want_logprobs[b]),
+                top_logprobs=int(top_logprobs[b]),
             )
         )
     return rows
@@ -264,5 +277,6 @@ def job_from_row(row: RowRequest, on_tokens: Any, on_error: Any, num_draft_token
         bad_words=row.bad_words,
         stream=row.stream,
         return_logits=row.return_logits,
+        logprobs=row.logprobs,
         num_draft_tokens=num_draft_tokens,
     )

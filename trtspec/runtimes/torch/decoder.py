@@ -23,11 +23,10 @@ from trtspec.runtimes.inflight.drafter import engine_drafter
 from trtspec.runtimes.inflight.engine import InflightEngine
 from trtspec.runtimes.inflight.head import lazy_head
 from trtspec.runtimes.inflight.jobs import Job
-from trtspec.speculative.acceptance import TokenLogprob
 from trtspec.speculative.adaptive import AdaptivePolicy
 from trtspec.speculative.drafters import DrafterKind
 from trtspec.speculative.drafters.registry import entry as drafter_entry
-from trtspec.speculative.rules import SamplingParams, SpecStats, check_draft_len, check_max_draft_len
+from trtspec.speculative.rules import SamplingParams, SpecStats, TokenLogprob, check_draft_len, check_max_draft_len
 
 MIN_CAPACITY = 512  # KV capacity per sequence the engine is sized for at least (grown on demand)
 

@@ -31,6 +31,7 @@ from trtspec.serving.openai.backend import TritonBackend, TritonRequestError, Tr
 from trtspec.serving.openai.deployment import ServedDeployment
 from trtspec.serving.openai.guard import Guard, RequestMetrics, draining_error
 from trtspec.serving.openai.limits import Limits, check_prompt_chars, parse_body, prompt_char_limit, read_body
+from trtspec.serving.openai.logprobs import TokenTexts, chat_logprobs, completion_logprobs
 from trtspec.serving.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -39,6 +40,7 @@ from trtspec.serving.openai.protocol import (
     check_generation_fields,
     message_text,
     parse_request,
+    requested_logprobs,
     requested_max_tokens,
     stop_strings,
 )
@@ -66,6 +68,7 @@ class Prepared:
     stops: list[str]
     draft_len: int
     routed: bool
+    logprobs: int | None = None  # alternatives per token with the log-probabilities (None: not asked)
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -88,6 +91,7 @@ class OpenAIService:
             limits = Limits(max_prompt_chars=prompt_char_limit(tokenizer.tok, self.max_input_len))
         self.limits = limits
         self.draining = False  # set when the server drains: /v1 answers 503, /health not ready
+        self._token_texts: TokenTexts | None = None
         self.metrics = RequestMetrics(Registry())
         self.metrics.registry.gauge("trtspec_openai_draining", "1 while the server drains").function(
             lambda: float(self.draining)
@@ -182,6 +186,11 @@ class OpenAIService:
                 code="unsupported_parameter",
             )
         stops = stop_strings(r)
+        logprobs = requested_logprobs(r)
+        if logprobs is not None and d.contract != "ensemble":
+            raise bad_field(
+                "logprobs", f"logprobs are not supported by runtime {d.runtime}", code="unsupported_parameter"
+            )
         options = {
             "temperature": 1.0 if r.temperature is None else r.temperature,
             "top_p": r.top_p,
@@ -196,19 +205,24 @@ class OpenAIService:
         values = request_inputs(prompt, asked, r.stream, options)
         k = d.max_draft_len if r.num_draft_tokens is None else r.num_draft_tokens
         routed = d.contract == "ensemble" and (k == 0 or asked < d.route_threshold)
-        return Prepared(kind, r, prompt, n_prompt, asked, values, stops, 0 if routed else k, routed)
+        return Prepared(kind, r, prompt, n_prompt, asked, values, stops, 0 if routed else k, routed, logprobs)
 
-    async def run(self, p: Prepared) -> AsyncGenerator[tuple[str, dict[str, float], bool], None]:
-        """(new text, statistics so far, finished) as the text arrives; stop sequences are cut here."""
+    async def run(self, p: Prepared) -> AsyncGenerator[tuple[str, dict[str, float], bool, list[Any]], None]:
+        """(new text, statistics so far, finished, the log-probabilities of the tokens that arrived since the last
+        piece) as the text arrives; stop sequences are cut here (the tokens that held a stop sequence keep their
+        log-probabilities)."""
         matcher = StopMatcher(p.stops)
         stats: dict[str, float] = {}
+        lps: list[Any] = []
         try:
-            async with aclosing(self.backend.generate(p.values)) as responses:
-                async for text, s in responses:
+            async with aclosing(self.backend.generate(p.values, p.logprobs)) as responses:
+                async for text, s, new_lps in responses:
                     stats = {**stats, **s}  # a response may leave out what an earlier one reported
+                    lps += new_lps or []
                     out = matcher.feed(text)
                     if out:
-                        yield out, stats, False
+                        yield out, stats, False, lps
+                        lps = []
                     if matcher.stopped:
                         break  # closing the stream cancels the Triton request
         except TritonUnavailable as exc:
@@ -220,7 +234,7 @@ class OpenAIService:
             if any(phrase in message for phrase in REQUEST_ERROR_PHRASES):
                 raise OpenAIError(400, message, code="invalid_request") from None
             raise OpenAIError(500, f"generation failed: {message}", code="generation_failed") from None
-        yield matcher.flush(), {**stats, "_stopped": float(matcher.stopped)}, True
+        yield matcher.flush(), {**stats, "_stopped": float(matcher.stopped)}, True, lps
 
     def finish(self, p: Prepared, stats: dict[str, float]) -> tuple[str, dict[str, Any], dict[str, Any]]:
         """(finish_reason, usage, speculative statistics) of a finished request."""
@@ -239,6 +253,11 @@ class OpenAIService:
         }
         return reason, usage, spec
 
+    def _texts(self) -> TokenTexts:
+        if self._token_texts is None:
+            self._token_texts = TokenTexts(self.tokenizer.tok)
+        return self._token_texts
+
     def count(self, usage: dict[str, Any], spec: dict[str, Any]) -> None:
         """An answered request's tokens and speculation on /metrics (finish() stays a pure function)."""
         self.metrics.prompt_tokens.inc(usage["prompt_tokens"])
@@ -252,11 +271,20 @@ class OpenAIService:
         chat = p.kind == "chat"
         head = {"id": ("chatcmpl-" if chat else "cmpl-") + p.id, "created": p.created, "model": self.deployment.name}
         echo = "" if chat or not p.request.echo else p.prompt
+
+        def logprobs(items: list[Any], offset: int = 0) -> dict[str, Any] | None:
+            if p.logprobs is None:
+                return None
+            texts = self._texts()
+            return chat_logprobs(items, texts) if chat else completion_logprobs(items, texts, offset)
+
         if not p.request.stream:
             parts = [echo]
+            every: list[Any] = []
             async with aclosing(self.run(p)) as stream:
-                async for text, stats, _done in stream:  # noqa: B007 (stats: the last step's, read after the loop)
+                async for text, stats, _done, lps in stream:  # noqa: B007 (stats: the last step's, read after)
                     parts.append(text)
+                    every += lps
             reason, usage, spec = self.finish(p, stats)
             self.count(usage, spec)
             text = "".join(parts)
@@ -264,11 +292,11 @@ class OpenAIService:
                 {
                     "index": 0,
                     "message": {"role": "assistant", "content": text},
-                    "logprobs": None,
+                    "logprobs": logprobs(every),
                     "finish_reason": reason,
                 }
                 if chat
-                else {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+                else {"index": 0, "text": text, "logprobs": logprobs(every, len(echo)), "finish_reason": reason}
             )
             yield json_bytes(
                 {
@@ -285,26 +313,32 @@ class OpenAIService:
         include_usage = bool(p.request.stream_options and p.request.stream_options.include_usage)
         extra = {"usage": None} if include_usage else {}
 
-        def chunk(delta: str | None, reason: str | None = None, role: bool = False, **more: Any) -> bytes:
+        sent = len(echo)  # characters before the next token (completions' text_offset)
+
+        def chunk(
+            delta: str | None, reason: str | None = None, role: bool = False, lps: Any = None, **more: Any
+        ) -> bytes:
             if chat:
                 d: dict[str, Any] = (
                     {"role": "assistant", "content": ""} if role else ({} if delta is None else {"content": delta})
                 )
-                choice = {"index": 0, "delta": d, "logprobs": None, "finish_reason": reason}
+                choice = {"index": 0, "delta": d, "logprobs": lps, "finish_reason": reason}
             else:
-                choice = {"index": 0, "text": delta or "", "logprobs": None, "finish_reason": reason}
+                choice = {"index": 0, "text": delta or "", "logprobs": lps, "finish_reason": reason}
             return sse({**head, "object": obj, "choices": [choice], "system_fingerprint": None, **extra, **more})
 
         async with aclosing(self.run(p)) as stream:
             first = await stream.__anext__()  # errors before any output get their HTTP status
             yield chunk(None, role=True) if chat else chunk(echo) if echo else b""
-            text, stats, done = first
+            text, stats, done, lps = first
             while True:
-                if text:
-                    yield chunk(text)
+                if text or lps:
+                    yield chunk(text, lps=logprobs(lps, sent) if lps else None)
+                    if p.logprobs is not None:  # text_offset counts the tokens' own texts, as unstreamed
+                        sent += sum(len(self._texts()(t.token)) for t in lps)
                 if done:
                     break
-                text, stats, done = await stream.__anext__()
+                text, stats, done, lps = await stream.__anext__()
         reason, usage, spec = self.finish(p, stats)
         self.count(usage, spec)
         yield chunk(None, reason, speculative_decoding=spec)

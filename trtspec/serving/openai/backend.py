@@ -12,7 +12,12 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
+from trtspec.errors import GenerationError
 from trtspec.serving.contract import grpc_inputs, grpc_outputs, result_payload, translate
+from trtspec.speculative.rules import TokenLogprob
+
+# One response's share of a request: (new text, statistics so far, the new tokens' log-probabilities or None).
+Piece = tuple[str, dict[str, float], list[TokenLogprob] | None]
 
 
 class TritonRequestError(Exception):
@@ -61,10 +66,15 @@ class TritonBackend:
             self._ready, self._ready_at = ok, time.monotonic()
         return self._ready
 
-    async def generate(self, values: dict[str, Any]) -> AsyncGenerator[tuple[str, dict[str, float]], None]:
-        """(text, statistics) per response for one request in ensemble field names."""
+    async def generate(self, values: dict[str, Any], logprobs: int | None = None) -> AsyncGenerator[Piece, None]:
+        """(text, statistics, None) per response for one request in ensemble field names. ``logprobs``: this
+        contract has no log-probabilities (refused)."""
         import grpc
 
+        if logprobs is not None:
+            raise GenerationError(
+                f"log-probabilities are not supported by the {self.contract} contract", hint="leave logprobs out"
+            )
         inputs = grpc_inputs(translate(values, self.contract), self.contract)
         request = {
             "model_name": self.model,
@@ -83,7 +93,7 @@ class TritonBackend:
                     raise TritonRequestError(_message(error))
                 payload = result_payload(result, self.contract)
                 if payload is not None:
-                    yield payload
+                    yield payload[0], payload[1], None
         except grpc.aio.AioRpcError as exc:
             raise self._rpc_error(exc) from None
         finally:
@@ -125,7 +135,7 @@ class DirectBackend(TritonBackend):
         self.pre = Preprocessor(tok, add_special_tokens)
         self.post = Postprocessor(tok)
 
-    def _inputs(self, values: dict[str, Any]) -> tuple[list[Any], list[int]]:
+    def _inputs(self, values: dict[str, Any], logprobs: int | None = None) -> tuple[list[Any], list[int]]:
         import numpy as np
         import tritonclient.grpc as grpcclient
 
@@ -142,6 +152,9 @@ class DirectBackend(TritonBackend):
             "streaming": (np.asarray([[bool(values.get("stream"))]], dtype=np.bool_), "BOOL"),
             "exclude_input_in_output": (np.asarray([[True]], dtype=np.bool_), "BOOL"),
         }
+        if logprobs is not None:
+            fields["return_log_probs"] = (np.asarray([[True]], dtype=np.bool_), "BOOL")
+            fields["top_logprobs"] = (np.asarray([[logprobs]], dtype=np.int32), "INT32")
         scalars = {
             "temperature": ("FP32", np.float32),
             "top_k": ("INT32", np.int32),
@@ -164,18 +177,20 @@ class DirectBackend(TritonBackend):
             inputs.append(x)
         return inputs, tokens
 
-    async def generate(self, values: dict[str, Any]) -> AsyncGenerator[tuple[str, dict[str, float]], None]:
-        """(text, statistics) per response for one request in ensemble field names."""
+    async def generate(self, values: dict[str, Any], logprobs: int | None = None) -> AsyncGenerator[Piece, None]:
+        """(text, statistics, log-probabilities) per response for one request in ensemble field names.
+        ``logprobs`` N: each new token's log-probability under the target and its N most likely alternatives
+        (the model's return_log_probs / top_logprobs); None: none."""
         import grpc
         import tritonclient.grpc as grpcclient
 
         from trtspec.serving.contract import STAT_NAMES
 
-        inputs, _tokens = await asyncio.to_thread(self._inputs, values)  # tokenizing: off the event loop
-        outputs = [
-            grpcclient.InferRequestedOutput(n)
-            for n in ("output_ids", "sequence_length", "decoded_length", "is_final", *STAT_NAMES)
-        ]
+        inputs, _tokens = await asyncio.to_thread(self._inputs, values, logprobs)  # tokenizing: off the event loop
+        names = ["output_ids", "sequence_length", "decoded_length", "is_final", *STAT_NAMES]
+        if logprobs is not None:
+            names += ["output_log_probs", *(("output_top_ids", "output_top_log_probs") if logprobs else ())]
+        outputs = [grpcclient.InferRequestedOutput(n) for n in names]
         request = {"model_name": self.model, "inputs": inputs, "outputs": outputs, "request_id": uuid.uuid4().hex}
 
         async def one_request() -> AsyncIterator[dict[str, Any]]:
@@ -198,8 +213,25 @@ class DirectBackend(TritonBackend):
                     v = result.as_numpy(name)
                     if v is not None:
                         stats[name] = float(v.reshape(-1)[0]) if name == "acceptance_rate" else int(v.reshape(-1)[0])
-                yield text, stats
+                lps = _token_logprobs(result, ids.reshape(-1)[:n].tolist(), decoded) if logprobs is not None else None
+                yield text, stats, lps
         except grpc.aio.AioRpcError as exc:
             raise self._rpc_error(exc) from None
         finally:
             stream.cancel()
+
+
+def _token_logprobs(result: Any, ids: list[int], decoded: int) -> list[TokenLogprob]:
+    """The new tokens' (after the ``decoded`` context tokens) log-probabilities from one response's tensors."""
+    lp = result.as_numpy("output_log_probs")
+    if lp is None:
+        return []
+    values = lp.reshape(-1).tolist()
+    top_ids, top_lps = result.as_numpy("output_top_ids"), result.as_numpy("output_top_log_probs")
+    out = []
+    for j in range(decoded, len(ids)):
+        top: tuple[tuple[int, float], ...] = ()
+        if top_ids is not None and top_lps is not None:
+            top = tuple(zip(top_ids[0, j].tolist(), top_lps[0, j].tolist()))
+        out.append(TokenLogprob(int(ids[j]), float(values[j]), top))
+    return out

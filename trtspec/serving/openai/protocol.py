@@ -1,7 +1,7 @@
 """The OpenAI request bodies trtspec accepts, their validation, and OpenAI's error shape.
 
 Fields follow OpenAI's API reference for ``/v1/chat/completions`` and ``/v1/completions``. A field whose meaning
-trtspec cannot honour (``n`` > 1, ``logprobs``, penalties, tools ...) is refused with a 400 that names it, never
+trtspec cannot honour (``n`` > 1, penalties, tools ...) is refused with a 400 that names it, never
 silently ignored; fields that change nothing here (``user``, ``metadata``, ``store``) and unknown ones are ignored,
 as vLLM does, so that load tools that add their own fields keep working. Extensions, as vLLM names them:
 ``top_k``, and ``num_draft_tokens`` (the draft length K for this request; 0 = target only).
@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from trtspec.errors import GenerationError
 from trtspec.speculative.rules import MAX_DRAFT_LEN, validate_sampling
 from trtspec.triton_repo.runtime_utils import error_message
-from trtspec.validation import validate_max_tokens, validate_num_draft_tokens
+from trtspec.validation import validate_max_tokens, validate_num_draft_tokens, validate_top_logprobs
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -154,11 +154,10 @@ def _refuse_unsupported(r: _Common) -> None:
             )
     if r.logit_bias:
         raise bad_field("logit_bias", "logit_bias is not supported by this server", code="unsupported_parameter")
+    requested_logprobs(r)  # 0..20 alternatives, top_logprobs only with logprobs
     if r.stream_options is not None and not r.stream:
         raise bad_field("stream_options", "stream_options is only allowed when stream is true")
     if isinstance(r, ChatCompletionRequest):
-        if r.logprobs or r.top_logprobs:
-            raise bad_field("logprobs", "logprobs are not supported by this server", code="unsupported_parameter")
         if r.tools or r.tool_choice not in (None, "none"):
             raise bad_field("tools", "tools are not supported by this server", code="unsupported_parameter")
         if r.response_format and r.response_format.get("type", "text") != "text":
@@ -178,10 +177,24 @@ def _refuse_unsupported(r: _Common) -> None:
             raise bad_field("prompt", f"prompt must be one string (got a list of {len(r.prompt)})")
         if r.suffix:
             raise bad_field("suffix", "suffix is not supported by this server", code="unsupported_parameter")
-        if r.logprobs:
-            raise bad_field("logprobs", "logprobs are not supported by this server", code="unsupported_parameter")
         if r.best_of not in (None, 1):
             raise bad_field("best_of", "best_of must be 1", code="unsupported_parameter")
+
+
+def requested_logprobs(r: _Common) -> int | None:
+    """How many alternatives per token the request asks for with its log-probabilities (None: no logprobs), by
+    trtspec.validation's rule (0..20, top_logprobs only with logprobs true): chat ``logprobs`` + ``top_logprobs``,
+    completions ``logprobs`` N."""
+    if isinstance(r, ChatCompletionRequest):
+        param, top, wanted = "top_logprobs", r.top_logprobs or 0, bool(r.logprobs)
+    else:
+        assert isinstance(r, CompletionRequest)
+        param, top, wanted = "logprobs", r.logprobs or 0, r.logprobs is not None
+    try:
+        validate_top_logprobs(top, wanted, param)
+    except GenerationError as exc:
+        raise bad_field(param, error_message(exc)) from None
+    return top if wanted else None
 
 
 def requested_max_tokens(r: _Common) -> tuple[str, int | None]:

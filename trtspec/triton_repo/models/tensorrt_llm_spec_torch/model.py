@@ -129,6 +129,7 @@ class TritonPythonModel:
             draft_logits_available=True,
             max_seq_len=int(p["max_seq_len"]),
             max_prompt_len=int(p.get("max_input_len") or p["max_seq_len"]),
+            log_probs=True,
         )
         kind = p.get("drafter") or "model"  # speculative.drafter (trtspec.speculative.drafters.registry)
         pool = p.get("ngram_pool") or None  # ngram_pool.npz; none: prompt lookup only
@@ -187,6 +188,8 @@ class TritonPythonModel:
                         num_draft_tokens=plan.k,
                     )
                     job.stats = state.state.stats[b]
+                    if row.return_log_probs:
+                        state.state.logprobs[b] = job.token_logprobs  # filled by the engine, read per response
                     job.stats.routed_to_target = plan.routed
                     self.engine.validate(job)
                     state.jobs.append(job)
