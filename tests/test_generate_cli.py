@@ -64,6 +64,15 @@ def test_generate_json_speculative_equals_no_draft(spec_file):
     assert sampled[0] == sampled[1]
 
 
+def test_logprobs_in_json_are_the_same_with_and_without_the_draft(spec_file):
+    args = ("The quick", "--spec", str(spec_file), "-n", "12", "--raw", "--json", "--logprobs", "2")
+    spec, plain = json.loads(run(*args).stdout), json.loads(run(*args, "--no-draft").stdout)
+    assert spec["token_ids"] == plain["token_ids"] and spec["stats"]["total_draft_tokens"] > 0
+    for a, b, token in zip(spec["logprobs"], plain["logprobs"], spec["token_ids"]):
+        assert a["token"] == b["token"] == token and abs(a["logprob"] - b["logprob"]) < 1e-4
+        assert len(a["top"]) == 2 and a["top"][0]["token"] == token and a["logprob"] <= 0
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -74,6 +83,8 @@ def test_generate_json_speculative_equals_no_draft(spec_file):
         (["hello", "--max-tokens", "0"], "max_tokens must be >= 1, got 0"),
         (["hello " * 3000, "--raw", "-n", "4"], "more than max_input_len (2048)"),  # as preprocessing counts it
         (["hello", "--top-p", "0"], "top_p must be in (0, 1]"),
+        (["hello", "--logprobs", "21"], "--logprobs must be in 0..20, got 21"),
+        (["hello", "--logprobs", "2", "--stream"], "--logprobs is served in process without --stream only"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_1(spec_file, args, message):

@@ -41,6 +41,16 @@ def _stats_table(stats: dict, title: str) -> Table:
     return table
 
 
+def _logprobs_table(items: list[dict]) -> Table:
+    table = Table(title="log-probabilities under the target", show_header=True)
+    for name in ("token", "logprob", "top alternatives"):
+        table.add_column(name)
+    for t in items:
+        top = ", ".join(f"{a['text']!r} {a['logprob']:.3f}" for a in t["top"])
+        table.add_row(repr(t["text"]), f"{t['logprob']:.4f}", top)
+    return table
+
+
 def generate(
     prompt: Annotated[str, typer.Argument(help="the prompt (the chat template is applied when the model has one)")],
     spec_path: SpecOpt = None,
@@ -58,6 +68,13 @@ def generate(
     protocol: ProtocolOpt = None,
     as_json: JsonOpt = False,
     threads: ThreadsOpt = 0,
+    logprobs: Annotated[
+        Optional[int],
+        typer.Option(
+            "--logprobs",
+            help="also each token's log-probability under the target and N top alternatives (0..20; in process)",
+        ),
+    ] = None,
 ) -> None:
     """Generate text for PROMPT with draft-target speculative decoding (in process, or from a server with --url)."""
     from trtspec.build.check import check_pair
@@ -76,6 +93,15 @@ def generate(
     # Before anything is loaded or sent. K's bound is the deployment's: the spec's (below) or the server's (checked
     # once it answers, after this check against the largest bound any deployment has).
     validate_request(prompt, max_tokens, num_draft_tokens=k if url is not None else None, **sampling)
+    if logprobs is not None:
+        from trtspec.validation import validate_top_logprobs
+
+        validate_top_logprobs(logprobs, True, "--logprobs")
+        if url is not None or stream:
+            raise GenerationError(
+                "--logprobs is served in process without --stream only",
+                hint="over a server, ask the OpenAI API (trtspec serve --openai-port) for logprobs",
+            )
     if url is not None:
         if spec_path is not None:
             raise GenerationError("--url and --spec exclude each other", hint="the server was built from its spec")
@@ -116,11 +142,14 @@ def generate(
         assert result is not None
         err_console.print(_stats_table(result.stats, title))
         return
-    result = session.generate(prompt, max_tokens, params, **kwargs)
+    result = session.generate(prompt, max_tokens, params, logprobs=logprobs, **kwargs)
     if as_json:
-        print_json({"text": result.text, "token_ids": result.token_ids, "stats": result.stats})
+        data = {"text": result.text, "token_ids": result.token_ids, "stats": result.stats}
+        print_json(data if result.logprobs is None else {**data, "logprobs": result.logprobs})
         return
     console.print(result.text, highlight=False, markup=False)
+    if result.logprobs is not None:
+        err_console.print(_logprobs_table(result.logprobs))
     err_console.print(_stats_table(result.stats, title))
 
 

@@ -59,14 +59,19 @@ class TextResult:
     token_ids: list[int]
     finish_reason: str
     stats: dict
+    # With logprobs: per token {"token", "text", "logprob", "top": [{"token", "text", "logprob"}]} (the target's)
+    logprobs: list[dict] | None = None
 
     def to_dict(self) -> dict:
-        return {
+        out = {
             "text": self.text,
             "token_ids": self.token_ids,
             "finish_reason": self.finish_reason,
             "stats": self.stats,
         }
+        if self.logprobs is not None:
+            out["logprobs"] = self.logprobs
+        return out
 
 
 class TorchSession:
@@ -144,7 +149,15 @@ class TorchSession:
 
     def _result(self, r: GenerationResult) -> TextResult:
         text = self.tokenizer.decode(r.token_ids, skip_special_tokens=True)
-        return TextResult(text, r.token_ids, r.finish_reason, r.stats.to_dict())
+        lps = None
+        if r.logprobs is not None:
+
+            def one(token: int, logprob: float) -> dict:
+                piece = self.tokenizer.decode([token], skip_special_tokens=False)
+                return {"token": token, "text": piece, "logprob": round(logprob, 6)}
+
+            lps = [{**one(t.token, t.logprob), "top": [one(i, v) for i, v in t.top]} for t in r.logprobs]
+        return TextResult(text, r.token_ids, r.finish_reason, r.stats.to_dict(), lps)
 
     def generate(
         self,
@@ -155,9 +168,12 @@ class TorchSession:
         draft_len: int | None = None,
         use_draft: bool = True,
         chat: bool = True,
+        logprobs: int | None = None,
     ) -> TextResult:
         ids = self.encode(prompt, chat)
-        result = self.decoder.generate([ids], max_tokens, sampling, draft_len=draft_len, use_draft=use_draft)[0]
+        result = self.decoder.generate(
+            [ids], max_tokens, sampling, draft_len=draft_len, use_draft=use_draft, logprobs=logprobs
+        )[0]
         return self._result(result)
 
     def stream(
