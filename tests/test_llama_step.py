@@ -167,3 +167,44 @@ def test_bfloat16_greedy_speculative_equals_target_only_batched_and_not(bf16_pai
     batch = dec.generate(prompts, 40)
     assert [r.token_ids for r in batch] == alone
     assert 0.1 < sum(r.stats.acceptance_rate for r in batch) / len(batch) < 1.0  # drafts were partly rejected
+
+
+def test_float32_decode_and_verification_rows_of_several_sequences_attend_in_one_call(model):
+    """Short segments of several slots (decoding, verification) go through one batched attention call per layer and
+    give what each segment gives alone, also when the pool's memory past the sequences holds NaN (never-written
+    memory can: a masked position is still multiplied by its zero weight); a prefill keeps its own call."""
+    from trtspec.runtimes.inflight import llama_step
+
+    step = step_of(model)
+    assert step is not None
+    torch.manual_seed(3)
+    vocab = model.config.vocab_size
+    prompts = [torch.randint(0, vocab, (n,)) for n in (11, 5, 23, 8)]
+    feeds = [[3], [4, 5, 6, 7, 8], [9], [10, 11]]
+    results = []
+    for batched in (True, False):
+        pool = SlotKVPool(KVGeometry.of(model), 5, 64)
+        for keys, values in zip(pool.keys, pool.values):
+            keys.fill_(float("nan"))
+            values.fill_(float("nan"))
+        with torch.inference_mode():
+            for s, p in enumerate(prompts):
+                step.body(pool, [(s, 0, 0, len(p))], p, torch.arange(len(p)))
+            segs, ids, pos, a = [], [], [], 0
+            for s, (p, f) in enumerate(zip(prompts, feeds)):
+                segs.append((s, len(p), a, len(f)))
+                ids += f
+                pos += list(range(len(p), len(p) + len(f)))
+                a += len(f)
+            plan = llama_step._Batched.of(segs, "cpu")
+            assert plan is not None and set(plan.members) == {0, 1, 2, 3}
+            if not batched:
+                llama_step.BATCHED_QUERIES, saved = 0, llama_step.BATCHED_QUERIES
+                assert llama_step._Batched.of(segs, "cpu") is None
+            try:
+                results.append(step.body(pool, segs, torch.tensor(ids), torch.tensor(pos)))
+            finally:
+                if not batched:
+                    llama_step.BATCHED_QUERIES = saved
+    assert not results[0].isnan().any()
+    torch.testing.assert_close(results[0], results[1], atol=1e-5, rtol=1e-5)

@@ -100,10 +100,26 @@ class SlotKVPool:
         self.keys = [torch.empty(shape, dtype=geometry.dtype, device=device) for _ in range(geometry.num_layers)]
         self.values = [torch.empty(shape, dtype=geometry.dtype, device=device) for _ in range(geometry.num_layers)]
         self.slots = [Slot(i) for i in range(slots)]
+        # Per slot: positions below this hold numbers (written once); above, maybe never-touched memory of any bits.
+        # A batched attention reads a slot past its sequence under a mask, and a masked NaN still poisons the sum
+        # (0 x NaN): ``zero_beyond`` clears such memory once before it is read.
+        self.initialized = [0] * slots
         self._clock = itertools.count(1)
         self.reused_tokens = 0  # prefix tokens served from the cache (not recomputed), over the pool's life
         self.computed_tokens = 0  # tokens whose keys/values were computed
         self.copied_tokens = 0  # prefix tokens copied between slots instead of recomputed
+
+    def zero_beyond(self, slot: int, live: int, upto: int) -> None:
+        """Make positions < ``upto`` of ``slot`` hold numbers in every layer: zeros from ``live`` (the end of what
+        its sequence holds or is writing now) or from where earlier zeroing stopped, whichever is later."""
+        start = max(self.initialized[slot], live)
+        if upto <= start:
+            self.initialized[slot] = max(self.initialized[slot], live)
+            return
+        for keys, values in zip(self.keys, self.values):
+            keys[slot, :, start:upto].zero_()
+            values[slot, :, start:upto].zero_()
+        self.initialized[slot] = upto
 
     @property
     def free(self) -> int:

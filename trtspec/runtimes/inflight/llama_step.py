@@ -217,6 +217,70 @@ def _row_attention(
     return out.view(hk, n, g, d).permute(1, 0, 2, 3).reshape(n, hq, d)
 
 
+# float32: segments of at most this many tokens (decoding, verification) of several sequences attend in one call
+BATCHED_QUERIES = 16
+
+
+class _Batched:
+    """The short segments of a float32 pass (decoding and verification rows of several sequences), attended with one
+    scaled_dot_product_attention call per layer instead of one per sequence: their slots as one view of the cache
+    (``lo`` .. ``lo + rows``, a range that may hold slots of no segment: their rows attend to key 0 and are dropped),
+    queries padded to the longest segment, a mask for each one's causal window; keys/values written with one indexed
+    copy. Every slot of the view must hold numbers up to the longest window: a masked position is still multiplied
+    by its zero weight, and never-written memory can hold NaN (0 x NaN poisoned the example's self-draft, whose
+    acceptance fell from 1.0 to 0.02), so ``prepare`` zeroes it once (SlotKVPool.zero_beyond). Measured at 8
+    sequences, SmolLM2-135M, float32, 2 cores (AVX2), in process, 64 tokens: attention was a quarter of a step as 240
+    calls per step with their Python around them; batched, target-only 81.5 -> 92.7 tok/s, n-gram K4 81.7 -> 88.8.
+    Rows round with the batch's padded length (float32 is not row-invariant anyway). Built once per pass; None where
+    it does not apply (fewer than two short segments, or slots spread over more than twice their number)."""
+
+    def __init__(self, members: dict[int, tuple[int, int, int, int]], device: Any) -> None:
+        segs = list(members.values())
+        self.members = members
+        self.lo = min(s for s, _, _, _ in segs)
+        self.rows = max(s for s, _, _, _ in segs) - self.lo + 1
+        self.width = max(n for _, _, _, n in segs)
+        self.length = max(p + n for _, p, _, n in segs)
+        src, row_i, query_i, pos = [], [], [], []
+        allowed = torch.zeros(self.rows, 1, self.width, self.length, dtype=torch.bool)
+        allowed[..., 0] = True  # padded and empty rows: key 0 (their outputs are not read)
+        for slot, past, a, n in segs:
+            b = slot - self.lo
+            for r in range(n):
+                src.append(a + r)
+                row_i.append(b)
+                query_i.append(r)
+                pos.append(past + r)
+                allowed[b, 0, r, : past + r + 1] = True
+
+        def t(xs: list[int]) -> torch.Tensor:
+            return torch.tensor(xs, dtype=torch.long, device=device)
+
+        self.src, self.row_i, self.query_i, self.pos_t = t(src), t(row_i), t(query_i), t(pos)
+        self.slot_t = self.row_i + self.lo
+        self.mask = allowed.to(device)
+
+    def prepare(self, pool: SlotKVPool, segments: Sequence[tuple[int, int, int, int]]) -> None:
+        """Every slot of the view holds numbers up to the longest window (masked positions are still multiplied):
+        never-written memory past each slot's live extent is zeroed (once)."""
+        live = {slot: pool.slots[slot].length for slot in range(self.lo, self.lo + self.rows)}
+        for slot, past, _, n in segments:
+            if slot in live:
+                live[slot] = max(live[slot], past + n)
+        for slot, end in live.items():
+            pool.zero_beyond(slot, end, self.length)
+
+    @classmethod
+    def of(cls, segments: Sequence[tuple[int, int, int, int]], device: Any) -> _Batched | None:
+        members = {j: seg for j, seg in enumerate(segments) if seg[3] <= BATCHED_QUERIES}
+        if len(members) < 2:
+            return None
+        slots = [s for s, _, _, _ in members.values()]
+        if max(slots) - min(slots) + 1 > 2 * len(slots):
+            return None
+        return cls(members, device)
+
+
 class LlamaStep:
     """The fast packed forward of one supported model (see module docstring); build once per model."""
 
@@ -271,11 +335,31 @@ class LlamaStep:
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
+        batched: _Batched | None = None,
     ) -> torch.Tensor:
-        """Write each segment's keys/values into its slot and attend its queries over the slot: [T, heads, d]."""
+        """Write each segment's keys/values into its slot and attend its queries over the slot: [T, heads, d].
+        ``batched``: the short segments at once (see _Batched); the others one by one."""
         keys, values = pool.keys[layer], pool.values[layer]
         out = torch.empty_like(q) if len(segments) > 1 else None
-        for (slot, past, a, n), mask in zip(segments, masks):
+        if batched is not None:
+            assert out is not None
+            b = batched
+            keys[b.slot_t, :, b.pos_t] = k[b.src]
+            values[b.slot_t, :, b.pos_t] = v[b.src]
+            qp = q.new_zeros(b.rows, b.width, q.shape[1], q.shape[2])
+            qp[b.row_i, b.query_i] = q[b.src]
+            o = F.scaled_dot_product_attention(
+                qp.transpose(1, 2),
+                keys[b.lo : b.lo + b.rows, :, : b.length],
+                values[b.lo : b.lo + b.rows, :, : b.length],
+                attn_mask=b.mask,
+                scale=self.scaling,
+                enable_gqa=self.heads != self.kv_heads,
+            )
+            out[b.src] = o.transpose(1, 2)[b.row_i, b.query_i]
+        for j, ((slot, past, a, n), mask) in enumerate(zip(segments, masks)):
+            if batched is not None and j in batched.members:
+                continue
             keys[slot, :, past : past + n] = k[a : a + n].transpose(0, 1)
             values[slot, :, past : past + n] = v[a : a + n].transpose(0, 1)
             if self.invariant:
@@ -312,6 +396,9 @@ class LlamaStep:
             else torch.ones(n, p + n, dtype=torch.bool, device=ids.device).tril(diagonal=p)
             for _, p, _, n in segments
         ]
+        batched = _Batched.of(segments, ids.device) if self.embed.dtype == torch.float32 else None
+        if batched is not None:
+            batched.prepare(pool, segments)
         # Through the module (one call a step): forward hooks on the embeddings still see every pass's [1, T] ids.
         h = self.model.model.embed_tokens(ids.unsqueeze(0))[0]
         t = h.shape[0]
@@ -329,7 +416,7 @@ class LlamaStep:
             if one_thread:
                 torch.set_num_threads(1)
             try:
-                out = self._attend(pool, i, segments, masks, q, k, v)
+                out = self._attend(pool, i, segments, masks, q, k, v, batched)
             finally:
                 if one_thread:
                     torch.set_num_threads(threads)
