@@ -254,7 +254,7 @@ def _distill_into(
             "draft_parameters": sum(p.numel() for n, p in draft.named_parameters() if "embed_tokens" not in n),
             "placement": placement.to_dict(),
             "loss": settings.train.loss,
-            **{k: round(v, 1) for k, v in timings.items()},
+            **{k: round(v, 3) for k, v in timings.items()},
         }
     )
     standard = to_standard_cpu(draft, eval_target.config)
