@@ -169,7 +169,7 @@ def test_bfloat16_greedy_speculative_equals_target_only_batched_and_not(bf16_pai
     assert 0.1 < sum(r.stats.acceptance_rate for r in batch) / len(batch) < 1.0  # drafts were partly rejected
 
 
-def test_float32_decode_and_verification_rows_of_several_sequences_attend_in_one_call(model):
+def test_float32_decode_and_verification_rows_of_several_sequences_attend_in_one_call(model, monkeypatch):
     """Short segments of several slots (decoding, verification) go through one batched attention call per layer and
     give what each segment gives alone, also when the pool's memory past the sequences holds NaN (never-written
     memory can: a masked position is still multiplied by its zero weight); a prefill keeps its own call."""
@@ -199,12 +199,8 @@ def test_float32_decode_and_verification_rows_of_several_sequences_attend_in_one
             plan = llama_step._Batched.of(segs, "cpu")
             assert plan is not None and set(plan.members) == {0, 1, 2, 3}
             if not batched:
-                llama_step.BATCHED_QUERIES, saved = 0, llama_step.BATCHED_QUERIES
+                monkeypatch.setattr(llama_step, "BATCHED_QUERIES", 0)
                 assert llama_step._Batched.of(segs, "cpu") is None
-            try:
-                results.append(step.body(pool, segs, torch.tensor(ids), torch.tensor(pos)))
-            finally:
-                if not batched:
-                    llama_step.BATCHED_QUERIES = saved
+            results.append(step.body(pool, segs, torch.tensor(ids), torch.tensor(pos)))
     assert not results[0].isnan().any()
     torch.testing.assert_close(results[0], results[1], atol=1e-5, rtol=1e-5)

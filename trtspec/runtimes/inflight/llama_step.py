@@ -93,7 +93,7 @@ class _Linear:
             # Packed for a few rows, within 2-7 % of a copy packed for each count at 1, 2, 5 and 8 rows (measured);
             # a weight used for one row (the vocabulary head: pack_rows (1,)) is packed for one (4.6 against 5.5 ms).
             rows = min(_ONEDNN_ROWS, max(pack_rows))
-            self.onednn = torch.ops.mkldnn._reorder_linear_weight(weight, rows)
+            self.onednn = _onednn_packed(weight, rows)
         elif cpu32 and torch._C.has_mkl:
             for rows in sorted(set(pack_rows)):
                 self.packed[rows] = torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
@@ -106,7 +106,7 @@ class _Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.onednn is not None:
-            return torch.ops.mkldnn._linear_pointwise(x, self.onednn, self.bias, "none", [], "")
+            return _onednn_linear(x, self.onednn, self.bias)
         if self.pieces:  # a row's result must not depend on how many rows the pass has (see row_invariant)
             if len(self.pieces) == 1:
                 return _onednn_linear(x, self.pieces[0][2], self.bias)
@@ -126,10 +126,11 @@ class _Linear:
         return F.linear(x, self.weight, self.bias)
 
 
-def _onednn_packed(weight: torch.Tensor) -> torch.Tensor:
-    """``weight`` in oneDNN's blocked layout when this torch has it (else as it is)."""
+def _onednn_packed(weight: torch.Tensor, rows: int = 1) -> torch.Tensor:
+    """``weight`` in oneDNN's blocked layout for multiplies of about ``rows`` rows when this torch has it (else as
+    it is)."""
     if torch.backends.mkldnn.is_available():
-        return torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+        return torch.ops.mkldnn._reorder_linear_weight(weight, rows)
     return weight
 
 

@@ -91,7 +91,7 @@ class OpenAIService:
             limits = Limits(max_prompt_chars=prompt_char_limit(tokenizer.tok, self.max_input_len))
         self.limits = limits
         self.draining = False  # set when the server drains: /v1 answers 503, /health not ready
-        self._token_texts: TokenTexts | None = None
+        self.token_texts = TokenTexts(tokenizer.tok)  # for logprobs: each token's own text (cached per token)
         self.metrics = RequestMetrics(Registry())
         self.metrics.registry.gauge("trtspec_openai_draining", "1 while the server drains").function(
             lambda: float(self.draining)
@@ -253,11 +253,6 @@ class OpenAIService:
         }
         return reason, usage, spec
 
-    def _texts(self) -> TokenTexts:
-        if self._token_texts is None:
-            self._token_texts = TokenTexts(self.tokenizer.tok)
-        return self._token_texts
-
     def count(self, usage: dict[str, Any], spec: dict[str, Any]) -> None:
         """An answered request's tokens and speculation on /metrics (finish() stays a pure function)."""
         self.metrics.prompt_tokens.inc(usage["prompt_tokens"])
@@ -275,7 +270,7 @@ class OpenAIService:
         def logprobs(items: list[Any], offset: int = 0) -> dict[str, Any] | None:
             if p.logprobs is None:
                 return None
-            texts = self._texts()
+            texts = self.token_texts
             return chat_logprobs(items, texts) if chat else completion_logprobs(items, texts, offset)
 
         if not p.request.stream:
@@ -335,7 +330,7 @@ class OpenAIService:
                 if text or lps:
                     yield chunk(text, lps=logprobs(lps, sent) if lps else None)
                     if p.logprobs is not None:  # text_offset counts the tokens' own texts, as unstreamed
-                        sent += sum(len(self._texts()(t.token)) for t in lps)
+                        sent += sum(len(self.token_texts(t.token)) for t in lps)
                 if done:
                     break
                 text, stats, done, lps = await stream.__anext__()
