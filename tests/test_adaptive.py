@@ -20,9 +20,11 @@ from trtspec.speculative.adaptive import (
 )
 
 
-def _policy(**kw) -> AdaptivePolicy:
-    # A CPU-like prior: verifying 4 more tokens costs 0.3 of a step, a draft round 0.1.
-    return AdaptivePolicy(prior=CostPrior(target_slope=0.075, draft_c=0.1, draft_row=0.02), **kw)
+def _policy(verify_c: float = 0.0, verify_row: float = 0.0, **kw) -> AdaptivePolicy:
+    # A CPU-like prior: verifying 4 more tokens costs 0.3 of a step, a draft round 0.1; the rows' verification (head,
+    # acceptance) free unless a test prices it.
+    prior = CostPrior(target_slope=0.075, draft_c=0.1, draft_row=0.02, verify_c=verify_c, verify_row=verify_row)
+    return AdaptivePolicy(prior=prior, **kw)
 
 
 def test_expected_accepted_is_the_geometric_sum():
@@ -162,6 +164,86 @@ def test_measured_pass_costs_are_used_as_their_non_decreasing_fit():
     assert max(on_raw, key=on_raw.__getitem__) == 2, on_raw  # what the raw averages would have chosen
 
 
+def test_pass_costs_between_measured_sizes_are_interpolated():
+    """A batch of 8 feeds 8-40 tokens a step. Sizes between measured ones are priced on the line between them (once
+    they were priced as the next bucket up: 17 tokens as 24), a size is recorded at its nearest bucket, and outside
+    the measured sizes the prior's shape is anchored at the nearest one."""
+    costs = PassCosts(CostPrior(target_slope=0.1).target)
+    for n, t in {8: 0.100, 16: 0.112, 24: 0.134}.items():
+        costs.observe(n, t)
+    assert costs.cost(12) == pytest.approx(0.106)
+    assert costs.cost(17) == pytest.approx(0.112 + 0.022 / 8)
+    assert costs.cost(4) == pytest.approx(0.100 * 1.3 / 1.7)  # below: the prior's shape from 8
+    assert costs.cost(32) == pytest.approx(0.134 * 4.1 / 3.3)  # above: from 24
+    costs.observe(41, 0.150)  # nearest bucket: 40
+    assert costs.seconds[40] == pytest.approx(0.150) and costs.cost(36) == pytest.approx(0.134 + 0.016 * 12 / 16)
+
+
+def test_at_concurrency_eight_speculation_pays_where_the_measured_pass_grows_little():
+    """The bfloat16 step measured at 8 sequences (8 tokens: 100 ms, 16: 112, 24: 134, 40: 130): adding a 0.45-
+    acceptance 4-token proposal to a sequence costs little next to the pass every sequence shares, so every sequence
+    speculates, and the expected tokens per second of the step beat the plain step's."""
+    policy = _policy(explore=0.0, priors={(NGRAM, 2): 0.45})
+    for n, t in {8: 0.100, 16: 0.112, 24: 0.134, 40: 0.130}.items():
+        policy.observe_target(n, t)
+    asks = [Ask(4, [5, 6, 7, 8], ngram_match=2)] * 8
+    choices = policy.plan([SequenceArms() for _ in asks], asks)
+    assert all(c.speculates for c in choices), choices
+    fed = 8 + sum(c.k for c in choices)
+    gain = sum(expected_accepted(0.45, c.k) for c in choices)
+    assert (8 + gain) / policy.target.cost(fed) > 8 / 0.100
+
+
+def test_target_costs_are_learned_per_number_of_sequences():
+    """8 tokens of 8 sequences cost more than 8 tokens of 2 (each sequence attends on its own), and the slope of a
+    full batch is its own: the policy prices a batch's draft tokens on the curve of that batch size (or of the
+    nearest one measured)."""
+    policy = _policy(explore=0.0)
+    for n, t in {1: 0.046, 5: 0.052, 8: 0.060}.items():
+        policy.observe_target(n, t, seqs=1)
+    for n, t in {8: 0.100, 40: 0.130}.items():
+        policy.observe_target(n, t, seqs=8)
+    assert policy.target.cost(8, seqs=8) == pytest.approx(0.100)
+    assert policy.target.cost(8, seqs=1) == pytest.approx(0.060)
+    assert policy.target.cost(24, seqs=7) == pytest.approx(0.115)  # 7 unmeasured: the nearest, 8
+    assert set(policy.snapshot()["target_pass_s"]) == {1, 8}
+
+
+def test_a_step_in_the_pass_cost_is_paid_by_the_whole_batch_together():
+    """Measured in a batch of 8 (bfloat16): 8 tokens 63 ms, 9 tokens 90, then 1 ms per token up to 40. One
+    sequence's draft never pays for the step up, so sequence by sequence none would speculate; all of them together
+    do (2.3 tokens each for 1.9x the time). The policy takes the choice of the higher expected rate."""
+    policy = _policy(explore=0.0, priors={(NGRAM, 2): 0.6})
+    curve = {8: 0.063, 9: 0.090, 16: 0.097, 24: 0.105, 40: 0.121}
+    for n, t in curve.items():
+        policy.observe_target(n, t, seqs=8)
+    asks = [Ask(4, [5, 6, 7, 8], ngram_match=2)] * 8
+    seqs = [SequenceArms() for _ in asks]
+    choices = policy.plan(seqs, asks)
+    assert all(c.speculates for c in choices), choices
+    fed = 8 + sum(c.k for c in choices)
+    gain = sum(expected_accepted(0.6, c.k) for c in choices)
+    assert (8 + gain) / policy.target.cost(fed, seqs=8) > 1.1 * 8 / 0.063
+    # with a poor proposal the step is not worth it, for anyone
+    poor = _policy(explore=0.0, priors={(NGRAM, 2): 0.1})
+    for n, t in curve.items():
+        poor.observe_target(n, t, seqs=8)
+    assert not any(c.speculates for c in poor.plan([SequenceArms() for _ in asks], asks))
+
+
+def test_verifying_rows_is_charged():
+    """Verification costs per row kept (the head, the acceptance routine): where it is dear, a proposal that pays on
+    the target's pass alone does not."""
+    ask = Ask(4, [5, 6, 7, 8], ngram_match=2)
+    assert _policy().plan([SequenceArms()], [ask])[0].speculates
+    dear = _policy(verify_c=0.05, verify_row=0.6)
+    assert not dear.plan([SequenceArms()], [ask])[0].speculates
+    dear.observe_verify(1, 0.002)  # measured: cheap after all
+    dear.observe_verify(5, 0.0025)
+    dear.observe_target(1, 0.05)
+    assert dear.plan([SequenceArms()], [ask])[0].speculates
+
+
 def test_the_policy_counts_what_it_chose():
     policy = _policy()
     policy.plan([SequenceArms(), SequenceArms()], [Ask(4, [1, 2, 3, 4], ngram_match=4), Ask(0)])
@@ -180,7 +262,7 @@ class SwitchingPolicy(AdaptivePolicy):
         super().__init__(**kw)
         self.decisions = 0
 
-    def plan(self, seqs, asks):
+    def plan(self, seqs, asks, batch_seqs=None):
         out = []
         for seq, ask in zip(seqs, asks):
             self.decisions += 1
@@ -238,3 +320,5 @@ def test_adaptive_drafting_is_greedy_lossless_batched_and_not(tiny_models, polic
         assert all(r.stats.no_draft_steps > 0 for r in batch)
     else:  # the real policy learned the target's pass costs from the engine's passes
         assert policy.target.seconds, policy.snapshot()
+        # ... and the verification's cost by rows kept (head and acceptance routine), a pass of 4 sequences included
+        assert policy.verify.seconds and max(policy.verify.seconds) >= len(prompts), policy.snapshot()

@@ -69,7 +69,7 @@ class ModelDrafter:
         job.draft_state = None
 
     @torch.inference_mode()
-    def propose(self, jobs: list[Job], ks: list[int], batch_tokens: int = 0) -> list[Proposal]:
+    def propose(self, jobs: list[Job], ks: list[int], batch_tokens: int = 0, batch_seqs: int = 0) -> list[Proposal]:
         """K_i proposals for each job (K_i > 0)."""
         t0 = time.perf_counter()
         props = [Proposal(source="model") for _ in jobs]
@@ -126,7 +126,7 @@ class ModelDrafter:
             self.pool.truncate(state.slot, history_before + min(accepted, proposed - 1))
         state.pending = job.history()[state.slot.length :]
 
-    def observe_pass(self, tokens: int, seconds: float) -> None:
+    def observe_pass(self, tokens: int, seconds: float, rows: int = 0, verify_s: float = 0.0, seqs: int = 1) -> None:
         pass
 
 

@@ -230,7 +230,8 @@ class InflightEngine:
             assert self.drafter is not None
             # The tokens the step feeds anyway (every job's pending tokens): what speculation adds to (adaptive).
             batch_tokens = sum(len(job.pending) for job in jobs)
-            for i, p in zip(asking, self.drafter.propose([jobs[i] for i in asking], ks, batch_tokens)):
+            asked = [jobs[i] for i in asking]
+            for i, p in zip(asking, self.drafter.propose(asked, ks, batch_tokens, batch_seqs=len(jobs))):
                 out[i] = p
         return out
 
@@ -284,7 +285,9 @@ class InflightEngine:
                 )
                 for job, prop, h in zip(jobs, proposals, histories)
             ]
+            t_verify = time.perf_counter()
             decisions = decide(cands, [states[s : s + k] for s, k in ranges], head)
+            verify_s = time.perf_counter() - t_verify
         except Exception as exc:  # noqa: BLE001 - fail these requests, keep the engine alive
             log.exception("%s: forward pass failed", self.name)
             for job in jobs:
@@ -293,10 +296,11 @@ class InflightEngine:
             return
         dt = time.perf_counter() - t0
         if self.drafter is not None:
-            # The adaptive drafter learns the pass's cost per tokens fed: the packed pass alone. The head's rows
-            # (decide) cost per emitted token, speculating or not, so they do not change which choice is best; timed
-            # with the pass they would make steps that accepted much look like expensive sizes.
-            self.drafter.observe_pass(offset, pass_s)
+            # The adaptive drafter learns the pass's cost per tokens fed (the packed pass alone) and the verification's
+            # per rows kept (the head and the acceptance routine; with one sequence speculating the head runs only on
+            # the rows still undecided, so its cost per kept row is an average over what was accepted). Timed with the
+            # pass, a step that accepted much would look like an expensive size.
+            self.drafter.observe_pass(offset, pass_s, rows=len(keep), verify_s=verify_s, seqs=len(jobs))
         self.passes += 1
         self.fed_tokens += offset
         self.pool.computed_tokens += offset

@@ -9,9 +9,10 @@ which keeps rejection sampling exact (accept with probability p(x)).
 Three interfaces, by caller:
 
 - per request and step, from its tokens so far (``Drafter``): ``propose(context, k) -> Proposal``;
-- the in-flight engine's (``EngineDrafter``): ``admit(job)``, ``propose(jobs, ks, batch_tokens)``,
+- the in-flight engine's (``EngineDrafter``): ``admit(job)``, ``propose(jobs, ks, batch_tokens, batch_seqs)``,
   ``commit(job, history_before, proposed, accepted)``, ``release(job, keep)``, ``free`` (jobs it can still take),
-  ``observe_pass(tokens, seconds)`` (the step's target pass);
+  ``observe_pass(tokens, seconds, rows, verify_s, seqs)`` (the step's target pass over ``seqs`` sequences, and the
+  verification of its rows);
 - the BLS orchestrator's (``LocalDrafter``): ``new_state(sampling)`` per request,
   ``plan(state, seq, k) -> (tokens or None, model_k)`` before a step,
   ``verdict(state, proposed, accepted, target_s, draft_s)`` after it (with the engine calls' seconds).
@@ -97,14 +98,16 @@ class EngineDrafter(Protocol):
 
     def admit(self, job: Any) -> None: ...
 
-    def propose(self, jobs: list[Any], ks: list[int], batch_tokens: int = 0) -> list[Proposal]: ...
+    def propose(self, jobs: list[Any], ks: list[int], batch_tokens: int = 0, batch_seqs: int = 0) -> list[Proposal]: ...
 
     def commit(self, job: Any, history_before: int, proposed: int, accepted: int) -> None: ...
 
     def release(self, job: Any, keep: bool = True) -> None: ...
 
-    def observe_pass(self, tokens: int, seconds: float) -> None:
-        """The target's packed pass of this step fed ``tokens`` tokens in ``seconds`` (adaptive drafters learn)."""
+    def observe_pass(self, tokens: int, seconds: float, rows: int = 0, verify_s: float = 0.0, seqs: int = 1) -> None:
+        """The target's packed pass of this step fed ``tokens`` tokens of ``seqs`` sequences in ``seconds``, and
+        verifying its ``rows`` (the head and the acceptance routine) took ``verify_s``; adaptive drafters learn
+        both."""
 
 
 class LocalDrafter(Protocol):

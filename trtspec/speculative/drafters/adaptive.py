@@ -71,7 +71,7 @@ class AdaptiveEngineDrafter:
     def _model_ready(self, job: Any) -> bool:
         return self.model is not None and (id(job) in self._in_model or self.model.free > 0)
 
-    def propose(self, jobs: list[Any], ks: list[int], batch_tokens: int = 0) -> list[Proposal]:
+    def propose(self, jobs: list[Any], ks: list[int], batch_tokens: int = 0, batch_seqs: int = 0) -> list[Proposal]:
         t0 = time.perf_counter()
         found = [self.ngram.propose_one(job.history(), k) for job, k in zip(jobs, ks)]
         ready = [self._model_ready(job) for job in jobs]
@@ -83,7 +83,7 @@ class AdaptiveEngineDrafter:
         others = max(0, batch_tokens - sum(a.base_tokens for a in asks))
         if others and asks and not self._arms[id(jobs[0])].reproducible:
             asks[0] = dataclasses.replace(asks[0], base_tokens=asks[0].base_tokens + others)
-        choices = self.policy.plan([self._arms[id(job)] for job in jobs], asks)
+        choices = self.policy.plan([self._arms[id(job)] for job in jobs], asks, batch_seqs=max(batch_seqs, len(jobs)))
         out = [Proposal() for _ in jobs]
         to_model, model_ks = [], []
         for i, (choice, p) in enumerate(zip(choices, found)):
@@ -109,8 +109,10 @@ class AdaptiveEngineDrafter:
         if id(job) in self._in_model:
             self.model.commit(job, history_before, proposed if by_model else 0, accepted if by_model else 0)
 
-    def observe_pass(self, tokens: int, seconds: float) -> None:
-        self.policy.observe_target(tokens, seconds)
+    def observe_pass(self, tokens: int, seconds: float, rows: int = 0, verify_s: float = 0.0, seqs: int = 1) -> None:
+        self.policy.observe_target(tokens, seconds, seqs=seqs)
+        if rows > 0:
+            self.policy.observe_verify(rows, verify_s)
 
 
 class AdaptiveLocalDrafter:

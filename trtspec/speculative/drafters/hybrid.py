@@ -90,7 +90,7 @@ class HybridEngineDrafter:
         self._by_model.discard(id(job))
         self.model.release(job, keep)
 
-    def propose(self, jobs: list[Any], ks: list[int], batch_tokens: int = 0) -> list[Proposal]:
+    def propose(self, jobs: list[Any], ks: list[int], batch_tokens: int = 0, batch_seqs: int = 0) -> list[Proposal]:
         t0 = time.perf_counter()
         out: list[Proposal] = [Proposal() for _ in jobs]
         to_model, model_ks = [], []
@@ -113,5 +113,5 @@ class HybridEngineDrafter:
         # After an n-gram step the model proposed nothing: its cache is intact, the committed tokens are queued.
         self.model.commit(job, history_before, proposed if by_model else 0, accepted if by_model else 0)
 
-    def observe_pass(self, tokens: int, seconds: float) -> None:
+    def observe_pass(self, tokens: int, seconds: float, rows: int = 0, verify_s: float = 0.0, seqs: int = 1) -> None:
         pass

@@ -293,7 +293,7 @@ class NgramEngineDrafter:
     def release(self, job: Any, keep: bool = True) -> None:
         job.draft_state = None
 
-    def propose(self, jobs: list[Any], ks: list[int], batch_tokens: int = 0) -> list[Proposal]:
+    def propose(self, jobs: list[Any], ks: list[int], batch_tokens: int = 0, batch_seqs: int = 0) -> list[Proposal]:
         t0 = time.perf_counter()
         out = [self.propose_one(job.history(), k) for job, k in zip(jobs, ks)]
         dt = time.perf_counter() - t0
@@ -310,7 +310,7 @@ class NgramEngineDrafter:
     def commit(self, job: Any, history_before: int, proposed: int, accepted: int) -> None:
         pass
 
-    def observe_pass(self, tokens: int, seconds: float) -> None:
+    def observe_pass(self, tokens: int, seconds: float, rows: int = 0, verify_s: float = 0.0, seqs: int = 1) -> None:
         pass
 
 
