@@ -182,3 +182,31 @@ def test_verification_applies_the_head_only_where_logits_are_used(models, prompt
     assert len(rows_seen) < sum(r.stats.total_accepted_draft_tokens + r.stats.target_steps for r in batch)
     dec.head = None  # full logits for every position, as for model classes without a plain head
     assert [r.token_ids for r in dec.generate(prompts, 48)] == reference
+
+
+def test_decide_gives_each_candidate_what_it_gets_alone_when_the_head_runs_once_over_every_row():
+    """With two or more drafts the head runs once over every row and plain greedy rows take one argmax over all of
+    them; rows with bad words, logprobs or logits to return take the per-row route. Mixed in one call, every
+    candidate's decision equals the one it gets decided alone."""
+    from trtspec.speculative.acceptance import Candidate, decide
+    from trtspec.speculative.rules import SamplingParams
+
+    torch.manual_seed(0)
+    vocab = 50
+    greedy = SamplingParams()
+    states = [torch.randn(k + 1, vocab) for k in (3, 2, 4, 0, 3)]
+    best = [s.argmax(-1).tolist() for s in states]
+    cands = [
+        Candidate(best[0][:2] + [(best[0][2] + 1) % vocab], greedy),  # two accepted, then a correction
+        Candidate(best[1][:2], greedy, bad_words=[[best[1][0]]]),  # its first choice banned: rejected at once
+        Candidate(best[2][:4], greedy, logprobs=2),  # all accepted, the bonus token, with logprobs
+        Candidate([], greedy),  # no draft: a plain step
+        Candidate(best[4][:3], greedy, keep_logits=True),
+    ]
+    together = decide(cands, states, lambda x: x)
+    alone = [decide([c], [s], lambda x: x)[0] for c, s in zip(cands, states)]
+    assert [(d.accepted, d.token) for d in together] == [(d.accepted, d.token) for d in alone]
+    assert [(d.accepted, d.token) for d in together][:1] == [(2, best[0][2])]
+    assert together[1].accepted == 0 and together[1].token != best[1][0]
+    assert together[2].accepted == 4 and together[2].logprobs == alone[2].logprobs
+    assert all(torch.equal(a, b) for a, b in zip(together[4].logits, alone[4].logits))

@@ -106,18 +106,35 @@ def decide(
     kept: list[list[torch.Tensor]] = [[] for _ in cands]
     # Each sequence's uniforms are drawn first (then the residual / bonus sample), as a one-sequence sampler would.
     u = [torch.rand(len(c.draft), generator=c.generator) if c.draft and not c.sampling.greedy else None for c in cands]
+    # A greedy candidate without bad words and without logits to return needs only each row's argmax: with every row's
+    # logits at once, one argmax over all of them (no per-row gather and argmax: at 8 sequences x 5 rows the gathers
+    # alone copied 4 MB a position).
+    plain = [c.sampling.greedy and not c.bad_words and not c.keep_logits and c.logprobs is None for c in cands]
+    flat_ids = flat.argmax(-1).tolist() if flat is not None and any(plain) else None
     undecided = list(range(len(cands)))
     j = 0
     while undecided:
-        if flat is not None:
-            logits = flat[[offsets[i] + j for i in undecided]]  # [rows, V]
+        rest = undecided if flat_ids is None else [i for i in undecided if not plain[i]]
+        if not rest:
+            logits = None
+        elif flat is not None:
+            logits = flat[[offsets[i] + j for i in rest]]  # [rows, V]
         else:
-            logits = head(torch.stack([states[i][j] for i in undecided]))  # [rows, V]
+            logits = head(torch.stack([states[i][j] for i in rest]))  # [rows, V]
+        row_of = {i: row for row, i in enumerate(rest)}
         going_on = []
-        for row, i in enumerate(undecided):
+        for i in undecided:
             c = cands[i]
             k = len(c.draft)
-            lg = _constrain(logits[row], c, j)
+            if flat_ids is not None and plain[i]:
+                t = flat_ids[offsets[i] + j]
+                if j < k and c.draft[j] == t:
+                    going_on.append(i)
+                else:
+                    out[i] = Decision(j, t, kept[i])
+                continue
+            assert logits is not None
+            lg = _constrain(logits[row_of[i]], c, j)
             if c.keep_logits or c.logprobs is not None:  # what the token was drawn from (a draft's q is exactly that)
                 kept[i].append(lg)
             if c.sampling.greedy:
