@@ -3,8 +3,9 @@ expected tokens per unit of cost are highest, from what this server measures.
 
 Two things are learned online, from the decoding loop itself:
 
-- **Acceptance** per *arm* (``("ngram", match length)`` or ``("model", 0)``): the per-token acceptance a (the chance
-  that a proposal is accepted given that the one before it was), as counts per sequence weighted toward its recent
+- **Acceptance** per *arm* (``("ngram", match length)`` or ``("model", 0)``): the chance that a step's first
+  proposal is accepted, and that a later one is given the one before it was (``Rate``: they differ, an n-gram that
+  starts right is usually inside a quote), as counts per sequence weighted toward its recent
   steps (each observation of an arm shrinks its older evidence by ``recency``) over a prior shared by every sequence
   of the server (``AcceptanceTracker``). Evidence also fades slowly while an arm is not used (``idle_decay`` per
   step), and an estimate carries an exploration bonus that grows as its evidence fades, so a sequence that switched
@@ -74,31 +75,45 @@ def ngram_arm(match_len: int) -> Arm:
 MODEL_ARM: Arm = (MODEL, 0)
 
 
-def expected_accepted(a: float, k: int) -> float:
-    """E[accepted proposals] of k proposals with per-token acceptance a: a + a^2 + ... + a^k."""
+def expected_accepted(a: float, k: int, after: float | None = None) -> float:
+    """E[accepted proposals] of k proposals whose first is accepted with probability a and each later one, given the
+    one before it was, with probability ``after`` (default a): a (1 + after + ... + after^(k-1)); a + a^2 + ... + a^k
+    when they are equal."""
     if k <= 0 or a <= 0:
         return 0.0
-    if a >= 1:
-        return float(k)
-    return a * (1 - a**k) / (1 - a)
+    b = a if after is None else after
+    if b >= 1:
+        return a * k
+    return a * (1 - b**k) / (1 - b)
 
 
 @dataclass
 class Rate:
-    """Decayed counts of accepted proposals (successes) over proposals that had their chance (trials)."""
+    """Decayed counts of accepted proposals (successes) over proposals that had their chance (trials): of a step's
+    first proposal, and of the later ones given the one before was accepted (``*_next``). They differ: an n-gram
+    whose first token is right is usually inside a quote or a repeat and goes on (measured on the workload set, match
+    length 1: 0.3 for the first token, about 0.6 after it), so one rate for every position took K 1 where K 4 paid."""
 
     succ: float = 0.0
     trials: float = 0.0
+    succ_next: float = 0.0
+    trials_next: float = 0.0
 
     def add(self, proposed: int, accepted: int) -> None:
         # Proposals are verified left to right: the first rejection ends the step, so a step of k proposals with n
-        # accepted gave min(n + 1, k) tokens their chance and n successes.
-        self.succ += accepted
-        self.trials += min(accepted + 1, proposed)
+        # accepted gave min(n + 1, k) tokens their chance (the first, and min(n + 1, k) - 1 later ones) and n successes.
+        if proposed <= 0:
+            return
+        self.trials += 1
+        self.succ += 1 if accepted > 0 else 0
+        self.trials_next += min(accepted + 1, proposed) - 1
+        self.succ_next += max(0, accepted - 1)
 
     def decay(self, factor: float) -> None:
         self.succ *= factor
         self.trials *= factor
+        self.succ_next *= factor
+        self.trials_next *= factor
 
 
 @dataclass
@@ -116,11 +131,20 @@ class AcceptanceTracker:
         rate.add(proposed, accepted)
 
     def mean(self, arm: Arm) -> float:
+        """The first proposal's acceptance."""
         p = self.priors.get(arm, 0.3)
         rate = self.rates.get(arm)
         if rate is None:
             return p
         return (p * self.weight + rate.succ) / (self.weight + rate.trials)
+
+    def mean_next(self, arm: Arm) -> float:
+        """A later proposal's acceptance given the one before it was accepted."""
+        p = self.priors.get(arm, 0.3)
+        rate = self.rates.get(arm)
+        if rate is None:
+            return p
+        return (p * self.weight + rate.succ_next) / (self.weight + rate.trials_next)
 
 
 @dataclass
@@ -360,6 +384,7 @@ class _Costs:
     target: Any
     draft: Any
     verify: Any
+    alone: Any  # the target's pass over one sequence's tokens (what a draft's catch-up is priced on)
 
 
 @dataclass(frozen=True)
@@ -432,6 +457,21 @@ class AdaptivePolicy:
         mean = (prior * weight + succ) / (weight + trials)
         return min(0.99, mean + self.explore / (1.0 + trials))
 
+    def continuation(self, seq: SequenceArms, arm: Arm) -> float:
+        """The sequence's estimate of a later proposal's acceptance given the one before it was accepted (as
+        :meth:`acceptance`, with the same exploration bonus)."""
+        prior = self.tracker.priors.get(arm, 0.3) if seq.reproducible else self.tracker.mean_next(arm)
+        rate = seq.rates.get(arm)
+        succ, trials = (rate.succ_next, rate.trials_next) if rate is not None else (0.0, 0.0)
+        first = rate.trials if rate is not None else 0.0
+        weight = 3.0
+        mean = (prior * weight + succ) / (weight + trials)
+        return min(0.99, mean + self.explore / (1.0 + first))
+
+    def expected(self, seq: SequenceArms, arm: Arm, k: int) -> float:
+        """Expected accepted proposals of ``k`` from ``arm`` for this sequence."""
+        return expected_accepted(self.acceptance(seq, arm), k, self.continuation(seq, arm))
+
     # -- the choice --------------------------------------------------------------------------------------------
     def plan(self, seqs: Sequence[SequenceArms], asks: Sequence[Ask], batch_seqs: int | None = None) -> list[Choice]:
         """One choice per sequence for this step (see the module docstring); ``batch_seqs``: the sequences the
@@ -466,9 +506,11 @@ class AdaptivePolicy:
         option that gains more tokens than it costs at that rate can still lower the rate the step achieves (a long
         K whose last tokens are rarely accepted)."""
         costs = (
-            _Costs(self.prior.target, self.prior.draft, self.prior.verify)
+            _Costs(self.prior.target, self.prior.draft, self.prior.verify, self.prior.target)
             if prior
-            else _Costs(self.target.curve(batch_seqs).cost, self.draft.cost, self.verify.cost)
+            else _Costs(
+                self.target.curve(batch_seqs).cost, self.draft.cost, self.verify.cost, self.target.curve(1).cost
+            )
         )
         if not seqs:
             return []
@@ -513,7 +555,7 @@ class AdaptivePolicy:
         for seq, c in zip(seqs, choices):
             if not c.speculates:
                 continue
-            gain += expected_accepted(self.acceptance(seq, c.arm or MODEL_ARM), c.k)
+            gain += self.expected(seq, c.arm or MODEL_ARM, c.k)
             n_now += c.k
             rows += c.k
             if c.source == MODEL:
@@ -566,22 +608,24 @@ class AdaptivePolicy:
         best, best_net = NO_SPECULATION, self.min_gain
         if ask.k_max > 0 and ask.ngram_tokens:
             arm = ngram_arm(ask.ngram_match)
-            a = self.acceptance(seq, arm)
+            a, after = self.acceptance(seq, arm), self.continuation(seq, arm)
             for k in range(1, min(ask.k_max, len(ask.ngram_tokens)) + 1):
-                net = expected_accepted(a, k) - rate * grown(k)
+                net = expected_accepted(a, k, after) - rate * grown(k)
                 if net > best_net:
                     best, best_net = Choice(NGRAM, k, arm), net
         if ask.k_max > 0 and ask.model:
-            a = self.acceptance(seq, MODEL_ARM)
+            a, after = self.acceptance(seq, MODEL_ARM), self.continuation(seq, MODEL_ARM)
             # The catch-up: a draft pass over the lagging tokens, priced as the target's pass over as many tokens
             # scaled by the draft's cost relative to the target's (one token of it is round 0's normal feed).
             lag = ask.model_lag
-            t1 = target(1)
-            draft_extra = draft(1) / t1 * (target(lag) - t1) if lag > 2 and t1 > 0 else 0.0
+            # (one sequence's pass: the batch's curve would price a 40-token catch-up as 40 tokens spread over 8
+            # sequences, and its one token as a batch's plain step).
+            t1 = costs.alone(1)
+            draft_extra = draft(1) / t1 * (costs.alone(lag) - t1) if lag > 2 and t1 > 0 else 0.0
             for k in range(1, ask.k_max + 1):
                 rows = draft_rows[k - 1] if k - 1 < len(draft_rows) else 0
                 draft_extra += draft(rows + 1) - draft(rows)
-                net = expected_accepted(a, k) - rate * (grown(k) + draft_extra)
+                net = expected_accepted(a, k, after) - rate * (grown(k) + draft_extra)
                 if net > best_net:
                     best, best_net = Choice(MODEL, k, MODEL_ARM), net
         return best
@@ -618,7 +662,11 @@ class AdaptivePolicy:
             "steps": dict(self.steps),
             "no_speculation_share": round(self.steps["none"] / total, 4) if total else 0.0,
             "k_chosen": {k: n for k, n in enumerate(self.k_chosen) if n},
+            # per arm: the first proposal's acceptance, and a later one's given the one before was accepted
             "acceptance": {f"{s}:{m}": round(self.tracker.mean((s, m)), 4) for s, m in sorted(self.tracker.rates)},
+            "acceptance_next": {
+                f"{s}:{m}": round(self.tracker.mean_next((s, m)), 4) for s, m in sorted(self.tracker.rates)
+            },
             # per number of sequences in the pass: seconds by tokens fed (measured, and the fit used)
             "target_pass_s": {b: {n: round(t, 5) for n, t in c.items()} for b, c in self.target.seconds.items()},
             "target_pass_fit_s": {b: {n: round(t, 5) for n, t in c.items()} for b, c in self.target.fitted.items()},
