@@ -10,7 +10,7 @@ from tests.tiny import make_llama, make_tokenizer
 from trtspec.runtimes.inflight.kv_pool import KVGeometry, SlotKVPool
 from trtspec.runtimes.inflight.llama_step import LlamaStep, onednn_bf16, step_of, supports
 from trtspec.runtimes.inflight.packed import packed_forward, prepare_model
-from trtspec.runtimes.torch.costs import measure_step_costs, step_cost_ratios
+from trtspec.runtimes.torch.costs import batch_step_costs, measure_step_costs, step_cost_ratios
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +76,10 @@ def test_cost_ratios_are_measured_through_the_engine_passes(model):
     assert c > 0 and v > 0  # timings: their size is for benchmarks/cpu_runtime.py
     costs = measure_step_costs(model, model, context=16, k_max=3, prompt_len=12, reps=3)
     assert sorted(costs.body) == [0, 1, 2, 3] and costs.head > 0 and costs.target_prefill > 0
+    by_batch = batch_step_costs(model, model, context=16, batches=(1, 3), ks=(1, 4), reps=3)
+    assert sorted(by_batch) == [1, 3]
+    for row in by_batch.values():
+        assert row["step_s"] > 0 and row["c"] > 0 and sorted(row["v"]) == [1, 4] and min(row["v"].values()) > 0
 
 
 @pytest.fixture(scope="module")

@@ -161,3 +161,60 @@ def measure_step_costs(
         target_prefill=med["tp"] / t1,
         draft_prefill=med.get("dp", 0.0) / t1,
     )
+
+
+def _batch_step(passes: _Passes, b: int, context: int, n: int, head: bool) -> Callable[[], float]:
+    """One timed pass of ``b`` sequences feeding ``n`` tokens each after ``context`` (and the head on every row)."""
+    feeds = [(s, context, torch.randint(0, passes.vocab, (n,)).tolist()) for s in range(b)]
+    keep = list(range(b * n))
+    apply = passes.head if head and passes.head is not None else None
+
+    def once() -> float:
+        synchronize(passes.device)
+        t0 = time.perf_counter()
+        states = packed_forward(passes.model, passes.pool, feeds, keep, hidden=apply is not None, fast=passes.fast)
+        if apply is not None:
+            apply(states)
+        synchronize(passes.device)
+        return time.perf_counter() - t0
+
+    return once
+
+
+def batch_step_costs(
+    target: Any,
+    draft: Any | None,
+    context: int,
+    batches: tuple[int, ...] = (1, 2, 4, 8),
+    ks: tuple[int, ...] = (1, 2, 4),
+    reps: int = 11,
+    fast_step: bool = True,
+) -> dict[int, dict[str, Any]]:
+    """c and v as functions of the batch, through the engine's own passes: per batch size b, the seconds of a plain
+    step (b sequences, one token each after ``context`` cached tokens, the head on each row), v[K] = a step in which
+    every sequence verifies K + 1 tokens (head on every row) / the plain step, and c = one draft round of b rows /
+    the plain step. (At b = 1 v counts the head on every row, an upper bound of what the engine's lazy head costs.)"""
+    out: dict[int, dict[str, Any]] = {}
+    for b in batches:
+        t = _Passes(target, context, fast_step, slots=b)
+        d = _Passes(draft, context, fast_step, slots=b) if draft is not None else None
+        with torch.inference_mode():
+            for passes in (t, d):
+                if passes is None:
+                    continue
+                for slot in range(1, b):  # every slot holds ``context`` tokens, as slot 0 does
+                    ids = torch.randint(0, passes.vocab, (context,)).tolist()
+                    packed_forward(passes.model, passes.pool, [(slot, 0, ids)], [context - 1], fast=passes.fast)
+
+        fns = {"t1": _batch_step(t, b, context, 1, True)} | {
+            f"v{k}": _batch_step(t, b, context, k + 1, True) for k in ks
+        }
+        if d is not None:
+            fns["d1"] = _batch_step(d, b, context, 1, True)
+        med = _medians(fns, reps)
+        out[b] = {
+            "step_s": med["t1"],
+            "v": {k: med[f"v{k}"] / med["t1"] for k in ks},
+            "c": med["d1"] / med["t1"] if d is not None else None,
+        }
+    return out
