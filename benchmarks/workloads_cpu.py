@@ -6,7 +6,8 @@ reasoning), greedy. For every prompt, interleaved so that every configuration me
 then each configuration on its own decoder (``--configs``, e.g. ``model:4,ngram:4,hybrid:4,adaptive:4``). Per
 category and configuration: tokens per target step, acceptance, and speedup = target-only seconds / configuration
 seconds over the category's prompts; greedy output must equal target-only for every prompt (checked). The adaptive
-decoder keeps one policy for the whole run, as a server does (it learns from every request before).
+decoder keeps one policy for the whole run, as a server does (it learns from every request before);
+``adaptive-ngram:K`` is the adaptive drafter without a draft model (n-grams or no draft per sequence and step).
 
     python benchmarks/workloads_cpu.py [--configs ...] [--max-tokens 96] [--repeats 1] [--threads 2] \
         [--dtype float32|bfloat16] [--json F] [--plot F]
@@ -88,10 +89,10 @@ def run(
     decoders = {
         f"{kind}:{k}": SpeculativeDecoder(
             session.target,
-            session.draft if kind != "ngram" else None,
+            session.draft if kind not in ("ngram", "adaptive-ngram") else None,
             max_draft_len=k,
             eos_ids=eos,
-            drafter=kind,
+            drafter=kind.removesuffix("-ngram"),
             ngram_pool=pool,
         )
         for kind, k in configs
