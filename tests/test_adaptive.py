@@ -155,6 +155,14 @@ def test_measured_pass_costs_are_used_as_their_non_decreasing_fit():
     assert fitted == sorted(fitted) and fitted[0] == pytest.approx(0.055)
     assert fitted[1:] == pytest.approx([(0.075 + 0.056 + 0.077 + 0.051) / 4] * 4)  # pooled adjacent violators
     assert isotonic({1: 1.0, 2: 2.0, 3: 3.0}) == {1: 1.0, 2: 2.0, 3: 3.0}  # a monotone curve is kept as it is
+    # weighted: one pass at size 2 does not pull nine at size 3 up to it
+    assert isotonic({1: 1.0, 2: 5.0, 3: 2.0}, {1: 9, 2: 1, 3: 9}) == pytest.approx({1: 1.0, 2: 2.3, 3: 2.3})
+    costs = PassCosts(CostPrior().target)
+    for _ in range(9):
+        costs.observe(1, 0.029)
+        costs.observe(5, 0.034)
+    costs.observe(3, 0.051)
+    assert costs.cost(5) == pytest.approx((0.051 + 9 * 0.034) / 10)
     raw = {1: 0.055, 2: 0.075, 3: 0.056, 4: 0.077, 5: 0.070}
     policy = _policy(explore=0.0, priors={(NGRAM, 4): 0.64})
     for n, t in raw.items():
