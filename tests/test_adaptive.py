@@ -364,3 +364,5 @@ def test_adaptive_drafting_is_greedy_lossless_batched_and_not(tiny_models, polic
         assert policy.target.seconds, policy.snapshot()
         # ... and the verification's cost by rows kept (head and acceptance routine), a pass of 4 sequences included
         assert policy.verify.seconds and max(policy.verify.seconds) >= len(prompts), policy.snapshot()
+        # ... per number of sequences in the pass: alone (the single runs) and the four of the batch
+        assert {1, len(prompts)} <= set(policy.target.curves), policy.snapshot()
