@@ -110,6 +110,10 @@ class Rate:
         self.trials_next += min(accepted + 1, proposed) - 1
         self.succ_next += max(0, accepted - 1)
 
+    def counts(self, later: bool = False) -> tuple[float, float]:
+        """(successes, trials) of the first proposal, or of the later ones."""
+        return (self.succ_next, self.trials_next) if later else (self.succ, self.trials)
+
     def decay(self, factor: float) -> None:
         self.succ *= factor
         self.trials *= factor
@@ -131,21 +135,17 @@ class AcceptanceTracker:
         rate.decay(self.decay)
         rate.add(proposed, accepted)
 
-    def mean(self, arm: Arm) -> float:
-        """The first proposal's acceptance."""
+    def mean(self, arm: Arm, later: bool = False) -> float:
+        """The first proposal's acceptance (``later``: a later one's, given the one before it was accepted)."""
         p = self.priors.get(arm, 0.3)
         rate = self.rates.get(arm)
         if rate is None:
             return p
-        return (p * self.weight + rate.succ) / (self.weight + rate.trials)
+        succ, trials = rate.counts(later)
+        return (p * self.weight + succ) / (self.weight + trials)
 
     def mean_next(self, arm: Arm) -> float:
-        """A later proposal's acceptance given the one before it was accepted."""
-        p = self.priors.get(arm, 0.3)
-        rate = self.rates.get(arm)
-        if rate is None:
-            return p
-        return (p * self.weight + rate.succ_next) / (self.weight + rate.trials_next)
+        return self.mean(arm, later=True)
 
 
 @dataclass
@@ -452,27 +452,21 @@ class AdaptivePolicy:
         self.k_chosen = [0] * 17
 
     # -- estimates ---------------------------------------------------------------------------------------------
-    def acceptance(self, seq: SequenceArms, arm: Arm) -> float:
-        """The sequence's estimate of ``arm``: its own decayed evidence over the server-wide prior (the starting
-        prior alone for a reproducible sequence), plus a bonus for an arm it has little recent evidence of (so it
-        comes back to an arm it left)."""
-        prior = self.tracker.priors.get(arm, 0.3) if seq.reproducible else self.tracker.mean(arm)
+    def acceptance(self, seq: SequenceArms, arm: Arm, later: bool = False) -> float:
+        """The sequence's estimate of ``arm`` (its first proposal's acceptance; ``later``: a later one's given the one
+        before it was accepted): its own decayed evidence over the server-wide prior (the starting prior alone for a
+        reproducible sequence), plus a bonus for an arm it has little recent evidence of (so it comes back to an arm
+        it left)."""
+        prior = self.tracker.priors.get(arm, 0.3) if seq.reproducible else self.tracker.mean(arm, later)
         rate = seq.rates.get(arm)
-        succ, trials = (rate.succ, rate.trials) if rate is not None else (0.0, 0.0)
-        weight = 3.0
-        mean = (prior * weight + succ) / (weight + trials)
-        return min(0.99, mean + self.explore / (1.0 + trials))
-
-    def continuation(self, seq: SequenceArms, arm: Arm) -> float:
-        """The sequence's estimate of a later proposal's acceptance given the one before it was accepted (as
-        :meth:`acceptance`, with the same exploration bonus)."""
-        prior = self.tracker.priors.get(arm, 0.3) if seq.reproducible else self.tracker.mean_next(arm)
-        rate = seq.rates.get(arm)
-        succ, trials = (rate.succ_next, rate.trials_next) if rate is not None else (0.0, 0.0)
-        first = rate.trials if rate is not None else 0.0
+        succ, trials = rate.counts(later) if rate is not None else (0.0, 0.0)
+        first = rate.trials if rate is not None else 0.0  # the bonus follows the arm's evidence, not the position's
         weight = 3.0
         mean = (prior * weight + succ) / (weight + trials)
         return min(0.99, mean + self.explore / (1.0 + first))
+
+    def continuation(self, seq: SequenceArms, arm: Arm) -> float:
+        return self.acceptance(seq, arm, later=True)
 
     def expected(self, seq: SequenceArms, arm: Arm, k: int) -> float:
         """Expected accepted proposals of ``k`` from ``arm`` for this sequence."""
