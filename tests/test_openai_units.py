@@ -25,7 +25,7 @@ def _chat(**kw):
     "body, param",
     [
         (_chat(n=3), "n"),
-        (_chat(presence_penalty=0.5), "presence_penalty"),
+        (_chat(presence_penalty="0.5"), "presence_penalty"),
         (_chat(top_logprobs=3), "top_logprobs"),  # only with logprobs true (OpenAI's rule)
         (_chat(logprobs=True, top_logprobs=21), "top_logprobs"),
         (_chat(logprobs=True, top_logprobs=-1), "top_logprobs"),
@@ -97,16 +97,25 @@ def test_completion_fields_and_harmless_ones():
         (dict(seed=-1), "seed"),
         (dict(num_draft_tokens=17), "num_draft_tokens"),
         (dict(num_draft_tokens=-1), "num_draft_tokens"),
+        (dict(presence_penalty=2.5), "presence_penalty"),
+        (dict(frequency_penalty=-2.5), "frequency_penalty"),
+        (dict(repetition_penalty=0.0), "repetition_penalty"),
+        (dict(min_tokens=-1), "min_tokens"),
     ],
 )
 def test_generation_field_values(kw, param):
-    args = dict(
-        max_tokens=("max_tokens", 8), temperature=None, top_p=None, top_k=None, seed=None, num_draft_tokens=None
-    )
+    sampling = {"temperature": 0.5, "presence_penalty": 0.5, "min_tokens": 2}  # served values
+    args = dict(max_tokens=("max_tokens", 8), sampling=sampling, num_draft_tokens=None)
     check_generation_fields(**args)
+    head = {k: kw.pop(k) for k in ("max_tokens", "num_draft_tokens", "max_draft_len") if k in kw}
     with pytest.raises(OpenAIError) as exc_info:
-        check_generation_fields(**{**args, **kw})
+        check_generation_fields(**{**args, **head, "sampling": {**sampling, **kw}})
     assert exc_info.value.param == param
+
+
+def test_penalties_and_min_tokens_are_request_fields():
+    r = parse_request(ChatCompletionRequest, _chat(presence_penalty=0.5, repetition_penalty=1.2, min_tokens=3, seed=4))
+    assert r.sampling() == {"seed": 4, "repetition_penalty": 1.2, "presence_penalty": 0.5, "min_tokens": 3}
 
 
 def test_stop_matcher_cuts_at_the_first_stop_and_holds_back_only_possible_starts():

@@ -63,6 +63,7 @@ class Row:
     openai: dict[str, Any] | None = None  # a body of its own at the OpenAI door (types JSON alone can send)
     endpoint: str = "completions"
     hint: str | None = None  # a part of the rule's hint every door must pass on
+    own: bool = False  # served with a text of its own: the in-process model's at K 0 for the same fields
 
 
 def _row(
@@ -87,10 +88,6 @@ NOT_DEFAULT = {  # input -> a value other than upstream's default
     "decoder_text_input": "a decoder prompt",
     "num_return_sequences": 2,
     "length_penalty": 0.5,
-    "repetition_penalty": 1.3,
-    "min_tokens": 4,
-    "presence_penalty": 0.5,
-    "frequency_penalty": 0.5,
     "return_log_probs": True,
     "return_context_logits": True,
     "return_generation_logits": True,
@@ -152,6 +149,8 @@ def _upstream_rows() -> list[Row]:
     return rows
 
 
+# The sampling fields beyond temperature/top-k/top-p, by their ensemble (and OpenAI, and engine) names.
+PENALTIES = ("repetition_penalty", "presence_penalty", "frequency_penalty", "min_tokens")
 K = "num_draft_tokens must be in 0..4, got"
 BOUND = "this deployment's max_draft_len is 4"
 ROWS = [
@@ -174,6 +173,28 @@ ROWS = [
         {d: INT32 for d in DOORS if not d.startswith(("cli", "openai"))},
         max_tokens=INT32_WRAP,
     ),
+    # penalties and min_tokens (issue 21): honoured at every door, the same text with and without a draft
+    Row(
+        "penalties",
+        {"text_input": PROMPT, "max_tokens": 8, "repetition_penalty": 1.5, "frequency_penalty": 1.0},
+        own=True,
+    ),
+    Row(
+        "penalties K 4",
+        {
+            "text_input": PROMPT,
+            "max_tokens": 8,
+            "presence_penalty": 1.5,
+            "frequency_penalty": 0.5,
+            "num_draft_tokens": 4,
+        },
+        own=True,
+    ),
+    _row("min_tokens 8", min_tokens=8),
+    _row("repetition_penalty 0", "repetition_penalty must be > 0, got 0.0", repetition_penalty=0.0),
+    _row("presence_penalty 2.5", "presence_penalty must be in -2..2, got 2.5", presence_penalty=2.5),
+    _row("frequency_penalty -3", "frequency_penalty must be in -2..2, got -3.0", frequency_penalty=-3.0),
+    _row("min_tokens -1", "min_tokens must be >= 0, got -1", min_tokens=-1),
     _row("empty prompt", "the prompt is empty", {d: NO_TEXT for d in TOKEN_DOORS}, text_input=""),
     _row("whitespace prompt", "the prompt is empty", {d: NO_TEXT for d in TOKEN_DOORS}, text_input=" \n\t "),
     _row("prompt over max_input_len", "tokens, more than max_input_len (256)", text_input=LONG),
@@ -234,14 +255,9 @@ def servers(tiny_pair, tmp_path_factory):
 def _cli(row: Row, *where: str) -> tuple[str, Any]:
     f = row.fields
     args = [f["text_input"], "-n", str(f["max_tokens"]), "--raw", "--json", *where]
-    for name, flag in (
-        ("temperature", "--temperature"),
-        ("top_k", "--top-k"),
-        ("top_p", "--top-p"),
-        ("num_draft_tokens", "--num-draft-tokens"),
-    ):
+    for name in ("temperature", "top_k", "top_p", *PENALTIES, "num_draft_tokens"):
         if name in f:
-            args += [flag, str(f[name])]
+            args += ["--" + name.replace("_", "-"), str(f[name])]
     r = subprocess.run(
         [sys.executable, "-m", "trtspec", "generate", *args],
         capture_output=True,
@@ -263,7 +279,7 @@ def _openai(row: Row, base_url: str) -> tuple[str, Any]:
         f = row.fields
         body = {"model": NAME, "prompt": f["text_input"], "max_tokens": f["max_tokens"]}
         body["temperature"] = f.get("temperature", 0.0)  # OpenAI's default is 1.0; the others' is greedy
-        body.update({k: f[k] for k in ("top_k", "top_p", "num_draft_tokens") if k in f})
+        body.update({k: f[k] for k in ("top_k", "top_p", *PENALTIES, "num_draft_tokens") if k in f})
     r = httpx.post(f"{base_url}/{row.endpoint}", json=body, timeout=120)
     if r.status_code == 200:
         return "ok", r.json()["choices"][0]["text"]
@@ -371,7 +387,7 @@ def _tokens(row: Row, url: str, model: str, target) -> tuple[str, Any]:
         _tensor("streaming", [[False]], "BOOL", np.bool_),
         _tensor("exclude_input_in_output", [[True]], "BOOL", np.bool_),
     ]
-    for name in ("temperature", "top_k", "top_p", "num_draft_tokens"):
+    for name in ("temperature", "top_k", "top_p", *PENALTIES, "num_draft_tokens"):
         if name in f:
             dtype, np_type = ENSEMBLE_TYPES[name]
             inputs.append(_tensor(TOKEN_NAMES.get(name, name), [[f[name]]], dtype, np_type))
@@ -419,12 +435,16 @@ def greedy_ids(servers):
 def test_every_door_gives_the_same_outcome(servers, greedy_ids, row):
     from transformers import AutoTokenizer
 
-    text = AutoTokenizer.from_pretrained(servers["target"]).decode(greedy_ids, skip_special_tokens=True)
+    want_ids = greedy_ids
+    if row.own:  # the target's own output for these fields: the in-process model at K 0
+        status, want_ids = _send("in-process model", Row(row.id, {**row.fields, "num_draft_tokens": 0}), servers)
+        assert status == "ok" and want_ids != greedy_ids, want_ids  # the fields change the text
+    text = AutoTokenizer.from_pretrained(servers["target"]).decode(want_ids, skip_special_tokens=True)
     outcomes = {door: _send(door, row, servers) for door in DOORS if door not in row.skip}
     wrong = {}
     for door, (status, got) in outcomes.items():
         if row.error is None:
-            want = ("ok", greedy_ids if door in TOKEN_DOORS else text)
+            want = ("ok", want_ids if door in TOKEN_DOORS else text)
             if (status, got) != want:
                 wrong[door] = (status, got)
         elif status != "error" or row.error not in got:

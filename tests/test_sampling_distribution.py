@@ -8,6 +8,7 @@ acceptance rule is broken (every draft token accepted), so the test has the powe
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -15,7 +16,7 @@ import torch
 
 from trtspec.runtimes.torch.decoder import SpeculativeDecoder
 from trtspec.speculative import acceptance as acceptance_mod
-from trtspec.speculative.sampling import SamplingParams, logits_to_probs
+from trtspec.speculative.sampling import SamplingParams, logits_to_probs, token_counts
 
 ALPHA = 1e-3
 VOCAB = 6
@@ -60,7 +61,8 @@ def _exact_joint(target, params: SamplingParams) -> dict[tuple[int, ...], float]
         logits = target(ids).logits[0]
         p = 1.0
         for j, tok in enumerate(seq):
-            p *= float(logits_to_probs(logits[len(PROMPT) - 1 + j], params)[tok])
+            counts = token_counts(PROMPT + list(seq[:j]), VOCAB)  # penalties see the prompt and the tokens so far
+            p *= float(logits_to_probs(logits[len(PROMPT) - 1 + j], params, counts)[tok])
         probs[seq] = p
     return probs
 
@@ -72,7 +74,7 @@ def _samples(target, draft, params: SamplingParams, k: int, lazy_head: bool = Tr
         dec.head = None  # what other model classes get: full logits for the K + 1 positions
     out = []
     for chunk in range(SAMPLES // 500):
-        p = SamplingParams(params.temperature, params.top_k, params.top_p, seed=chunk * 1000)
+        p = dataclasses.replace(params, seed=chunk * 1000)
         out += [tuple(r.token_ids) for r in dec.generate([PROMPT] * 500, N_TOKENS, p)]
     return out
 
@@ -107,6 +109,8 @@ def _chi_square_p(samples, exact) -> float:
         (SamplingParams(temperature=1.0), 2, True),
         (SamplingParams(temperature=0.8, top_k=4, top_p=0.9), 3, True),
         (SamplingParams(temperature=1.0), 2, False),
+        # penalties shape the target's distribution at each position by the tokens before it (draft tokens included)
+        (SamplingParams(temperature=1.0, repetition_penalty=2.0, presence_penalty=1.0, frequency_penalty=0.5), 3, True),
     ],
 )
 def test_speculative_sampling_matches_target_distribution(pair, params, k, lazy_head):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trtspec.errors import GenerationError
+from trtspec.request_fields import sampling_values
 from trtspec.speculative.rules import MAX_DRAFT_LEN, check_draft_len, check_int32, number_of, validate_sampling
 
 
@@ -77,11 +78,13 @@ def validate_request(
     seed: int | None = None,
     num_draft_tokens: int | None = None,
     max_draft_len: int = MAX_DRAFT_LEN,
+    **sampling: Any,
 ) -> None:
-    """Every rule of one request; raises GenerationError naming the field, the value and what is allowed."""
+    """Every rule of one request; raises GenerationError naming the field, the value and what is allowed.
+    ``sampling``: the other fields of trtspec.request_fields (penalties, min_tokens) by name."""
     validate_prompt(prompt)
     validate_max_tokens(max_tokens)
-    validate_sampling(temperature, top_k, top_p, seed)
+    validate_sampling(temperature, top_k, top_p, seed, **sampling)
     validate_num_draft_tokens(num_draft_tokens, max_draft_len)
 
 
@@ -91,9 +94,7 @@ def validate_fields(values: dict[str, Any]) -> None:
         validate_prompt(values["text_input"])
     if "max_tokens" in values:
         validate_max_tokens(values["max_tokens"])
-    validate_sampling(
-        values.get("temperature", 0.0), values.get("top_k", 0), values.get("top_p", 1.0), values.get("seed")
-    )
+    validate_sampling(**sampling_values(values))
     validate_num_draft_tokens(values.get("num_draft_tokens"))
 
 
@@ -111,7 +112,6 @@ class UnsupportedInput:
     hint: str = ""
 
 
-_PENALTY = "penalties are not implemented in draft-target sampling"
 _LOGITS = "the ensemble returns text and speculative statistics, not logits or log-probabilities"
 _LOGPROBS_HINT = "call the draft-target model (tensorrt_llm) with return_log_probs, or ask the OpenAI API for logprobs"
 UNSUPPORTED_INPUTS: dict[str, UnsupportedInput] = {
@@ -120,10 +120,6 @@ UNSUPPORTED_INPUTS: dict[str, UnsupportedInput] = {
         (1,), "one sequence per request", "send the request once per sequence, each with its own seed"
     ),
     "length_penalty": UnsupportedInput((1.0,), "it applies to beam search, and draft-target decoding has beam width 1"),
-    "repetition_penalty": UnsupportedInput((1.0,), _PENALTY),
-    "min_tokens": UnsupportedInput((0, 1), "end_id is never suppressed to reach a minimum length"),
-    "presence_penalty": UnsupportedInput((0.0,), _PENALTY),
-    "frequency_penalty": UnsupportedInput((0.0,), _PENALTY),
     "return_log_probs": UnsupportedInput((False,), _LOGITS, _LOGPROBS_HINT),
     "return_context_logits": UnsupportedInput((False,), _LOGITS),
     "return_generation_logits": UnsupportedInput((False,), _LOGITS),

@@ -22,6 +22,7 @@ from trtspec.cli._options import (
     ThreadsOpt,
     UrlOpt,
 )
+from trtspec.request_fields import BY_NAME as FIELDS
 
 
 def _stats_table(stats: dict, title: str) -> Table:
@@ -59,6 +60,10 @@ def generate(
     top_k: Annotated[int, typer.Option("--top-k", help="0 = no top-k filtering")] = 0,
     top_p: Annotated[float, typer.Option("--top-p", help="1.0 = no nucleus filtering")] = 1.0,
     seed: Annotated[Optional[int], typer.Option(help="seed for reproducible sampling")] = None,
+    repetition_penalty: Annotated[float, typer.Option(help=FIELDS["repetition_penalty"].help)] = 1.0,
+    presence_penalty: Annotated[float, typer.Option(help=FIELDS["presence_penalty"].help)] = 0.0,
+    frequency_penalty: Annotated[float, typer.Option(help=FIELDS["frequency_penalty"].help)] = 0.0,
+    min_tokens: Annotated[int, typer.Option(help=FIELDS["min_tokens"].help)] = 0,
     num_draft_tokens: NumDraftTokensOpt = None,
     draft_len: DraftLenAlias = None,
     no_draft: Annotated[bool, typer.Option("--no-draft", help="target-only decoding, same code path")] = False,
@@ -89,7 +94,17 @@ def generate(
     k = 0 if no_draft else k
     if threads < 0:
         raise GenerationError(f"--threads {threads} must be >= 0", hint="0 = one thread per core")
-    sampling: dict[str, Any] = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    # trtspec.request_fields, by name (SamplingParams' attributes)
+    sampling: dict[str, Any] = dict(
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+        repetition_penalty=repetition_penalty,
+        presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty,
+        min_tokens=min_tokens,
+    )
     # Before anything is loaded or sent. K's bound is the deployment's: the spec's (below) or the server's (checked
     # once it answers, after this check against the largest bound any deployment has).
     validate_request(prompt, max_tokens, num_draft_tokens=k if url is not None else None, **sampling)
@@ -159,23 +174,19 @@ def generate_remote(
     protocol: Protocol | None,
     max_tokens: int,
     *,
-    temperature: float,
-    top_k: int,
-    top_p: float,
-    seed: int | None,
     num_draft_tokens: int | None,
     raw: bool,
     stream: bool,
     as_json: bool,
+    **sampling: Any,
 ) -> None:
-    """`trtspec generate --url`: one prompt through a served ensemble (the request is validated before it is sent)."""
+    """`trtspec generate --url`: one prompt through a served ensemble (the request is validated before it is sent).
+    ``sampling``: the fields of trtspec.request_fields by name; those at their defaults are not sent."""
+    from trtspec.request_fields import BY_NAME
     from trtspec.serving.client import TritonLLMClient
 
     options = {
-        "temperature": temperature,
-        "top_k": top_k,
-        "top_p": top_p,
-        "seed": seed,
+        **{k: v for k, v in sampling.items() if not BY_NAME[k].history or v != BY_NAME[k].default},
         "num_draft_tokens": num_draft_tokens,
         "apply_chat_template": not raw,
     }

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from trtspec.errors import GenerationError
+from trtspec.request_fields import NUMPY_TYPES, SAMPLING_FIELDS
 
 CONTRACTS = ("ensemble", "llmapi")
 STAT_NAMES = (
@@ -25,17 +26,13 @@ LLMAPI_FIELDS = {
     "text_input": "text_input",
     "max_tokens": "sampling_param_max_tokens",
     "stream": "streaming",
-    "temperature": "sampling_param_temperature",
-    "top_k": "sampling_param_top_k",
-    "top_p": "sampling_param_top_p",
-    "seed": "sampling_param_seed",
+    **{f.name: f.llmapi for f in SAMPLING_FIELDS if f.llmapi},  # trtspec.request_fields
     "exclude_input_in_output": "sampling_param_exclude_input_from_output",
     "stop_words": "sampling_param_stop",
     "return_perf_metrics": "sampling_param_return_perf_metrics",
     "apply_chat_template": "apply_chat_template",
 }
 LLMAPI_STATS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "num_output_tokens")
-_NUMPY_TYPES = {"INT32": "int32", "UINT64": "uint64", "FP32": "float32", "FP16": "float16", "BOOL": "bool_"}
 
 
 def input_types(contract: str = "ensemble") -> dict[str, str]:
@@ -112,7 +109,7 @@ def grpc_inputs(values: dict[str, Any], contract: str) -> list[Any]:
             dtype = "BYTES"
         else:
             items = value if isinstance(value, (list, tuple)) else [value]  # a list for a [-1] input, scalars in [1]
-            arr = np.array(items, dtype=getattr(np, _NUMPY_TYPES[dtype]))
+            arr = np.array(items, dtype=getattr(np, NUMPY_TYPES[dtype]))
         if contract != "llmapi":
             arr = arr[None]  # the ensemble batches: [1, ...]
         x = grpcclient.InferInput(name, list(arr.shape), dtype)

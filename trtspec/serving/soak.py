@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trtspec.request_fields import NUMPY_TYPES
+from trtspec.serving.contract import input_types
 from trtspec.triton_repo.names import ENSEMBLE
 
 STATS = ("num_output_tokens", "total_draft_tokens", "total_accepted_draft_tokens")
@@ -207,17 +209,10 @@ class StreamClient:
         inputs.append(tensor("max_tokens", np.array([[n]], dtype=np.int32), "INT32"))
         inputs.append(tensor("stream", np.array([[req.stream]], dtype=np.bool_), "BOOL"))
         inputs.append(tensor("exclude_input_in_output", np.array([[True]], dtype=np.bool_), "BOOL"))
-        types = {
-            "temperature": ("FP32", np.float32),
-            "top_k": ("INT32", np.int32),
-            "seed": ("UINT64", np.uint64),
-            "use_draft_logits": ("BOOL", np.bool_),
-            "num_draft_tokens": ("INT32", np.int32),
-            "apply_chat_template": ("BOOL", np.bool_),
-        }
+        types = input_types()  # the ensemble's declared inputs (trtspec.triton_repo.tensors)
         for name, value in req.options:
-            dtype, np_type = types[name]
-            inputs.append(tensor(name, np.array([[value]], dtype=np_type), dtype))
+            dtype = types[name]
+            inputs.append(tensor(name, np.array([[value]], dtype=getattr(np, NUMPY_TYPES[dtype])), dtype))
         outputs = [grpcclient.InferRequestedOutput(x) for x in ("text_output", *STATS)]
         request_id = uuid.uuid4().hex
         self.client.async_stream_infer(

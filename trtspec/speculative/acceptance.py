@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from trtspec.speculative.rules import SamplingParams, TokenLogprob
-from trtspec.speculative.sampling import logits_to_probs, sample
+from trtspec.speculative.sampling import apply_penalties, logits_to_probs, sample, token_counts
 from trtspec.speculative.words import banned_tokens
 
 
@@ -48,10 +48,23 @@ class Candidate:
     sampling: SamplingParams
     generator: torch.Generator | None = None
     q: torch.Tensor | None = None  # [len(draft), V] the draft's distributions; None: point masses
-    history: Sequence[int] = ()  # tokens before the draft (bad words look at them)
+    history: Sequence[int] = ()  # tokens before the draft, prompt included (bad words and penalties look at them)
     bad_words: Sequence[Sequence[int]] = ()
     keep_logits: bool = False  # return the target's logits at the decided positions
     logprobs: int | None = None  # return each emitted token's log-probability and this many top alternatives
+    end_ids: Sequence[int] = ()  # banned while fewer than sampling.min_tokens tokens have been generated
+    generated: int = 0  # tokens the sequence generated before this step
+
+    def bans_end(self, j: int) -> bool:
+        """Whether the end tokens are banned at draft position ``j`` (min_tokens not reached there)."""
+        return bool(self.end_ids) and self.generated + j < self.sampling.min_tokens
+
+    def counts(self, j: int, vocab: int, device: torch.device) -> torch.Tensor | None:
+        """The occurrences of each token before draft position ``j`` (prompt, output, draft[:j]) when a penalty
+        applies, else None: a verified position sees the tokens it would follow if accepted, as decoding would."""
+        if not self.sampling.penalized:
+            return None
+        return token_counts([*self.history, *self.draft[:j]], vocab, device)
 
 
 @dataclass
@@ -76,9 +89,11 @@ def token_logprobs(rows: Sequence[torch.Tensor], tokens: Sequence[int], top: int
 
 
 def _constrain(logits: torch.Tensor, c: Candidate, j: int) -> torch.Tensor:
-    if not c.bad_words:
-        return logits
-    banned = banned_tokens(list(c.history) + list(c.draft[:j]), c.bad_words)
+    """The logits at draft position ``j`` with the tokens banned there at -inf: those that would complete a bad word,
+    and the end tokens before min_tokens."""
+    banned = banned_tokens(list(c.history) + list(c.draft[:j]), c.bad_words) if c.bad_words else []
+    if c.bans_end(j):
+        banned.extend(int(t) for t in c.end_ids)
     if not banned:
         return logits
     logits = logits.clone()
@@ -109,7 +124,15 @@ def decide(
     # A greedy candidate without bad words and without logits to return needs only each row's argmax: with every row's
     # logits at once, one argmax over all of them (no per-row gather and argmax: at 8 sequences x 5 rows the gathers
     # alone copied 4 MB a position).
-    plain = [c.sampling.greedy and not c.bad_words and not c.keep_logits and c.logprobs is None for c in cands]
+    plain = [
+        c.sampling.greedy
+        and not c.bad_words
+        and not c.keep_logits
+        and c.logprobs is None
+        and not c.sampling.penalized
+        and not c.bans_end(0)
+        for c in cands
+    ]
     flat_ids = flat.argmax(-1).tolist() if flat is not None and any(plain) else None
     undecided = list(range(len(cands)))
     j = 0
@@ -137,14 +160,15 @@ def decide(
             lg = _constrain(logits[row_of[i]], c, j)
             if c.keep_logits or c.logprobs is not None:  # what the token was drawn from (a draft's q is exactly that)
                 kept[i].append(lg)
+            counts = c.counts(j, lg.shape[-1], lg.device)
             if c.sampling.greedy:
-                t = int(lg.argmax())
+                t = int((lg if counts is None else apply_penalties(lg, c.sampling, counts)).argmax())
                 if j < k and c.draft[j] == t:
                     going_on.append(i)
                 else:
                     out[i] = Decision(j, t, kept[i])
                 continue
-            p = logits_to_probs(lg, c.sampling)
+            p = logits_to_probs(lg, c.sampling, counts)
             gen = c.generator
             if j == k:  # every draft token accepted (or none proposed): the bonus token from p
                 out[i] = Decision(j, sample(p, gen), kept[i])  # type: ignore[arg-type]

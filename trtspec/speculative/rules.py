@@ -9,15 +9,17 @@ logits, are in ``trtspec.speculative.acceptance``; the paths that use them are t
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from trtspec.errors import GenerationError
 
 SEED_MAX = 2**64 - 1  # the ensemble's seed is UINT64
-INT32_MAX = 2**31 - 1  # max_tokens, top_k and num_draft_tokens are INT32 in the Triton contract
+INT32_MAX = 2**31 - 1  # max_tokens, top_k, min_tokens and num_draft_tokens are INT32 in the Triton contract
+PENALTY_MAX = 2.0  # presence_penalty and frequency_penalty: -2..2 (OpenAI's range)
 
 
 @dataclass(frozen=True)
@@ -50,8 +52,19 @@ def number_of(name: str, value: Any, kind: type) -> Any:
     return value
 
 
-def validate_sampling(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None) -> None:
-    """Temperature >= 0 (0 = greedy), top_k >= 0 (0 = off), 0 < top_p <= 1 (1 = off), 0 <= seed < 2**64."""
+def validate_sampling(
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    repetition_penalty: float = 1.0,
+    presence_penalty: float = 0.0,
+    frequency_penalty: float = 0.0,
+    min_tokens: int = 0,
+) -> None:
+    """Temperature >= 0 (0 = greedy), top_k >= 0 (0 = off), 0 < top_p <= 1 (1 = off), 0 <= seed < 2**64,
+    repetition_penalty > 0 (1 = off), presence_penalty and frequency_penalty in -2..2 (0 = off; OpenAI's range),
+    min_tokens >= 0 (0 = off)."""
     if number_of("temperature", temperature, float) < 0 or temperature != temperature:
         raise GenerationError(f"temperature must be >= 0, got {temperature}", hint="0 means greedy")
     if number_of("top_k", top_k, int) < 0:
@@ -61,6 +74,19 @@ def validate_sampling(temperature: float = 0.0, top_k: int = 0, top_p: float = 1
         raise GenerationError(f"top_p must be in (0, 1], got {top_p}", hint="1.0 disables top-p filtering")
     if seed is not None and not 0 <= number_of("seed", seed, int) <= SEED_MAX:
         raise GenerationError(f"seed must be in 0..2**64-1, got {seed}", hint="any non-negative integer")
+    if not 0.0 < number_of("repetition_penalty", repetition_penalty, float) < math.inf:
+        raise GenerationError(
+            f"repetition_penalty must be > 0, got {repetition_penalty}",
+            hint="1.0 disables it; > 1 discourages tokens already in the prompt or the output",
+        )
+    for name, value in (("presence_penalty", presence_penalty), ("frequency_penalty", frequency_penalty)):
+        if not -PENALTY_MAX <= number_of(name, value, float) <= PENALTY_MAX:
+            raise GenerationError(
+                f"{name} must be in -2..2, got {value}", hint="0 disables it; > 0 discourages repeated tokens"
+            )
+    if number_of("min_tokens", min_tokens, int) < 0:
+        raise GenerationError(f"min_tokens must be >= 0, got {min_tokens}", hint="0 lets end_id come at any step")
+    check_int32("min_tokens", min_tokens)
 
 
 # The most draft tokens per step any trtspec path accepts (the spec's speculative.max_draft_len is 1..this).
@@ -69,33 +95,61 @@ MAX_DRAFT_LEN = 16
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Temperature 0 means greedy; top_k 0 and top_p 1.0 mean no filtering; seed makes sampled runs reproducible."""
+    """Temperature 0 means greedy; top_k 0 and top_p 1.0 mean no filtering; seed makes sampled runs reproducible.
+
+    Penalties and min_tokens (TensorRT-LLM's semantics, ``cpp/tensorrt_llm/kernels/penaltyKernels.cu``): a token
+    that occurs in the prompt or the output so far has its logit divided by ``repetition_penalty`` (multiplied when
+    negative), lowered by ``presence_penalty`` and by ``frequency_penalty`` per occurrence, after temperature; end_id
+    cannot come before ``min_tokens`` tokens. They shape the target's distribution, which is what acceptance
+    compares with, so speculative output stays exactly the target's (trtspec.speculative.acceptance)."""
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_tokens: int = 0
 
     def __post_init__(self) -> None:
-        validate_sampling(self.temperature, self.top_k, self.top_p, self.seed)
+        validate_sampling(
+            self.temperature,
+            self.top_k,
+            self.top_p,
+            self.seed,
+            self.repetition_penalty,
+            self.presence_penalty,
+            self.frequency_penalty,
+            self.min_tokens,
+        )
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def penalized(self) -> bool:
+        """Whether any penalty changes the logits (min_tokens is a ban, not a penalty)."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
     @classmethod
-    def from_request(cls, temperature: float, top_k: int, top_p: float, seed: int | None) -> SamplingParams:
-        """TensorRT-LLM's request semantics: top_k 1 is greedy too, and top_p outside (0, 1] means no filtering."""
+    def from_request(
+        cls, temperature: float, top_k: int, top_p: float, seed: int | None, **penalties: Any
+    ) -> SamplingParams:
+        """TensorRT-LLM's request semantics: top_k 1 is greedy too, and top_p outside (0, 1] means no filtering.
+        ``penalties``: repetition_penalty, presence_penalty, frequency_penalty, min_tokens, as they are."""
         greedy = temperature <= 0.0 or top_k == 1
         return cls(
             0.0 if greedy else float(temperature),
             0 if greedy else int(top_k),
             float(top_p) if not greedy and 0.0 < top_p <= 1.0 else 1.0,
             seed,
+            **penalties,
         )
 
     def with_seed(self, seed: int | None) -> SamplingParams:
-        return SamplingParams(self.temperature, self.top_k, self.top_p, seed)
+        return replace(self, seed=seed)
 
     def generator(self, offset: int = 0) -> Any:
         """A CPU torch.Generator for one sequence (seed + offset), nondeterministically seeded without a seed."""

@@ -15,6 +15,7 @@ from typing import Any
 
 from trtspec.build.layout import served_ngram_pool, served_roles, serving_model_dir
 from trtspec.build.memory import TORCH_KV_SLOTS_PER_SEQUENCE
+from trtspec.request_fields import SAMPLING_FIELDS
 from trtspec.spec import BuildSpec, Runtime
 from trtspec.speculative.rules import MAX_DRAFT_LEN
 from trtspec.triton_repo import tensors as t
@@ -127,11 +128,16 @@ def engine_capabilities(spec: BuildSpec) -> dict[str, Any]:
         return {
             "engine_max_draft_len": MAX_DRAFT_LEN,
             "engine_generation_logits": True,
+            "engine_exact_penalties": True,
             "engine_max_input_len": spec.engine.max_seq_len - 1,
         }
     return {
         "engine_max_draft_len": spec.speculative.max_draft_len,
         "engine_generation_logits": spec.speculative.use_draft_logits,
+        # TensorRT-LLM's penalty kernel (cpp/tensorrt_llm/kernels/penaltyKernels.cu) counts the tokens before a step
+        # for every draft position in it, and masks end_id by the step's start: verified drafts would not be the
+        # target's own penalized output, so the orchestrator refuses penalties and min_tokens over these engines.
+        "engine_exact_penalties": False,
         "engine_max_input_len": engine_input_limits(spec).max_input_tokens,
     }
 
@@ -233,10 +239,7 @@ def ensemble(spec: BuildSpec) -> ModelDefinition:
             "pad_id": "_PREPROCESSOR_PAD_ID",
             "stop_words_list": "_STOP_WORDS_IDS",
             "bad_words_list": "_BAD_WORDS_IDS",
-            "temperature": "temperature",
-            "runtime_top_k": "top_k",
-            "runtime_top_p": "top_p",
-            "seed": "seed",
+            **{f.engine: f.name for f in SAMPLING_FIELDS},  # trtspec.request_fields
             "exclude_input_in_output": "exclude_input_in_output",
             "return_perf_metrics": "return_perf_metrics",
             "streaming": "stream",

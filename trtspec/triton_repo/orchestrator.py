@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from trtspec.errors import GenerationError
+from trtspec.request_fields import SAMPLING_FIELDS
 from trtspec.runtimes.inflight.contract import RowRequest
 from trtspec.speculative.rules import SpecStats, accepted_prefix, check_draft_len
 from trtspec.speculative.words import hits_stop_word
@@ -61,6 +62,7 @@ class Deployment:
     max_input_len: int = 1 << 30  # the longest sequence one engine request may carry (TensorRT-LLM's maxInputLen)
     max_prompt_len: int = 1 << 30  # the longest prompt a request may carry (the spec's engine.max_input_len)
     log_probs: bool = False  # serves return_log_probs (the in-process model; the BLS orchestrator does not)
+    exact_penalties: bool = True  # the engines apply penalties and min_tokens per draft position (torch; not TRT-LLM)
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,14 @@ def plan_request(row: RowRequest, deployment: Deployment) -> Plan:
             "return_log_probs is not supported by the BLS orchestration (orchestration bls)",
             hint="leave return_log_probs out, or serve with orchestration in_process (runtime torch)",
         )
+    if (row.sampling.penalized or row.sampling.min_tokens) and not deployment.exact_penalties:
+        name = next(f.name for f in SAMPLING_FIELDS if f.history and getattr(row.sampling, f.name) != f.default)
+        raise GenerationError(
+            f"{name} is not supported by the BLS orchestration over TensorRT-LLM engines: their penalty kernel "
+            "counts the tokens before a step for every draft position in it, so verified drafts would not be the "
+            "target's own output",
+            hint=f"leave {name} out, or serve with runtime torch",
+        )
     # The prompt in tokens, as preprocessing counts it (trtspec.validation: the same rule at every door).
     validate_prompt_tokens(len(row.tokens), row.max_new, deployment.max_prompt_len, deployment.max_seq_len)
     longest = len(row.tokens) + row.max_new - 1  # the last step re-sends everything but the last token
@@ -110,16 +120,25 @@ def plan_request(row: RowRequest, deployment: Deployment) -> Plan:
 
 
 def _step_row(
-    row: RowRequest, tokens: list[int], max_new: int, base_seed: int | None, step: int, role: int, **changes: Any
+    row: RowRequest,
+    tokens: list[int],
+    max_new: int,
+    base_seed: int | None,
+    step: int,
+    role: int,
+    produced: int = 0,
+    **changes: Any,
 ) -> RowRequest:
-    """One engine request of a step. Every engine request seeds its own generator: the seed varies per step and role
-    so that steps draw independent numbers."""
+    """One engine request of a step, after ``produced`` tokens. Every engine request seeds its own generator: the
+    seed varies per step and role so that steps draw independent numbers. min_tokens counts from the request's
+    start: an engine request counts from its own input, so it gets what is left."""
     seed = None if base_seed is None else (base_seed * 1_000_003 + step * 2 + role) % (1 << 63)
+    sampling = dataclasses.replace(row.sampling, seed=seed, min_tokens=max(0, row.sampling.min_tokens - produced))
     return dataclasses.replace(
         row,
         tokens=tokens,
         max_new=max_new,
-        sampling=row.sampling.with_seed(seed),
+        sampling=sampling,
         draft=None,
         draft_logits=None,
         exclude_input=True,
@@ -169,7 +188,9 @@ async def generate(
         elif k_model > 0:
             async for tokens, logits in engines.generate(
                 deployment.draft_model,
-                _step_row(row, seq, k_model, base_seed, step, 0, stream=False, return_logits=plan.use_draft_logits),
+                _step_row(
+                    row, seq, k_model, base_seed, step, 0, produced, stream=False, return_logits=plan.use_draft_logits
+                ),
             ):
                 draft += tokens
                 if logits is not None:
@@ -179,7 +200,7 @@ async def generate(
         async for tokens, _ in engines.generate(
             deployment.target_model,
             dataclasses.replace(
-                _step_row(row, seq, len(draft) + 1, base_seed, step, 1, stream=False, return_logits=False),
+                _step_row(row, seq, len(draft) + 1, base_seed, step, 1, produced, stream=False, return_logits=False),
                 draft=draft or None,
                 draft_logits=draft_logits if plan.use_draft_logits and draft and local is None else None,
             ),
@@ -199,7 +220,8 @@ async def generate(
         stats.note_tokens(len(new))
         if new:
             yield new
-        if ended or not new or hits_stop_word(seq[len(row.tokens) :], row.stop_words):
+        stopped = produced >= row.sampling.min_tokens and hits_stop_word(seq[len(row.tokens) :], row.stop_words)
+        if ended or not new or stopped:
             return
 
 

@@ -2,7 +2,7 @@
 
 Mirrors TensorRT-LLM's ``triton_backend/all_models/inflight_batcher_llm/{ensemble,preprocessing,postprocessing,
 tensorrt_llm,tensorrt_llm_bls}/config.pbtxt`` (same names, types and dims) for the fields trtspec implements. The
-ensemble declares every input of upstream's, and those trtspec does not implement (beam search, penalties, LoRA,
+ensemble declares every input of upstream's, and those trtspec does not implement (beam search, LoRA,
 prompt tuning ...: ``UNSUPPORTED_ENSEMBLE_INPUTS``) go to preprocessing, which refuses a value other than upstream's
 default by name (trtspec.validation.UNSUPPORTED_INPUTS) instead of ignoring it. Additions are marked "trtspec". The
 exception is backend tensorrtllm (runtime trtllm-engine), which implements all of its template's tensors. One format:
@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
+from trtspec.request_fields import SAMPLING_FIELDS
 from trtspec.triton_repo.pbtxt import TensorSpec as T
 
 SCALAR = (1,)
@@ -43,10 +44,7 @@ ENSEMBLE_INPUTS = [
     T("exclude_input_in_output", "BOOL", SCALAR, optional=True),
     T("end_id", "INT32", SCALAR, optional=True),
     T("pad_id", "INT32", SCALAR, optional=True),
-    T("top_k", "INT32", SCALAR, optional=True),
-    T("top_p", "FP32", SCALAR, optional=True),
-    T("temperature", "FP32", SCALAR, optional=True),
-    T("seed", "UINT64", SCALAR, optional=True),
+    *(T(f.name, f.dtype, SCALAR, optional=True) for f in SAMPLING_FIELDS),  # trtspec.request_fields
     T("return_perf_metrics", "BOOL", SCALAR, optional=True),
     T("stream", "BOOL", SCALAR, optional=True),
     T("num_draft_tokens", "INT32", SCALAR, optional=True),  # upstream: tensorrt_llm_bls input
@@ -59,10 +57,6 @@ UNSUPPORTED_ENSEMBLE_INPUTS = [
     T("decoder_text_input", "STRING", SCALAR, optional=True),
     T("num_return_sequences", "INT32", SCALAR, optional=True),
     T("length_penalty", "FP32", SCALAR, optional=True),
-    T("repetition_penalty", "FP32", SCALAR, optional=True),
-    T("min_tokens", "INT32", SCALAR, optional=True),
-    T("presence_penalty", "FP32", SCALAR, optional=True),
-    T("frequency_penalty", "FP32", SCALAR, optional=True),
     T("return_log_probs", "BOOL", SCALAR, optional=True),
     T("return_context_logits", "BOOL", SCALAR, optional=True),
     T("return_generation_logits", "BOOL", SCALAR, optional=True),
@@ -212,10 +206,7 @@ ENGINE_INPUTS = [
     T("stop_words_list", "INT32", (2, -1), optional=True, ragged=True),
     T("bad_words_list", "INT32", (2, -1), optional=True, ragged=True),
     T("beam_width", "INT32", SCALAR, optional=True, reshape=NO_SHAPE),
-    T("temperature", "FP32", SCALAR, optional=True, reshape=NO_SHAPE),
-    T("runtime_top_k", "INT32", SCALAR, optional=True, reshape=NO_SHAPE),
-    T("runtime_top_p", "FP32", SCALAR, optional=True, reshape=NO_SHAPE),
-    T("seed", "UINT64", SCALAR, optional=True, reshape=NO_SHAPE),
+    *(T(f.engine, f.dtype, SCALAR, optional=True, reshape=NO_SHAPE) for f in SAMPLING_FIELDS),
     T("return_generation_logits", "BOOL", SCALAR, optional=True, reshape=NO_SHAPE),
     T("exclude_input_in_output", "BOOL", SCALAR, optional=True, reshape=NO_SHAPE),
     T("streaming", "BOOL", SCALAR, optional=True, reshape=NO_SHAPE),
@@ -236,10 +227,7 @@ BLS_INPUTS = [
     T("pad_id", "INT32", SCALAR, optional=True),
     T("stop_words_list", "INT32", (2, -1), optional=True),
     T("bad_words_list", "INT32", (2, -1), optional=True),
-    T("temperature", "FP32", SCALAR, optional=True),
-    T("runtime_top_k", "INT32", SCALAR, optional=True),
-    T("runtime_top_p", "FP32", SCALAR, optional=True),
-    T("seed", "UINT64", SCALAR, optional=True),
+    *(T(f.engine, f.dtype, SCALAR, optional=True) for f in SAMPLING_FIELDS),
     T("exclude_input_in_output", "BOOL", SCALAR, optional=True),
     T("return_perf_metrics", "BOOL", SCALAR, optional=True),
     T("streaming", "BOOL", SCALAR, optional=True),
@@ -270,12 +258,9 @@ BLS_OUTPUTS = [
 LLMAPI_INPUTS = [
     T("text_input", "STRING", (-1,)),
     T("streaming", "BOOL", SCALAR, optional=True),
-    T("sampling_param_temperature", "FP32", SCALAR, optional=True),
-    T("sampling_param_top_k", "INT32", SCALAR, optional=True),
-    T("sampling_param_top_p", "FP32", SCALAR, optional=True),
+    *(T(f.llmapi, f.dtype, SCALAR, optional=True) for f in SAMPLING_FIELDS if f.llmapi),
     T("sampling_param_max_tokens", "INT32", SCALAR, optional=True),
     T("sampling_param_stop", "STRING", (-1,), optional=True),
-    T("sampling_param_seed", "UINT64", SCALAR, optional=True),
     T("sampling_param_exclude_input_from_output", "BOOL", SCALAR, optional=True),
     T("sampling_param_return_perf_metrics", "BOOL", SCALAR, optional=True),
     T("apply_chat_template", "BOOL", SCALAR, optional=True),  # trtspec: the target tokenizer's chat template

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from trtspec.errors import GenerationError
+from trtspec.request_fields import SAMPLING_FIELDS, RequestField, engine_tensors
 from trtspec.speculative.rules import SamplingParams, validate_sampling
 from trtspec.validation import validate_top_logprobs
 
@@ -97,6 +98,13 @@ class RowRequest:
         return self.top_logprobs if self.return_log_probs else None
 
 
+def _typed(f: RequestField, value: Any) -> Any:
+    """One row's value of a sampling field as Python's int or float (None stays None)."""
+    if value is None:
+        return None
+    return float(value) if f.dtype.startswith("FP") else int(value)
+
+
 def parse_request(
     inputs: Mapping[str, np.ndarray], *, exclude_input_default: bool = False, client_request: bool = False
 ) -> list[RowRequest]:
@@ -127,10 +135,8 @@ def parse_request(
     end_id = per_row("end_id", None)
     pad_id = per_row("pad_id", 0)
     stream = per_row("streaming", False)
-    temperature = per_row("temperature", 0.0)
-    top_k = per_row("runtime_top_k", 0)
-    top_p = per_row("runtime_top_p", 1.0)
-    seed = per_row("seed", None)
+    # The sampling fields (trtspec.request_fields), by field name: [value per row]
+    sampling_rows = {f.name: per_row(f.engine, f.default) for f in SAMPLING_FIELDS}
     want_logits = per_row("return_generation_logits", False)
     exclude = per_row("exclude_input_in_output", exclude_input_default)
     k = per_row("num_draft_tokens", None)
@@ -158,14 +164,11 @@ def parse_request(
             arr = np.asarray(draft_logits)
             dl = arr[b] if arr.ndim == 3 else arr
         validate_top_logprobs(int(top_logprobs[b]), bool(want_logprobs[b]))
+        values = {f.name: _typed(f, rows[b]) for f, rows in zip(SAMPLING_FIELDS, sampling_rows.values())}
         if client_request:
-            validate_sampling(
-                float(temperature[b]), int(top_k[b]), float(top_p[b]), None if seed[b] is None else int(seed[b])
-            )
+            validate_sampling(**values)
         # TRT-LLM samples with top_k = 1 / temperature unset by default: both "greedy" spellings are alike.
-        sampling = SamplingParams.from_request(
-            float(temperature[b]), int(top_k[b]), float(top_p[b]), None if seed[b] is None else int(seed[b])
-        )
+        sampling = SamplingParams.from_request(**values)
         rows.append(
             RowRequest(
                 tokens=[int(t) for t in ids[b, :n].tolist()],
@@ -226,6 +229,9 @@ def engine_inputs(row: RowRequest) -> dict[str, np.ndarray]:
         x["end_id"] = np.asarray([[row.end_id]], dtype=np.int32)
     if s.seed is not None:
         x["seed"] = np.asarray([[s.seed]], dtype=np.uint64)
+    # The other sampling fields where they are not their defaults (trtspec.request_fields)
+    changed = {f.name: getattr(s, f.name) for f in SAMPLING_FIELDS if f.history and getattr(s, f.name) != f.default}
+    x.update({name: arr for name, (arr, _) in engine_tensors(changed).items()})
     if row.stop_words:
         x["stop_words_list"] = encode_word_list([list(w) for w in row.stop_words])[None]
     if row.bad_words:

@@ -282,6 +282,8 @@ class InflightEngine:
                     bad_words=job.bad_words,
                     keep_logits=job.return_logits,
                     logprobs=job.logprobs,
+                    end_ids=job.end_ids(),
+                    generated=len(job.out),
                 )
                 for job, prop, h in zip(jobs, proposals, histories)
             ]
@@ -336,7 +338,7 @@ class InflightEngine:
             job.out.append(tok)
             history.append(tok)
             new += 1
-            if hits_stop_word(history, job.stop_words):
+            if len(job.out) >= job.sampling.min_tokens and hits_stop_word(history, job.stop_words):
                 job.done, job.finish_reason = True, "stop"
                 break
             if len(job.out) >= job.max_new:

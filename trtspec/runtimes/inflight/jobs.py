@@ -24,7 +24,8 @@ class Job:
       returns the accepted ones plus the target's next token.
     - ``num_draft_tokens`` K > 0 on an engine with a drafter: speculative decoding, each step verifying K proposals.
     - otherwise: plain decoding, one token a step.
-    Tokens equal to ``end_id`` end the sequence and are not returned (TRT-LLM); a stop word ends it and is returned.
+    Tokens equal to ``end_id`` end the sequence and are not returned (TRT-LLM); a stop word ends it and is returned;
+    neither before ``sampling.min_tokens`` tokens.
     """
 
     tokens: list[int]
@@ -62,6 +63,12 @@ class Job:
 
     def history(self) -> list[int]:
         return self.tokens + self.out
+
+    def end_ids(self) -> list[int]:
+        """The tokens that end the sequence by themselves: end_id and one-token stop words. Before
+        ``sampling.min_tokens`` tokens they are banned (and longer stop words not matched): nothing ends it sooner."""
+        ends = [] if self.end_id is None else [self.end_id]
+        return ends + [int(w[0]) for w in self.stop_words if len(w) == 1 and int(w[0]) not in ends]
 
     def cancel(self) -> None:
         self.cancelled = True

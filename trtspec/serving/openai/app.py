@@ -157,9 +157,7 @@ class OpenAIService:
             n_prompt, where = await self.off_loop(self.tokenizer.count, prompt), "prompt"
         field_name, asked = requested_max_tokens(r)
         k_bound = d.max_draft_len if d.per_request_draft_len and d.max_draft_len else MAX_DRAFT_LEN
-        check_generation_fields(
-            (field_name, asked), r.temperature, r.top_p, r.top_k, r.seed, r.num_draft_tokens, k_bound
-        )
+        check_generation_fields((field_name, asked), r.sampling(), r.num_draft_tokens, k_bound)
         if d.max_input_len:  # counted as preprocessing counts it: the same rule and words at every door
             args = (n_prompt, None, d.max_input_len, d.max_seq_len)
             _rule(where, validate_prompt_tokens, *args, code="context_length_exceeded")
@@ -192,10 +190,8 @@ class OpenAIService:
                 "logprobs", f"logprobs are not supported by runtime {d.runtime}", code="unsupported_parameter"
             )
         options = {
-            "temperature": 1.0 if r.temperature is None else r.temperature,
-            "top_p": r.top_p,
-            "top_k": r.top_k,
-            "seed": r.seed,
+            **r.sampling(),
+            "temperature": 1.0 if r.temperature is None else r.temperature,  # OpenAI's default
             "stop_words": stops or None,
             "num_draft_tokens": r.num_draft_tokens,
             "apply_chat_template": False,

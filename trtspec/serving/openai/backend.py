@@ -139,6 +139,7 @@ class DirectBackend(TritonBackend):
         import numpy as np
         import tritonclient.grpc as grpcclient
 
+        from trtspec.request_fields import engine_tensors
         from trtspec.runtimes.inflight.contract import encode_word_list
         from trtspec.triton_repo.text import decode_text
 
@@ -155,18 +156,11 @@ class DirectBackend(TritonBackend):
         if logprobs is not None:
             fields["return_log_probs"] = (np.asarray([[True]], dtype=np.bool_), "BOOL")
             fields["top_logprobs"] = (np.asarray([[logprobs]], dtype=np.int32), "INT32")
-        scalars = {
-            "temperature": ("FP32", np.float32),
-            "top_k": ("INT32", np.int32),
-            "top_p": ("FP32", np.float32),
-            "seed": ("UINT64", np.uint64),
-            "num_draft_tokens": ("INT32", np.int32),
-            "use_draft_logits": ("BOOL", np.bool_),
-        }
-        names = {"top_k": "runtime_top_k", "top_p": "runtime_top_p"}
-        for key, (dtype, np_type) in scalars.items():
+        fields.update(engine_tensors(values))  # the sampling fields (trtspec.request_fields), engine names
+        speculation = {"num_draft_tokens": ("INT32", np.int32), "use_draft_logits": ("BOOL", np.bool_)}
+        for key, (dtype, np_type) in speculation.items():
             if values.get(key) is not None:
-                fields[names.get(key, key)] = (np.asarray([[values[key]]], dtype=np_type), dtype)
+                fields[key] = (np.asarray([[values[key]]], dtype=np_type), dtype)
         for key, name in (("stop_words", "stop_words_list"), ("bad_words", "bad_words_list")):
             if values.get(key):
                 fields[name] = (encode_word_list(self.pre.words(values[key], key))[None], "INT32")

@@ -1,10 +1,11 @@
 """The OpenAI request bodies trtspec accepts, their validation, and OpenAI's error shape.
 
 Fields follow OpenAI's API reference for ``/v1/chat/completions`` and ``/v1/completions``. A field whose meaning
-trtspec cannot honour (``n`` > 1, penalties, tools ...) is refused with a 400 that names it, never
+trtspec cannot honour (``logit_bias``, tools ...) is refused with a 400 that names it, never
 silently ignored; fields that change nothing here (``user``, ``metadata``, ``store``) and unknown ones are ignored,
 as vLLM does, so that load tools that add their own fields keep working. Extensions, as vLLM names them:
-``top_k``, and ``num_draft_tokens`` (the draft length K for this request; 0 = target only).
+``top_k``, ``repetition_penalty``, ``min_tokens`` (the sampling fields of trtspec.request_fields, every one under its
+own name), and ``num_draft_tokens`` (the draft length K for this request; 0 = target only).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from trtspec.errors import GenerationError
+from trtspec.request_fields import SAMPLING_FIELDS
 from trtspec.speculative.rules import MAX_DRAFT_LEN, validate_sampling
 from trtspec.triton_repo.runtime_utils import error_message
 from trtspec.validation import validate_max_tokens, validate_num_draft_tokens, validate_top_logprobs
@@ -84,7 +86,13 @@ class _Common(BaseModel):
     logit_bias: dict[str, float] | None = None
     # extensions
     top_k: int | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
     num_draft_tokens: int | None = None
+
+    def sampling(self) -> dict[str, Any]:
+        """The request's sampling fields (trtspec.request_fields) that it sets, by name."""
+        return {f.name: getattr(self, f.name) for f in SAMPLING_FIELDS if getattr(self, f.name) is not None}
 
 
 class ContentPart(BaseModel):
@@ -147,11 +155,6 @@ def _refuse_unsupported(r: _Common) -> None:
     """Fields whose meaning cannot be honoured here: refused by name (400)."""
     if r.n is not None and r.n != 1:
         raise bad_field("n", f"n must be 1 (got {r.n}): one choice per request is supported")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(r, name) not in (None, 0, 0.0):
-            raise bad_field(
-                name, f"{name} is not supported by this server (send 0 or leave it out)", code="unsupported_parameter"
-            )
     if r.logit_bias:
         raise bad_field("logit_bias", "logit_bias is not supported by this server", code="unsupported_parameter")
     requested_logprobs(r)  # 0..20 alternatives, top_logprobs only with logprobs
@@ -215,23 +218,17 @@ def stop_strings(r: _Common) -> list[str]:
 
 def check_generation_fields(
     max_tokens: tuple[str, int | None],
-    temperature: float | None,
-    top_p: float | None,
-    top_k: int | None,
-    seed: int | None,
+    sampling: dict[str, Any],
     num_draft_tokens: int | None,
     max_draft_len: int = MAX_DRAFT_LEN,
 ) -> None:
-    """The request rules for max tokens, sampling and K: trtspec.validation's, the same rule and message as at every
-    other door (the CLI, the ensemble, the Triton models), raised as a 400 naming the field. ``max_draft_len``: the
-    deployment's bound on K."""
+    """The request rules for max tokens, sampling (``sampling``: the fields set, by name) and K: trtspec.validation's,
+    the same rule and message as at every other door (the CLI, the ensemble, the Triton models), raised as a 400
+    naming the field. ``max_draft_len``: the deployment's bound on K."""
     field, n = max_tokens
     checks: list[tuple[str, Any]] = [
         (field, lambda: validate_max_tokens(n, field) if n is not None else None),
-        ("temperature", lambda: validate_sampling(temperature=temperature) if temperature is not None else None),
-        ("top_p", lambda: validate_sampling(top_p=top_p) if top_p is not None else None),
-        ("top_k", lambda: validate_sampling(top_k=top_k) if top_k is not None else None),
-        ("seed", lambda: validate_sampling(seed=seed)),
+        *((name, lambda name=name, v=v: validate_sampling(**{name: v})) for name, v in sampling.items()),
         ("num_draft_tokens", lambda: validate_num_draft_tokens(num_draft_tokens, max_draft_len)),
     ]
     for param, check in checks:

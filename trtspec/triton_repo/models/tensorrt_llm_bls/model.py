@@ -119,6 +119,7 @@ class TritonPythonModel:
             route_threshold=int(p["route_threshold"]),
             use_draft_logits=as_bool(p.get("use_draft_logits")),
             draft_logits_available=as_bool(p.get("engine_generation_logits")),
+            exact_penalties=as_bool(p.get("engine_exact_penalties")),
             max_seq_len=int(p["max_seq_len"]),
             max_input_len=int(p.get("engine_max_input_len") or int(p["max_seq_len"]) - 1),
             max_prompt_len=int(p.get("max_input_len") or p["max_seq_len"]),
