@@ -205,7 +205,8 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(served, ref
     cases = [
         ({"max_tokens": -3}, openai.BadRequestError, "max_tokens"),
         ({"max_tokens": 0}, openai.BadRequestError, "max_tokens"),
-        ({"n": 2}, openai.BadRequestError, "n"),
+        ({"n": 0}, openai.BadRequestError, "n"),
+        ({"presence_penalty": 2.5}, openai.BadRequestError, "presence_penalty"),
         ({"temperature": -1}, openai.BadRequestError, "temperature"),
         ({"top_p": 1.5}, openai.BadRequestError, "top_p"),
         ({"model": "gpt-4o"}, openai.NotFoundError, "model"),
@@ -391,3 +392,34 @@ def test_logprobs_are_refused_by_name_where_the_deployment_cannot_serve_them(ser
     else:
         assert _error(exc_info)["param"] == "logprobs" and "trtllm-llmapi" in message
     assert client.completions.create(model=NAME, prompt=QUESTIONS[0], max_tokens=4, temperature=0).choices[0].text
+
+
+def test_n_choices_each_one_sequence_streamed_and_not(served, reference):
+    """n > 1 (issue 21): n sequences of their own, run concurrently: greedy choices are the greedy text; sampled
+    choice i with seed s is what one request with seed s + i gets (reproducible and different); streamed chunks carry
+    each choice's index and concatenate per index to the unstreamed texts; usage counts the prompt once."""
+    client = _client(served)
+    messages = _chat(QUESTIONS[0])
+    text, n_prompt, n_out = reference.chat(messages, 12)
+    greedy = client.chat.completions.create(model=NAME, messages=messages, max_tokens=12, temperature=0, n=2)
+    assert [c.index for c in greedy.choices] == [0, 1]
+    assert [c.message.content for c in greedy.choices] == [text, text]
+    assert (greedy.usage.prompt_tokens, greedy.usage.completion_tokens) == (n_prompt, 2 * n_out)
+
+    kw = dict(model=NAME, prompt=QUESTIONS[1], max_tokens=12, temperature=1.0)
+    sampled = client.completions.create(**kw, n=3, seed=40)
+    alone = [client.completions.create(**kw, seed=40 + i).choices[0].text for i in range(3)]
+    assert [c.text for c in sampled.choices] == alone
+    assert len(set(alone)) > 1  # the choices differ: not one sequence copied
+    chunks = list(client.completions.create(**kw, n=3, seed=40, stream=True))
+    per_index = ["", "", ""]
+    for c in chunks:
+        for choice in c.choices:
+            per_index[choice.index] += choice.text
+    assert per_index == alone
+    reasons = [ch.finish_reason for c in chunks for ch in c.choices if ch.finish_reason]
+    assert len(reasons) == 3
+
+    with pytest.raises(openai.BadRequestError) as exc_info:
+        client.completions.create(**kw, n=17)
+    assert _error(exc_info)["param"] == "n" and "n must be in 1..16, got 17" in _error(exc_info)["message"]

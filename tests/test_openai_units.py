@@ -24,7 +24,8 @@ def _chat(**kw):
 @pytest.mark.parametrize(
     "body, param",
     [
-        (_chat(n=3), "n"),
+        (_chat(n=0), "n"),
+        (_chat(n=17), "n"),
         (_chat(presence_penalty="0.5"), "presence_penalty"),
         (_chat(top_logprobs=3), "top_logprobs"),  # only with logprobs true (OpenAI's rule)
         (_chat(logprobs=True, top_logprobs=21), "top_logprobs"),

@@ -28,6 +28,7 @@ from trtspec.errors import GenerationError
 from trtspec.serving.metrics import CONTENT_TYPE, Registry
 from trtspec.serving.openai.asgi import DONE, JSON, SSE, GenerationResponse, json_bytes, send_json, sse
 from trtspec.serving.openai.backend import TritonBackend, TritonRequestError, TritonUnavailable
+from trtspec.serving.openai.choices import choice_values, combined, gather_all, merged
 from trtspec.serving.openai.deployment import ServedDeployment
 from trtspec.serving.openai.guard import Guard, RequestMetrics, draining_error
 from trtspec.serving.openai.limits import Limits, check_prompt_chars, parse_body, prompt_char_limit, read_body
@@ -203,15 +204,17 @@ class OpenAIService:
         routed = d.contract == "ensemble" and (k == 0 or asked < d.route_threshold)
         return Prepared(kind, r, prompt, n_prompt, asked, values, stops, 0 if routed else k, routed, logprobs)
 
-    async def run(self, p: Prepared) -> AsyncGenerator[tuple[str, dict[str, float], bool, list[Any]], None]:
+    async def run(
+        self, p: Prepared, values: dict[str, Any] | None = None
+    ) -> AsyncGenerator[tuple[str, dict[str, float], bool, list[Any]], None]:
         """(new text, statistics so far, finished, the log-probabilities of the tokens that arrived since the last
-        piece) as the text arrives; stop sequences are cut here (the tokens that held a stop sequence keep their
-        log-probabilities)."""
+        piece) as the text arrives, for one choice (``values``: its request fields; default the request's); stop
+        sequences are cut here (the tokens that held a stop sequence keep their log-probabilities)."""
         matcher = StopMatcher(p.stops)
         stats: dict[str, float] = {}
         lps: list[Any] = []
         try:
-            async with aclosing(self.backend.generate(p.values, p.logprobs)) as responses:
+            async with aclosing(self.backend.generate(values or p.values, p.logprobs)) as responses:
                 async for text, s, new_lps in responses:
                     stats = {**stats, **s}  # a response may leave out what an earlier one reported
                     lps += new_lps or []
@@ -233,7 +236,7 @@ class OpenAIService:
         yield matcher.flush(), {**stats, "_stopped": float(matcher.stopped)}, True, lps
 
     def finish(self, p: Prepared, stats: dict[str, float]) -> tuple[str, dict[str, Any], dict[str, Any]]:
-        """(finish_reason, usage, speculative statistics) of a finished request."""
+        """(finish_reason, usage, speculative statistics) of one finished choice."""
         completion = int(stats.get("num_output_tokens", 0))
         reason = "stop" if stats.get("_stopped") or completion < p.max_tokens else "length"
         prompt = int(stats.get("num_input_tokens") or p.prompt_tokens)
@@ -269,31 +272,38 @@ class OpenAIService:
             texts = self.token_texts
             return chat_logprobs(items, texts) if chat else completion_logprobs(items, texts, offset)
 
+        choices = choice_values(p.values, p.request.n or 1)
         if not p.request.stream:
-            parts = [echo]
-            every: list[Any] = []
-            async with aclosing(self.run(p)) as stream:
-                async for text, stats, _done, lps in stream:  # noqa: B007 (stats: the last step's, read after)
-                    parts.append(text)
-                    every += lps
-            reason, usage, spec = self.finish(p, stats)
+
+            async def collect(values: dict[str, Any]) -> tuple[str, list[Any], dict[str, float]]:
+                parts = [echo]
+                every: list[Any] = []
+                async with aclosing(self.run(p, values)) as stream:
+                    async for text, stats, _done, lps in stream:  # noqa: B007 (stats: the last step's, read after)
+                        parts.append(text)
+                        every += lps
+                return "".join(parts), every, stats
+
+            results = await gather_all(collect(v) for v in choices)
+            finished = [self.finish(p, stats) for _, _, stats in results]
+            usage, spec = combined(finished)
             self.count(usage, spec)
-            text = "".join(parts)
-            choice = (
+            body = [
                 {
-                    "index": 0,
+                    "index": i,
                     "message": {"role": "assistant", "content": text},
                     "logprobs": logprobs(every),
                     "finish_reason": reason,
                 }
                 if chat
-                else {"index": 0, "text": text, "logprobs": logprobs(every, len(echo)), "finish_reason": reason}
-            )
+                else {"index": i, "text": text, "logprobs": logprobs(every, len(echo)), "finish_reason": reason}
+                for i, ((text, every, _), (reason, _, _)) in enumerate(zip(results, finished))
+            ]
             yield json_bytes(
                 {
                     **head,
                     "object": "chat.completion" if chat else "text_completion",
-                    "choices": [choice],
+                    "choices": body,
                     "usage": usage,
                     "speculative_decoding": spec,
                     "system_fingerprint": None,
@@ -304,35 +314,39 @@ class OpenAIService:
         include_usage = bool(p.request.stream_options and p.request.stream_options.include_usage)
         extra = {"usage": None} if include_usage else {}
 
-        sent = len(echo)  # characters before the next token (completions' text_offset)
+        sent = [len(echo)] * len(choices)  # characters before each choice's next token (completions' text_offset)
 
         def chunk(
-            delta: str | None, reason: str | None = None, role: bool = False, lps: Any = None, **more: Any
+            i: int, delta: str | None, reason: str | None = None, role: bool = False, lps: Any = None, **more: Any
         ) -> bytes:
             if chat:
                 d: dict[str, Any] = (
                     {"role": "assistant", "content": ""} if role else ({} if delta is None else {"content": delta})
                 )
-                choice = {"index": 0, "delta": d, "logprobs": lps, "finish_reason": reason}
+                choice = {"index": i, "delta": d, "logprobs": lps, "finish_reason": reason}
             else:
-                choice = {"index": 0, "text": delta or "", "logprobs": lps, "finish_reason": reason}
+                choice = {"index": i, "text": delta or "", "logprobs": lps, "finish_reason": reason}
             return sse({**head, "object": obj, "choices": [choice], "system_fingerprint": None, **extra, **more})
 
-        async with aclosing(self.run(p)) as stream:
-            first = await stream.__anext__()  # errors before any output get their HTTP status
-            yield chunk(None, role=True) if chat else chunk(echo) if echo else b""
-            text, stats, done, lps = first
-            while True:
+        ended: list[Any] = [None] * len(choices)
+        async with merged([self.run(p, v) for v in choices]) as pieces:
+            first = await pieces.__anext__()  # errors before any output get their HTTP status
+            for i in range(len(choices)):
+                yield chunk(i, None, role=True) if chat else chunk(i, echo) if echo else b""
+            item: tuple[int, Any] | None = first
+            while item is not None:
+                i, (text, stats, done, lps) = item
                 if text or lps:
-                    yield chunk(text, lps=logprobs(lps, sent) if lps else None)
+                    yield chunk(i, text, lps=logprobs(lps, sent[i]) if lps else None)
                     if p.logprobs is not None:  # text_offset counts the tokens' own texts, as unstreamed
-                        sent += sum(len(self.token_texts(t.token)) for t in lps)
+                        sent[i] += sum(len(self.token_texts(t.token)) for t in lps)
                 if done:
-                    break
-                text, stats, done, lps = await stream.__anext__()
-        reason, usage, spec = self.finish(p, stats)
+                    ended[i] = self.finish(p, stats)
+                    reason, _, one = ended[i]
+                    yield chunk(i, None, reason, speculative_decoding=one)
+                item = await anext(pieces, None)
+        usage, spec = combined(ended)
         self.count(usage, spec)
-        yield chunk(None, reason, speculative_decoding=spec)
         if include_usage:
             yield sse(
                 {

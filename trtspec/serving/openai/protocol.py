@@ -1,9 +1,10 @@
 """The OpenAI request bodies trtspec accepts, their validation, and OpenAI's error shape.
 
 Fields follow OpenAI's API reference for ``/v1/chat/completions`` and ``/v1/completions``. A field whose meaning
-trtspec cannot honour (``logit_bias``, tools ...) is refused with a 400 that names it, never
-silently ignored; fields that change nothing here (``user``, ``metadata``, ``store``) and unknown ones are ignored,
-as vLLM does, so that load tools that add their own fields keep working. Extensions, as vLLM names them:
+trtspec cannot honour (``logit_bias``, tools ...) is refused with a 400 that names it, never silently ignored
+(``n`` > 1 is served: n sequences, trtspec.serving.openai.choices); fields that change nothing here (``user``,
+``metadata``, ``store``) and unknown ones are ignored, as vLLM does, so that load tools that add their own fields
+keep working. Extensions, as vLLM names them:
 ``top_k``, ``repetition_penalty``, ``min_tokens`` (the sampling fields of trtspec.request_fields, every one under its
 own name), and ``num_draft_tokens`` (the draft length K for this request; 0 = target only).
 """
@@ -57,6 +58,9 @@ class OpenAIError(Exception):
 
 def bad_field(param: str, message: str, code: str | None = "invalid_value") -> OpenAIError:
     return OpenAIError(400, message, param=param, code=code)
+
+
+MAX_CHOICES = 16  # n: choices per request, each one sequence of its own on the server
 
 
 # strict: JSON types are not converted ("8" or true is not an integer, "yes" not a boolean; an int is a number).
@@ -153,8 +157,8 @@ def parse_request(cls: type[_Common], body: Any) -> Any:
 
 def _refuse_unsupported(r: _Common) -> None:
     """Fields whose meaning cannot be honoured here: refused by name (400)."""
-    if r.n is not None and r.n != 1:
-        raise bad_field("n", f"n must be 1 (got {r.n}): one choice per request is supported")
+    if r.n is not None and not 1 <= r.n <= MAX_CHOICES:
+        raise bad_field("n", f"n must be in 1..{MAX_CHOICES}, got {r.n} (hint: send more requests for more choices)")
     if r.logit_bias:
         raise bad_field("logit_bias", "logit_bias is not supported by this server", code="unsupported_parameter")
     requested_logprobs(r)  # 0..20 alternatives, top_logprobs only with logprobs
