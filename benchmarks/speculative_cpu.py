@@ -77,8 +77,8 @@ def run_methods(target, draft, dec: SpeculativeDecoder, prompts, max_tokens, eos
         "hf_assisted": lambda p: target.generate(torch.tensor([p]), **_hf_kwargs(max_tokens, eos, draft, k, lookup))[
             0, len(p) :
         ].tolist(),
-        "target_only": lambda p: dec.generate([p], max_tokens, draft_len=k, use_draft=False)[0],
-        "trtspec": lambda p: dec.generate([p], max_tokens, draft_len=k)[0],
+        "target_only": lambda p: dec.generate([p], max_tokens, num_draft_tokens=k, use_draft=False)[0],
+        "trtspec": lambda p: dec.generate([p], max_tokens, num_draft_tokens=k)[0],
     }
     seconds = dict.fromkeys(methods, 0.0)
     tokens = dict.fromkeys(methods, 0)

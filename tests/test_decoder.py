@@ -133,7 +133,7 @@ def test_kv_cache_is_reused_not_recomputed(models, prompts):
     ("kwargs", "message"),
     [
         ({"max_tokens": 0}, "max_tokens must be > 0"),
-        ({"max_tokens": 5, "draft_len": 17}, r"num_draft_tokens must be in 0\.\.16, got 17"),
+        ({"max_tokens": 5, "num_draft_tokens": 17}, r"num_draft_tokens must be in 0\.\.16, got 17"),
         ({"max_tokens": 5, "prompts": [[]]}, "prompt 0 is empty"),
         ({"max_tokens": 5, "prompts": [[1] * 4095]}, "exceeds the model's context of 4096"),
         ({"max_tokens": 5, "prompts": [[10**6]]}, "outside the vocabulary"),

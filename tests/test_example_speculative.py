@@ -45,8 +45,8 @@ def test_target_only_path_equals_transformers_generate(session, prompts, referen
 @pytest.mark.parametrize("k", [1, 2, 4, 8])
 def test_greedy_equal_with_example_draft_batch1_and_batch4(session, prompts, reference, k):
     dec = session.decoder
-    assert dec.generate([prompts[0]], 48, draft_len=k)[0].token_ids == reference[0]
-    assert [r.token_ids for r in dec.generate(prompts, 48, draft_len=k)] == reference
+    assert dec.generate([prompts[0]], 48, num_draft_tokens=k)[0].token_ids == reference[0]
+    assert [r.token_ids for r in dec.generate(prompts, 48, num_draft_tokens=k)] == reference
 
 
 def test_eos_inside_draft_window_with_self_draft(session, prompts, reference):

@@ -71,7 +71,7 @@ def test_chat_logprobs_are_the_targets_streamed_or_not_with_or_without_the_draft
     runs = {}
     for k in (0, 4):
         plain = client.chat.completions.create(**kw, extra_body={"num_draft_tokens": k})
-        assert plain.model_extra["speculative_decoding"]["draft_len"] == k
+        assert plain.model_extra["speculative_decoding"]["num_draft_tokens"] == k
         if k:
             assert plain.model_extra["speculative_decoding"]["total_accepted_draft_tokens"] > 0
         chunks = list(client.chat.completions.create(**kw, stream=True, extra_body={"num_draft_tokens": k}))

@@ -248,7 +248,7 @@ def test_num_draft_tokens_extension(served, reference):
     assert target_only.choices[0].message.content == k2.choices[0].message.content == text
     assert target_only.model_extra["speculative_decoding"]["total_draft_tokens"] == 0
     assert target_only.model_extra["speculative_decoding"]["routed_to_target"] is True
-    assert k2.model_extra["speculative_decoding"]["draft_len"] == 2
+    assert k2.model_extra["speculative_decoding"]["num_draft_tokens"] == 2
     assert k2.model_extra["speculative_decoding"]["total_draft_tokens"] > 0
 
 
@@ -335,15 +335,15 @@ def test_bench_over_the_openai_api_sweeps_k_beside_target_only_in_open_loop(serv
         str(plot),
     ]
     if served.kind == "llmapi":  # no per-request K there
-        r = _bench(*args, "--draft-len", "1,2")
-        assert r.returncode == 1 and "applies its own draft length" in r.stderr and "Traceback" not in r.stderr
+        r = _bench(*args, "--num-draft-tokens", "1,2")
+        assert r.returncode == 1 and "applies its own K" in r.stderr and "Traceback" not in r.stderr
         r = _bench(*args)
         assert r.returncode == 0, r.stderr
         out = json.loads(r.stdout)
         assert [m["mode"] for m in out["levels"][0]["modes"]] == ["speculative"]
         assert any("no target-only baseline" in w for w in out["warnings"])
         return
-    r = _bench(*args, "--draft-len", "1,2")
+    r = _bench(*args, "--num-draft-tokens", "1,2")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     setup = out["setup"]
@@ -353,7 +353,7 @@ def test_bench_over_the_openai_api_sweeps_k_beside_target_only_in_open_loop(serv
         "torch",
         "request_rate",
     )
-    assert [m["draft_len"] for m in setup["modes"]] == [0, 1, 2] and setup["workload"]["max_tokens"]["max"] == 12
+    assert [m["num_draft_tokens"] for m in setup["modes"]] == [0, 1, 2] and setup["workload"]["max_tokens"]["max"] == 12
     assert setup["prompt_set"].startswith("built-in")
     (level,) = out["levels"]
     assert level["request_rate"] == 4.0

@@ -204,7 +204,7 @@ def test_speculative_statistics_are_null_when_the_server_reports_none():
     p = Prepared("chat", None, "x", 5, 8, {}, [], 3, False)
     reason, usage, spec = OpenAIService.finish(service, p, {"num_output_tokens": 8})  # type: ignore[arg-type]
     assert reason == "length" and usage == {"prompt_tokens": 5, "completion_tokens": 8, "total_tokens": 13}
-    assert spec["total_draft_tokens"] is None and spec["acceptance_rate"] is None and spec["draft_len"] == 3
+    assert spec["total_draft_tokens"] is None and spec["acceptance_rate"] is None and spec["num_draft_tokens"] == 3
     _, usage, spec = OpenAIService.finish(
         service,  # type: ignore[arg-type]
         p,
@@ -267,14 +267,14 @@ def test_table_and_plot_carry_the_setup(tmp_path):
             "levels": [1, 2],
             "chat": True,
             "prompt_set": "built-in, 12 prompts",
-            "modes": [{"mode": "target_only", "draft_len": 0}, {"mode": "K=2", "draft_len": 2}],
+            "modes": [{"mode": "target_only", "num_draft_tokens": 0}, {"mode": "K=2", "num_draft_tokens": 2}],
         },
         "levels": [
             {
                 "concurrency": c,
                 "modes": [
-                    {**mode, "mode": "target_only", "draft_len": 0, "acceptance_rate": 0.0},
-                    {**mode, "mode": "K=2", "draft_len": 2, "speedup": 1.2},
+                    {**mode, "mode": "target_only", "num_draft_tokens": 0, "acceptance_rate": 0.0},
+                    {**mode, "mode": "K=2", "num_draft_tokens": 2, "speedup": 1.2},
                 ],
             }
             for c in (1, 2)

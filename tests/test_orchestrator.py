@@ -110,7 +110,7 @@ def test_sampled_requests_are_reproducible_with_a_seed(setup):
 
 def test_requests_the_engines_cannot_serve_are_refused_before_any_engine_call(setup):
     engines, _ = setup
-    deployment = Deployment(max_draft_len=4, draft_len_limit=4, draft_logits_available=False)
+    deployment = Deployment(max_draft_len=4, engine_max_draft_len=4, draft_logits_available=False)
     with pytest.raises(GenerationError, match=r"num_draft_tokens must be in 0\.\.4, got 8"):
         run(RowRequest(PROMPTS[0], 16, end_id=EOS, num_draft_tokens=8), engines, deployment)
     with pytest.raises(GenerationError, match="gather_generation_logits"):

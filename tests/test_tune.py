@@ -70,7 +70,7 @@ def brute_force(noisy_pair, prompts_text, ks):
         total, n_steps = 0.0, 0
         for p in ids:
             out = 0
-            for event in dec.stream(p, MAX_TOKENS, draft_len=k):
+            for event in dec.stream(p, MAX_TOKENS, num_draft_tokens=k):
                 if not isinstance(event, list):
                     continue
                 k_eff = max(0, min(k, MAX_TOKENS - out - 1))
@@ -198,7 +198,7 @@ def test_tune_ngram_simulates_the_decoder_s_n_gram_steps_exactly(capsys, spec_fi
     ids = [encode_prompt(session.tokenizer, p.replace("\n", " ")) for p in PROMPTS]
     reference = [r.token_ids for r in dec.generate(ids, MAX_TOKENS, use_draft=False)]
     for row in result["rows"]:
-        runs = [dec.generate([p], MAX_TOKENS, draft_len=row["k"])[0] for p in ids]
+        runs = [dec.generate([p], MAX_TOKENS, num_draft_tokens=row["k"])[0] for p in ids]
         assert [r.token_ids for r in runs] == reference
         assert row["steps"] == sum(r.stats.target_steps for r in runs), row
 

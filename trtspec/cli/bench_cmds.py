@@ -54,10 +54,11 @@ def bench(
         int,
         typer.Option("--requests", help="requests per level and mode (default: 2x concurrency, or 10 s of arrivals)"),
     ] = 0,
-    draft_len: Annotated[
+    num_draft_tokens: Annotated[
         Optional[str],
-        typer.Option("--draft-len", "-k", help="sweep K per request, e.g. 1,2,4,8 (default: the deployment's)"),
+        typer.Option("--num-draft-tokens", "-k", help="sweep K per request, e.g. 1,2,4,8 (default: the deployment's)"),
     ] = None,
+    draft_len: Annotated[Optional[str], typer.Option("--draft-len", hidden=True)] = None,  # the older name
     no_baseline: Annotated[bool, typer.Option("--no-baseline", help="skip the target-only run")] = False,
     raw: RawOpt = False,
     seed: Annotated[int, typer.Option("--seed", help="seed of synthetic prompts and arrivals")] = 0,
@@ -116,7 +117,8 @@ def bench(
         load, levels = "request_rate", _numbers("--request-rate", request_rate, float, 1e-6)
     else:
         load, levels = "concurrency", _numbers("--concurrency", concurrency or "1,2,4,8", int, 1)
-    ks = _numbers("--draft-len", draft_len, int, 1) if draft_len is not None else None
+    sweep = num_draft_tokens if num_draft_tokens is not None else draft_len
+    ks = _numbers("--num-draft-tokens", sweep, int, 1) if sweep is not None else None
     requester: OpenAIRequester | TritonRequester
     if openai is not None:
         requester = OpenAIRequester(openai)
@@ -132,7 +134,7 @@ def bench(
             workload,
             levels,
             load=load,
-            draft_lens=ks,
+            num_draft_tokens=ks,
             baseline=not no_baseline,
             chat=not raw,
             requests_per_level=requests or None,

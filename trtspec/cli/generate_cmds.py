@@ -143,7 +143,7 @@ def generate(
     # The prompt in tokens, counted as the served preprocessing counts it (the same rule at every door).
     n_prompt = len(session.encode(prompt, chat=not raw))
     validate_prompt_tokens(n_prompt, max_tokens, spec.engine.max_input_len, spec.engine.max_seq_len)
-    kwargs: dict[str, Any] = dict(draft_len=k or None, use_draft=k != 0, chat=not raw)
+    kwargs: dict[str, Any] = dict(num_draft_tokens=k or None, use_draft=k != 0, chat=not raw)
     title = "target only (no draft)" if k == 0 else f"speculative decoding (K = {k or spec.speculative.max_draft_len})"
     if stream and not as_json:
         result = None

@@ -54,7 +54,7 @@ class Deployment:
     target_model: str = TARGET
     draft_model: str = DRAFT
     max_draft_len: int = 4  # the deployment's K: what requests get when they do not say, and the most they may ask
-    draft_len_limit: int = 4  # the most draft tokens the target engine accepts per step (its --max_draft_len)
+    engine_max_draft_len: int = 4  # the most draft tokens the target engine accepts per step (its --max_draft_len)
     route_threshold: int = 0
     use_draft_logits: bool = False  # the default for requests that do not say
     draft_logits_available: bool = False  # the engines were built with --gather_generation_logits
@@ -106,7 +106,7 @@ def plan_request(row: RowRequest, deployment: Deployment) -> Plan:
             hint="shorten the prompt or lower max_tokens (the engines re-read the whole sequence every step)",
         )
     # A request's K: the one rule, bounded by the deployment's max_draft_len (and the engine's, were it smaller).
-    bound = min(deployment.max_draft_len, deployment.draft_len_limit)
+    bound = min(deployment.max_draft_len, deployment.engine_max_draft_len)
     k = deployment.max_draft_len if row.num_draft_tokens is None else check_draft_len(row.num_draft_tokens, bound)
     use_logits = deployment.use_draft_logits if row.use_draft_logits is None else row.use_draft_logits
     if use_logits and not deployment.draft_logits_available and row.use_draft_logits:

@@ -112,7 +112,7 @@ class SpeculativeDecoder:
         max_tokens: int,
         sampling: SamplingParams | None = None,
         *,
-        draft_len: int | None = None,
+        num_draft_tokens: int | None = None,
         use_draft: bool = True,
         stop_ids: Sequence[int] = (),
         logprobs: int | None = None,
@@ -120,7 +120,7 @@ class SpeculativeDecoder:
         """Decode a batch of tokenized prompts; results in prompt order. ``logprobs``: also each token's
         log-probability under the target and this many top alternatives (0: the token's own only)."""
         engine, jobs, t0, errors = self._submit(
-            prompts, max_tokens, sampling, draft_len, use_draft, stop_ids, stream=False, logprobs=logprobs
+            prompts, max_tokens, sampling, num_draft_tokens, use_draft, stop_ids, stream=False, logprobs=logprobs
         )
         engine.run_until_idle()
         if errors:
@@ -133,14 +133,14 @@ class SpeculativeDecoder:
         max_tokens: int,
         sampling: SamplingParams | None = None,
         *,
-        draft_len: int | None = None,
+        num_draft_tokens: int | None = None,
         use_draft: bool = True,
         stop_ids: Sequence[int] = (),
         logprobs: int | None = None,
     ) -> Iterator[list[int] | GenerationResult]:
         """Yield the tokens each step commits for one prompt, then the final GenerationResult."""
         engine, jobs, t0, errors = self._submit(
-            [prompt], max_tokens, sampling, draft_len, use_draft, stop_ids, stream=True, logprobs=logprobs
+            [prompt], max_tokens, sampling, num_draft_tokens, use_draft, stop_ids, stream=True, logprobs=logprobs
         )
         chunks: list[list[int]] = []
         jobs[0].on_tokens = lambda new, _logits, _final: chunks.append(new)
@@ -209,9 +209,9 @@ class SpeculativeDecoder:
         engine.head = self.head
         return engine
 
-    def _submit(self, prompts, max_tokens, sampling, draft_len, use_draft, stop_ids, stream, logprobs=None):
+    def _submit(self, prompts, max_tokens, sampling, num_draft_tokens, use_draft, stop_ids, stream, logprobs=None):
         sampling = sampling or SamplingParams()
-        k = self.max_draft_len if draft_len is None else draft_len
+        k = self.max_draft_len if num_draft_tokens is None else num_draft_tokens
         use_draft = use_draft and self.speculates and k > 0
         self._validate(prompts, max_tokens, k if use_draft else 0)
         stops = [[t] for t in sorted(set(self.eos_ids) | set(stop_ids))]

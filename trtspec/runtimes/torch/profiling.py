@@ -140,7 +140,7 @@ def time_decoder(decoder: Any, prompts: Sequence[Sequence[int]], max_tokens: int
     outputs = []
     for p in prompts:
         t0 = time.perf_counter()
-        r = decoder.generate([list(p)], max_tokens, draft_len=k if k else None, use_draft=bool(k))[0]
+        r = decoder.generate([list(p)], max_tokens, num_draft_tokens=k if k else None, use_draft=bool(k))[0]
         seconds += time.perf_counter() - t0
         tokens += len(r.token_ids)
         steps += r.stats.target_steps

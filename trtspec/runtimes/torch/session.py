@@ -165,14 +165,14 @@ class TorchSession:
         max_tokens: int,
         sampling: SamplingParams | None = None,
         *,
-        draft_len: int | None = None,
+        num_draft_tokens: int | None = None,
         use_draft: bool = True,
         chat: bool = True,
         logprobs: int | None = None,
     ) -> TextResult:
         ids = self.encode(prompt, chat)
         result = self.decoder.generate(
-            [ids], max_tokens, sampling, draft_len=draft_len, use_draft=use_draft, logprobs=logprobs
+            [ids], max_tokens, sampling, num_draft_tokens=num_draft_tokens, use_draft=use_draft, logprobs=logprobs
         )[0]
         return self._result(result)
 
@@ -182,14 +182,15 @@ class TorchSession:
         max_tokens: int,
         sampling: SamplingParams | None = None,
         *,
-        draft_len: int | None = None,
+        num_draft_tokens: int | None = None,
         use_draft: bool = True,
         chat: bool = True,
     ) -> Iterator[str | TextResult]:
         """Yield text deltas as steps commit tokens, then the final TextResult."""
         ids = self.encode(prompt, chat)
         detok = IncrementalDetokenizer(self.tokenizer)
-        for event in self.decoder.stream(ids, max_tokens, sampling, draft_len=draft_len, use_draft=use_draft):
+        events = self.decoder.stream(ids, max_tokens, sampling, num_draft_tokens=num_draft_tokens, use_draft=use_draft)
+        for event in events:
             if isinstance(event, GenerationResult):
                 tail = detok.flush()
                 if tail:

@@ -36,21 +36,21 @@ __all__ = [
 LOADS = ("concurrency", "request_rate")
 
 
-def _modes(info: dict[str, Any], draft_lens: list[int] | None, baseline: bool, warnings: list[str]) -> list:
+def _modes(info: dict[str, Any], num_draft_tokens: list[int] | None, baseline: bool, warnings: list[str]) -> list:
     if not info["per_request_draft_len"]:
-        if draft_lens:
+        if num_draft_tokens:
             raise GenerationError(
-                f"--draft-len: this deployment ({info['runtime']}) applies its own draft length to every request",
-                hint="leave --draft-len out; K is the spec's max_draft_len",
+                f"--num-draft-tokens: this deployment ({info['runtime']}) applies its own K to every request",
+                hint="leave --num-draft-tokens out; K is the spec's max_draft_len",
             )
         if baseline:
             warnings.append(f"no target-only baseline: the {info['runtime']} deployment drafts every request")
         return [("speculative", None)]
     cap = info.get("max_draft_len")
-    for k in draft_lens or []:
+    for k in num_draft_tokens or []:
         if cap and k > cap and info["runtime"] == "trtllm-engine":
             warnings.append(f"K={k} is above the engines' max_draft_len ({cap}): those requests will fail")
-    spec = [(f"K={k}", k) for k in draft_lens] if draft_lens else [("speculative", None)]
+    spec = [(f"K={k}", k) for k in num_draft_tokens] if num_draft_tokens else [("speculative", None)]
     return ([("target_only", 0)] if baseline else []) + spec
 
 
@@ -60,7 +60,7 @@ def run_bench(
     levels: list[float],
     *,
     load: str = "concurrency",
-    draft_lens: list[int] | None = None,
+    num_draft_tokens: list[int] | None = None,
     baseline: bool = True,
     chat: bool = True,
     requests_per_level: int | None = None,
@@ -72,7 +72,7 @@ def run_bench(
         raise GenerationError(f"unknown load {load!r}", hint=" or ".join(LOADS))
     info = requester.describe()
     warnings: list[str] = []
-    modes = _modes(info, draft_lens, baseline, warnings)
+    modes = _modes(info, num_draft_tokens, baseline, warnings)
     threshold = int(info.get("route_threshold") or 0)
     short = sum(1 for i in workload.items if i.max_tokens < threshold)
     if short and any(k != 0 for _, k in modes):
@@ -90,7 +90,9 @@ def run_bench(
             **info,
             "load": load,
             "levels": levels,
-            "modes": [{"mode": name, "draft_len": info.get("max_draft_len") if k is None else k} for name, k in modes],
+            "modes": [
+                {"mode": name, "num_draft_tokens": info.get("max_draft_len") if k is None else k} for name, k in modes
+            ],
             "prompt_set": workload.label(),
             "workload": workload.describe(),
             "chat": chat,
@@ -119,7 +121,7 @@ def run_bench(
             else:
                 records, wall = open_loop(send, workload.items, float(level), n, seed=seed)
             fig = summarize(records, wall)
-            fig.update(mode=name, draft_len=info.get("max_draft_len") if k is None else k)
+            fig.update(mode=name, num_draft_tokens=info.get("max_draft_len") if k is None else k)
             if k != 0 and fig["requests"] and fig["routed_to_target"] == fig["requests"]:
                 warnings.append(f"{load} {level}, {name}: every request was routed to the target (no drafting)")
             row["modes"].append(fig)

@@ -9,7 +9,7 @@ from typing import Any
 def title(results: dict[str, Any]) -> str:
     """One line naming what was measured."""
     s = results["setup"]
-    ks = ", ".join("target-only" if m["draft_len"] == 0 else f"K={m['draft_len']}" for m in s["modes"])
+    ks = ", ".join("target-only" if m["num_draft_tokens"] == 0 else f"K={m['num_draft_tokens']}" for m in s["modes"])
     load = "concurrency" if s["load"] == "concurrency" else "Poisson request rate (req/s)"
     return (
         f"trtspec bench: {s['model']} ({s['runtime']}) via {s['protocol']} {s['url']} | {ks} | "
@@ -56,7 +56,7 @@ def render_table(results: dict[str, Any]) -> Any:
                 _ms3(m, "itl"),
                 _ms3(m, "e2e"),
                 "-"
-                if m["draft_len"] == 0
+                if m["num_draft_tokens"] == 0
                 else ("n/a" if m["acceptance_rate"] is None else f"{m['acceptance_rate']:.2f}"),
                 f"{m['speedup']:.2f}x" if "speedup" in m else "",
             )

@@ -67,7 +67,7 @@ class Prepared:
     max_tokens: int
     values: dict[str, Any]
     stops: list[str]
-    draft_len: int
+    num_draft_tokens: int  # K of this request (0: target only)
     routed: bool
     logprobs: int | None = None  # alternatives per token with the log-probabilities (None: not asked)
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
@@ -247,7 +247,7 @@ class OpenAIService:
             "total_draft_tokens": int(stats["total_draft_tokens"]) if known else None,
             "total_accepted_draft_tokens": int(stats.get("total_accepted_draft_tokens", 0)) if known else None,
             "acceptance_rate": round(float(stats.get("acceptance_rate", 0.0)), 6) if known else None,
-            "draft_len": p.draft_len,
+            "num_draft_tokens": p.num_draft_tokens,
             "routed_to_target": p.routed,
         }
         return reason, usage, spec

@@ -115,7 +115,7 @@ class TritonPythonModel:
             target_model=p["tensorrt_llm_model_name"],
             draft_model=p["tensorrt_llm_draft_model_name"],
             max_draft_len=int(p["max_draft_len"]),
-            draft_len_limit=int(p.get("engine_max_draft_len") or p["max_draft_len"]),
+            engine_max_draft_len=int(p.get("engine_max_draft_len") or p["max_draft_len"]),
             route_threshold=int(p["route_threshold"]),
             use_draft_logits=as_bool(p.get("use_draft_logits")),
             draft_logits_available=as_bool(p.get("engine_generation_logits")),

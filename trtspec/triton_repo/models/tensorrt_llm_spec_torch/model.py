@@ -124,7 +124,7 @@ class TritonPythonModel:
         max_draft_len = int(p["max_draft_len"])
         self.deployment = Deployment(
             max_draft_len=max_draft_len,
-            draft_len_limit=int(p.get("engine_max_draft_len") or max_draft_len),
+            engine_max_draft_len=int(p.get("engine_max_draft_len") or max_draft_len),
             route_threshold=int(p.get("route_threshold") or 0),
             draft_logits_available=True,
             max_seq_len=int(p["max_seq_len"]),
