@@ -198,6 +198,7 @@ ROWS = [
     _row("empty prompt", "the prompt is empty", {d: NO_TEXT for d in TOKEN_DOORS}, text_input=""),
     _row("whitespace prompt", "the prompt is empty", {d: NO_TEXT for d in TOKEN_DOORS}, text_input=" \n\t "),
     _row("prompt over max_input_len", "tokens, more than max_input_len (256)", text_input=LONG),
+    _row("prompt + max_tokens over max_seq_len", "exceeds max_seq_len (512)", max_tokens=510),
     _openai_only("max_tokens '8'", {"prompt": PROMPT, "max_tokens": "8"}, "invalid value for 'max_tokens'"),
     _openai_only("max_tokens true", {"prompt": PROMPT, "max_tokens": True}, "invalid value for 'max_tokens'"),
     _openai_only("stream 'yes'", {"prompt": PROMPT, "max_tokens": 8, "stream": "yes"}, "invalid value for 'stream'"),

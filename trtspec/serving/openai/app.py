@@ -171,13 +171,9 @@ class OpenAIService:
                     f"the prompt ({n_prompt} tokens) fills this model's context ({d.max_seq_len} tokens)",
                     code="context_length_exceeded",
                 )
-        elif n_prompt + asked > d.max_seq_len:
-            raise bad_field(
-                field_name,
-                f"this model's context is {d.max_seq_len} tokens; the prompt has {n_prompt} "
-                f"and {field_name} asks for {asked}",
-                code="context_length_exceeded",
-            )
+        else:  # the rule and words of every door (trtspec.validation.validate_prompt_tokens)
+            args = (n_prompt, asked, n_prompt, d.max_seq_len)  # the prompt's own bound is checked above
+            _rule(field_name, validate_prompt_tokens, *args, code="context_length_exceeded")
         if r.num_draft_tokens is not None and not d.per_request_draft_len:
             raise bad_field(
                 "num_draft_tokens",
