@@ -189,6 +189,7 @@ def run_cli(capsys, *args) -> tuple[int, str]:
         (["--init-layers", "a,b"], "--init-layers"),
         (["--steps", "0"], "--steps"),
         (["--threads", "0"], "--threads 0"),
+        (["--max-draft-len", "17"], "--max-draft-len 17 must be in 1..16"),
     ],
 )
 def test_cli_bad_input_is_one_line(capsys, tmp_path, tiny_pair, extra, message):

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trtspec.distill import DistillError
+from trtspec.errors import TrtspecError
 from trtspec.prompts import HELD_OUT
-from trtspec.speculative.rules import MAX_DRAFT_LEN
+from trtspec.speculative.rules import check_max_draft_len
 
 LOSSES = ("fkl", "tvd", "fkl+ce")
 
@@ -140,11 +141,6 @@ class DistillSettings:
                 "use positive values",
             ),
             (
-                1 <= self.k <= MAX_DRAFT_LEN,
-                f"--max-draft-len {self.k} must be in 1..{MAX_DRAFT_LEN}",
-                "the draft length K of the report",
-            ),
-            (
                 self.train.steps > 0 and self.train.batch_size > 0 and self.train.lr > 0,
                 "--steps, --batch-size and --lr must be > 0",
                 "use positive values",
@@ -175,6 +171,10 @@ class DistillSettings:
                     "e.g. --init-layers 0,1 with --layers 2",
                 )
             )
+        try:  # the one K rule (trtspec.speculative.rules), in distill's error type
+            check_max_draft_len(self.k, "--max-draft-len")
+        except TrtspecError as exc:
+            raise DistillError(str(exc), hint=exc.hint) from None
         for ok, message, hint in checks:
             if not ok:
                 raise DistillError(message, hint=hint)

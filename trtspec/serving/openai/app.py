@@ -172,8 +172,8 @@ class OpenAIService:
                     code="context_length_exceeded",
                 )
         else:  # the rule and words of every door (trtspec.validation.validate_prompt_tokens)
-            args = (n_prompt, asked, n_prompt, d.max_seq_len)  # the prompt's own bound is checked above
-            _rule(field_name, validate_prompt_tokens, *args, code="context_length_exceeded")
+            fit = (n_prompt, asked, n_prompt, d.max_seq_len)  # the prompt's own bound is checked above
+            _rule(field_name, validate_prompt_tokens, *fit, code="context_length_exceeded")
         if r.num_draft_tokens is not None and not d.per_request_draft_len:
             raise bad_field(
                 "num_draft_tokens",
