@@ -19,7 +19,8 @@ multiplies read q/k/v and gate/up as five separate weights. Here:
 
 bfloat16 weights on a CPU take another path, built so that every row of a pass gets the bits it would get alone
 (:func:`row_invariant`): oneDNN multiplies on pre-packed weights, split at INVARIANT_REDUCTION inputs, and attention
-as two batched multiplies per kv head with a float32 softmax (:func:`_row_attention`), on one thread for small passes.
+as two batched multiplies per kv head with a float32 softmax (:func:`_row_attention`; the keys too split at
+INVARIANT_REDUCTION), on one thread for small passes.
 So verification of K + 1 tokens, batched or not, equals K + 1 decode steps bit for bit, and it costs about one step
 (measured on SmolLM2-135M, 2 cores: v = 1.03 against 1.6-2.0 on the float32 path; benchmarks/cpu_runtime.py --bf16).
 
@@ -200,9 +201,9 @@ def _row_attention(
 ) -> torch.Tensor:
     """Causal attention of ``q`` [n, hq, d] (positions past .. past + n - 1) over ``keys``/``values`` [hk, past + n,
     d], each query row computed as it would be alone: two batched multiplies per kv head with a reduction of d and of
-    the keys (zero weights past a row's last key add exact zeros), a float32 softmax per row. On a CPU in bfloat16
-    this is also 2-6x faster than scaled_dot_product_attention for one query (measured: 67-176 us against 156-1045 us
-    at 10-1500 cached tokens, 9 heads of 64)."""
+    the keys (zero weights past a row's last key add exact zeros; the keys split as in :func:`_weighted_values`), a
+    float32 softmax per row. On a CPU in bfloat16 this is also 2-6x faster than scaled_dot_product_attention for one
+    query (measured: 67-176 us against 156-1045 us at 10-1500 cached tokens, 9 heads of 64)."""
     n, hq, d = q.shape
     hk, length = keys.shape[0], keys.shape[1]
     g = hq // hk
@@ -214,8 +215,26 @@ def _row_attention(
             torch.arange(length, device=q.device).view(1, 1, length) >= last.view(1, n * g, 1), -torch.inf
         )
     probs = torch.softmax(scores * scaling, -1).to(values.dtype)
-    out = torch.bmm(probs, values)  # [hk, n * g, d]
+    out = _weighted_values(probs, values)  # [hk, n * g, d]
     return out.view(hk, n, g, d).permute(1, 0, 2, 3).reshape(n, hq, d)
+
+
+def _weighted_values(probs: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """``probs`` [B, M, L] x ``values`` [B, L, d], each row's bits independent of M and of zero-weight keys padded
+    after its own: over more than INVARIANT_REDUCTION keys, oneDNN's bfloat16 bmm orders a row's sum by the row count
+    and the reduction length, as its linear does (measured, torch 2.13, AVX512-BF16: a verification's rows after
+    1023 cached tokens, or rows of 800-1000 keys padded to a longer sequence's 1500-2916, differed from the same rows
+    alone in about one output in 4 000 to 100 000; not seen in the same trials with every length <= 1024), so the keys
+    go in pieces of INVARIANT_REDUCTION from key 0, summed in float32 in order (within a piece a row's bits ignore
+    the row count, the padding and the thread count)."""
+    length = probs.shape[-1]
+    if length <= INVARIANT_REDUCTION:
+        return torch.bmm(probs, values)
+    acc = torch.bmm(probs[..., :INVARIANT_REDUCTION], values[:, :INVARIANT_REDUCTION]).float()
+    for a in range(INVARIANT_REDUCTION, length, INVARIANT_REDUCTION):
+        b = min(length, a + INVARIANT_REDUCTION)
+        acc += torch.bmm(probs[..., a:b], values[:, a:b]).float()
+    return acc.to(values.dtype)
 
 
 # float32: segments of at most this many tokens (decoding, verification) of several sequences attend in one call
