@@ -20,7 +20,8 @@ multiplies read q/k/v and gate/up as five separate weights. Here:
 bfloat16 weights on a CPU take another path, built so that every row of a pass gets the bits it would get alone
 (:func:`row_invariant`): oneDNN multiplies on pre-packed weights, split at INVARIANT_REDUCTION inputs, and attention
 as two batched multiplies per kv head with a float32 softmax (:func:`_row_attention`; the keys too split at
-INVARIANT_REDUCTION), on one thread for small passes.
+INVARIANT_REDUCTION), on one thread for small passes, the decoding and verification rows of several sequences in one
+such call per layer (:class:`_Batched`, :func:`_batched_row_attention`).
 So verification of K + 1 tokens, batched or not, equals K + 1 decode steps bit for bit, and it costs about one step
 (measured on SmolLM2-135M, 2 cores: v = 1.03 against 1.6-2.0 on the float32 path; benchmarks/cpu_runtime.py --bf16).
 
@@ -226,7 +227,7 @@ def _weighted_values(probs: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     1023 cached tokens, or rows of 800-1000 keys padded to a longer sequence's 1500-2916, differed from the same rows
     alone in about one output in 4 000 to 100 000; not seen in the same trials with every length <= 1024), so the keys
     go in pieces of INVARIANT_REDUCTION from key 0, summed in float32 in order (within a piece a row's bits ignore
-    the row count, the padding and the thread count)."""
+    the row count, the padding and the thread count: tests/test_llama_step.py checks it here)."""
     length = probs.shape[-1]
     if length <= INVARIANT_REDUCTION:
         return torch.bmm(probs, values)
@@ -237,13 +238,34 @@ def _weighted_values(probs: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     return acc.to(values.dtype)
 
 
-# float32: segments of at most this many tokens (decoding, verification) of several sequences attend in one call
+def _batched_row_attention(
+    qp: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, hidden: torch.Tensor, scaling: float
+) -> torch.Tensor:
+    """:func:`_row_attention` of several slots at once: ``qp`` [R, W, hq, d] (queries padded to the widest segment),
+    ``keys``/``values`` [R, hk, L, d] (every slot's view padded to the longest window, numbers everywhere),
+    ``hidden`` [R, 1, W * g, L] True where a query row must not see a key (past its causal window, or padding). The
+    same multiplies per row as alone, with zero weights on the padded keys, which add exact zeros; the row count and
+    the reduction length do not change a row's bits (the reduction is d, or keys in INVARIANT_REDUCTION pieces from
+    key 0: :func:`_weighted_values`). Returns [R, W, hq, d]."""
+    r, w, hq, d = qp.shape
+    hk, length = keys.shape[1], keys.shape[2]
+    g = hq // hk
+    qq = qp.view(r, w, hk, g, d).permute(0, 2, 1, 3, 4).reshape(r * hk, w * g, d)
+    scores = torch.bmm(qq, keys.flatten(0, 1).transpose(1, 2)).float().view(r, hk, w * g, length)
+    scores.masked_fill_(hidden, -torch.inf)
+    probs = torch.softmax(scores * scaling, -1).to(values.dtype).view(r * hk, w * g, length)
+    out = _weighted_values(probs, values.flatten(0, 1))  # [R * hk, W * g, d]
+    return out.view(r, hk, w, g, d).permute(0, 2, 1, 3, 4).reshape(r, w, hq, d)
+
+
+# segments of at most this many tokens (decoding, verification) of several sequences attend in one call per layer
 BATCHED_QUERIES = 16
 
 
 class _Batched:
-    """The short segments of a float32 pass (decoding and verification rows of several sequences), attended with one
-    scaled_dot_product_attention call per layer instead of one per sequence: their slots as one view of the cache
+    """The short segments of a pass (decoding and verification rows of several sequences), attended with one call per
+    layer instead of one per sequence (float32: scaled_dot_product_attention; bfloat16 with :func:`row_invariant`:
+    :func:`_batched_row_attention`, each row's bits as alone): their slots as one view of the cache
     (``lo`` .. ``lo + rows``, a range that may hold slots of no segment: their rows attend to key 0 and are dropped),
     queries padded to the longest segment, a mask for each one's causal window; keys/values written with one indexed
     copy. Every slot of the view must hold numbers up to the longest window: a masked position is still multiplied
@@ -251,10 +273,14 @@ class _Batched:
     acceptance fell from 1.0 to 0.02), so ``prepare`` zeroes it once (SlotKVPool.zero_beyond). Measured at 8
     sequences, SmolLM2-135M, float32, 2 cores (AVX2), in process, 64 tokens: attention was a quarter of a step as 240
     calls per step with their Python around them; batched, target-only 81.5 -> 92.7 tok/s, n-gram K4 81.7 -> 88.8.
-    Rows round with the batch's padded length (float32 is not row-invariant anyway). Built once per pass; None where
-    it does not apply (fewer than two short segments, or slots spread over more than twice their number)."""
+    bfloat16 (AVX512-BF16, 2 cores, 200 cached tokens each, the engine's passes): a plain step of 8 sequences 155 ->
+    119 ms (median; 80 ms for one sequence either way), a K 4 verification of 8 261 -> 225 ms. float32 rows round
+    with the batch's padded length (float32 is not row-invariant anyway); the bfloat16 path's rows do not
+    (``groups``: query heads per kv head, given for it: ``hidden`` is its mask, one row per query head).
+    Built once per pass; None where it does not apply (fewer than two short segments, or slots spread over more than
+    twice their number)."""
 
-    def __init__(self, members: dict[int, tuple[int, int, int, int]], device: Any) -> None:
+    def __init__(self, members: dict[int, tuple[int, int, int, int]], device: Any, groups: int = 0) -> None:
         segs = list(members.values())
         self.members = members
         self.lo = min(s for s, _, _, _ in segs)
@@ -279,6 +305,7 @@ class _Batched:
         self.src, self.row_i, self.query_i, self.pos_t = t(src), t(row_i), t(query_i), t(pos)
         self.slot_t = self.row_i + self.lo
         self.mask = allowed.to(device)
+        self.hidden = ~self.mask.repeat_interleave(groups, dim=2) if groups else None
 
     def prepare(self, pool: SlotKVPool, segments: Sequence[tuple[int, int, int, int]]) -> None:
         """Every slot of the view holds numbers up to the longest window (masked positions are still multiplied):
@@ -291,14 +318,14 @@ class _Batched:
             pool.zero_beyond(slot, end, self.length)
 
     @classmethod
-    def of(cls, segments: Sequence[tuple[int, int, int, int]], device: Any) -> _Batched | None:
+    def of(cls, segments: Sequence[tuple[int, int, int, int]], device: Any, groups: int = 0) -> _Batched | None:
         members = {j: seg for j, seg in enumerate(segments) if seg[3] <= BATCHED_QUERIES}
         if len(members) < 2:
             return None
         slots = [s for s, _, _, _ in members.values()]
         if max(slots) - min(slots) + 1 > 2 * len(slots):
             return None
-        return cls(members, device)
+        return cls(members, device, groups)
 
 
 class LlamaStep:
@@ -368,15 +395,20 @@ class LlamaStep:
             values[b.slot_t, :, b.pos_t] = v[b.src]
             qp = q.new_zeros(b.rows, b.width, q.shape[1], q.shape[2])
             qp[b.row_i, b.query_i] = q[b.src]
-            o = F.scaled_dot_product_attention(
-                qp.transpose(1, 2),
-                keys[b.lo : b.lo + b.rows, :, : b.length],
-                values[b.lo : b.lo + b.rows, :, : b.length],
-                attn_mask=b.mask,
-                scale=self.scaling,
-                enable_gqa=self.heads != self.kv_heads,
-            )
-            out[b.src] = o.transpose(1, 2)[b.row_i, b.query_i]
+            view_k = keys[b.lo : b.lo + b.rows, :, : b.length]
+            view_v = values[b.lo : b.lo + b.rows, :, : b.length]
+            if b.hidden is not None:
+                o = _batched_row_attention(qp, view_k, view_v, b.hidden, self.scaling)
+            else:
+                o = F.scaled_dot_product_attention(
+                    qp.transpose(1, 2),
+                    view_k,
+                    view_v,
+                    attn_mask=b.mask,
+                    scale=self.scaling,
+                    enable_gqa=self.heads != self.kv_heads,
+                ).transpose(1, 2)
+            out[b.src] = o[b.row_i, b.query_i]
         for j, ((slot, past, a, n), mask) in enumerate(zip(segments, masks)):
             if batched is not None and j in batched.members:
                 continue
@@ -416,7 +448,11 @@ class LlamaStep:
             else torch.ones(n, p + n, dtype=torch.bool, device=ids.device).tril(diagonal=p)
             for _, p, _, n in segments
         ]
-        batched = _Batched.of(segments, ids.device) if self.embed.dtype == torch.float32 else None
+        batched = None
+        if self.invariant:  # each row's bits as alone (see _batched_row_attention)
+            batched = _Batched.of(segments, ids.device, hq // hk)
+        elif self.embed.dtype == torch.float32:
+            batched = _Batched.of(segments, ids.device)
         if batched is not None:
             batched.prepare(pool, segments)
         # Through the module (one call a step): forward hooks on the embeddings still see every pass's [1, T] ids.
