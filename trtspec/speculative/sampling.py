@@ -12,8 +12,8 @@ __all__ = ["SamplingParams", "apply_penalties", "logits_to_probs", "sample", "to
 
 def token_counts(tokens: list[int], vocab: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """How often each of ``vocab`` token ids occurs in ``tokens`` (ids outside the vocabulary are not counted), [V]."""
-    ids = torch.tensor([t for t in tokens if 0 <= t < vocab], dtype=torch.long, device=device)
-    return torch.bincount(ids, minlength=vocab)
+    ids = torch.as_tensor(tokens, dtype=torch.long, device=device)
+    return torch.bincount(ids[(ids >= 0) & (ids < vocab)], minlength=vocab)
 
 
 def apply_penalties(logits: torch.Tensor, params: SamplingParams, counts: torch.Tensor) -> torch.Tensor:
