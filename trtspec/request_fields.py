@@ -1,6 +1,7 @@
 """The per-request decoding fields, each declared once: its name at every door, its type, its default and its rule.
 
-Everything else is derived from ``SAMPLING_FIELDS``: the ensemble's, the draft-target models' and the llmapi
+Everything else is derived from ``SAMPLING_FIELDS`` (and ``SPECULATION_FIELDS``: K and draft logits): the
+ensemble's, the draft-target models' and the llmapi
 model's input tables (trtspec.triton_repo.tensors), the ensemble's mapping onto its middle step
 (trtspec.triton_repo.definitions), the parsing of those inputs in every model process
 (trtspec.runtimes.inflight.contract), the engine tensors the orchestrator and the OpenAI frontend send
@@ -13,7 +14,8 @@ Names per level: ``name`` is the ensemble's input, the OpenAI request's field, t
 ``SamplingParams`` attribute; ``engine`` is TensorRT-LLM's engine-model input (``runtime_top_k``), which the BLS
 orchestrator and the in-process model take too; ``llmapi`` TensorRT-LLM's llmapi model input (None: not served by
 runtime trtllm-llmapi, refused there by name). Upstream's names: ``tests/upstream/ensemble_inputs.json`` and
-``engine_inputs.json`` (tensorrtllm_backend's config.pbtxt templates); the test checks every row against them.
+``tensorrt_llm_template.json`` (tensorrtllm_backend's config.pbtxt templates); tests/test_request_fields.py checks every
+row against them.
 """
 
 from __future__ import annotations
@@ -69,7 +71,16 @@ SAMPLING_FIELDS: tuple[RequestField, ...] = (
     ),
     RequestField("min_tokens", "INT32", 0, "min_tokens", "end_id cannot come before this many tokens", history=True),
 )
-BY_NAME = {f.name: f for f in SAMPLING_FIELDS}
+# The speculation fields of a request (upstream: inputs of tensorrt_llm_bls; trtspec's ensemble has them too). None
+# means the deployment's setting (its max_draft_len, its use_draft_logits).
+SPECULATION_FIELDS: tuple[RequestField, ...] = (
+    RequestField(
+        "num_draft_tokens", "INT32", None, "num_draft_tokens", "K for this request: 0..max_draft_len, 0 = target only"
+    ),
+    RequestField("use_draft_logits", "BOOL", None, "use_draft_logits", "verify sampled drafts by their draft logits"),
+)
+REQUEST_FIELDS = SAMPLING_FIELDS + SPECULATION_FIELDS
+BY_NAME = {f.name: f for f in REQUEST_FIELDS}
 
 
 def sampling_values(values: Mapping[str, Any], key: str = "name") -> dict[str, Any]:
@@ -78,12 +89,12 @@ def sampling_values(values: Mapping[str, Any], key: str = "name") -> dict[str, A
 
 
 def engine_tensors(values: Mapping[str, Any]) -> dict[str, tuple[Any, str]]:
-    """The engine-model input tensors [1, 1] (name -> (array, Triton type)) for the sampling fields present in
-    ``values`` (by field name)."""
+    """The draft-target and engine models' input tensors [1, 1] (name -> (array, Triton type)) for the request fields
+    present in ``values`` (by field name)."""
     import numpy as np
 
     out = {}
-    for f in SAMPLING_FIELDS:
+    for f in REQUEST_FIELDS:
         v = values.get(f.name)
         if v is not None:
             out[f.engine] = (np.asarray([[v]], dtype=getattr(np, f.numpy)), f.dtype)

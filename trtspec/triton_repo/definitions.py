@@ -15,7 +15,7 @@ from typing import Any
 
 from trtspec.build.layout import served_ngram_pool, served_roles, serving_model_dir
 from trtspec.build.memory import TORCH_KV_SLOTS_PER_SEQUENCE
-from trtspec.request_fields import SAMPLING_FIELDS
+from trtspec.request_fields import SAMPLING_FIELDS, SPECULATION_FIELDS
 from trtspec.spec import BuildSpec, Runtime
 from trtspec.speculative.rules import MAX_DRAFT_LEN
 from trtspec.triton_repo import tensors as t
@@ -243,8 +243,7 @@ def ensemble(spec: BuildSpec) -> ModelDefinition:
             "exclude_input_in_output": "exclude_input_in_output",
             "return_perf_metrics": "return_perf_metrics",
             "streaming": "stream",
-            "num_draft_tokens": "num_draft_tokens",
-            "use_draft_logits": "use_draft_logits",
+            **{f.engine: f.name for f in SPECULATION_FIELDS},
         },
         {
             "output_ids": "_TOKENS_BATCH",

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
-from trtspec.request_fields import SAMPLING_FIELDS
+from trtspec.request_fields import SAMPLING_FIELDS, SPECULATION_FIELDS
 from trtspec.triton_repo.pbtxt import TensorSpec as T
 
 SCALAR = (1,)
@@ -47,8 +47,7 @@ ENSEMBLE_INPUTS = [
     *(T(f.name, f.dtype, SCALAR, optional=True) for f in SAMPLING_FIELDS),  # trtspec.request_fields
     T("return_perf_metrics", "BOOL", SCALAR, optional=True),
     T("stream", "BOOL", SCALAR, optional=True),
-    T("num_draft_tokens", "INT32", SCALAR, optional=True),  # upstream: tensorrt_llm_bls input
-    T("use_draft_logits", "BOOL", SCALAR, optional=True),  # upstream: tensorrt_llm_bls input
+    *(T(f.name, f.dtype, SCALAR, optional=True) for f in SPECULATION_FIELDS),  # upstream: tensorrt_llm_bls inputs
     T("apply_chat_template", "BOOL", SCALAR, optional=True),  # trtspec: wrap text_input in the chat template
 ]
 # Upstream's ensemble inputs that trtspec does not implement (every one in trtspec.validation.UNSUPPORTED_INPUTS) or
@@ -231,8 +230,7 @@ BLS_INPUTS = [
     T("exclude_input_in_output", "BOOL", SCALAR, optional=True),
     T("return_perf_metrics", "BOOL", SCALAR, optional=True),
     T("streaming", "BOOL", SCALAR, optional=True),
-    T("num_draft_tokens", "INT32", SCALAR, optional=True),
-    T("use_draft_logits", "BOOL", SCALAR, optional=True),
+    *(T(f.engine, f.dtype, SCALAR, optional=True) for f in SPECULATION_FIELDS),
     T("return_log_probs", "BOOL", SCALAR, optional=True),  # honoured by the in-process model; BLS refuses true
     T("top_logprobs", "INT32", SCALAR, optional=True),  # trtspec: alternatives per token with return_log_probs
 ]

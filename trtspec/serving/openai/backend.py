@@ -156,11 +156,7 @@ class DirectBackend(TritonBackend):
         if logprobs is not None:
             fields["return_log_probs"] = (np.asarray([[True]], dtype=np.bool_), "BOOL")
             fields["top_logprobs"] = (np.asarray([[logprobs]], dtype=np.int32), "INT32")
-        fields.update(engine_tensors(values))  # the sampling fields (trtspec.request_fields), engine names
-        speculation = {"num_draft_tokens": ("INT32", np.int32), "use_draft_logits": ("BOOL", np.bool_)}
-        for key, (dtype, np_type) in speculation.items():
-            if values.get(key) is not None:
-                fields[key] = (np.asarray([[values[key]]], dtype=np_type), dtype)
+        fields.update(engine_tensors(values))  # sampling and speculation fields (trtspec.request_fields)
         for key, name in (("stop_words", "stop_words_list"), ("bad_words", "bad_words_list")):
             if values.get(key):
                 fields[name] = (encode_word_list(self.pre.words(values[key], key))[None], "INT32")
