@@ -69,7 +69,9 @@ SAMPLING_FIELDS: tuple[RequestField, ...] = (
         "subtracted per occurrence from seen tokens' logits (-2..2)",
         history=True,
     ),
-    RequestField("min_tokens", "INT32", 0, "min_tokens", "end_id cannot come before this many tokens", history=True),
+    RequestField(
+        "min_tokens", "INT32", 0, "min_tokens", "nothing ends the sequence before this many tokens", history=True
+    ),
 )
 # The speculation fields of a request (upstream: inputs of tensorrt_llm_bls; trtspec's ensemble has them too). None
 # means the deployment's setting (its max_draft_len, its use_draft_logits).
@@ -83,9 +85,9 @@ REQUEST_FIELDS = SAMPLING_FIELDS + SPECULATION_FIELDS
 BY_NAME = {f.name: f for f in REQUEST_FIELDS}
 
 
-def sampling_values(values: Mapping[str, Any], key: str = "name") -> dict[str, Any]:
-    """The sampling fields present in ``values`` (keyed by ``key``: "name" or "engine"), by field name."""
-    return {f.name: values[getattr(f, key)] for f in SAMPLING_FIELDS if values.get(getattr(f, key)) is not None}
+def sampling_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The sampling fields present (not None) in ``values``, by field name."""
+    return {f.name: values[f.name] for f in SAMPLING_FIELDS if values.get(f.name) is not None}
 
 
 def engine_tensors(values: Mapping[str, Any]) -> dict[str, tuple[Any, str]]:

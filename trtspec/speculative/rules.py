@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from trtspec.errors import GenerationError
@@ -99,9 +99,10 @@ class SamplingParams:
 
     Penalties and min_tokens (TensorRT-LLM's semantics, ``cpp/tensorrt_llm/kernels/penaltyKernels.cu``): a token
     that occurs in the prompt or the output so far has its logit divided by ``repetition_penalty`` (multiplied when
-    negative), lowered by ``presence_penalty`` and by ``frequency_penalty`` per occurrence, after temperature; end_id
-    cannot come before ``min_tokens`` tokens. They shape the target's distribution, which is what acceptance
-    compares with, so speculative output stays exactly the target's (trtspec.speculative.acceptance)."""
+    negative), lowered by ``presence_penalty`` and by ``frequency_penalty`` per occurrence, after temperature; nothing
+    ends the sequence before ``min_tokens`` tokens (end_id and one-token stop words banned, longer ones not matched).
+    They shape the target's distribution, which is what acceptance compares with, so speculative output stays exactly
+    the target's (trtspec.speculative.acceptance)."""
 
     temperature: float = 0.0
     top_k: int = 0
@@ -113,16 +114,7 @@ class SamplingParams:
     min_tokens: int = 0
 
     def __post_init__(self) -> None:
-        validate_sampling(
-            self.temperature,
-            self.top_k,
-            self.top_p,
-            self.seed,
-            self.repetition_penalty,
-            self.presence_penalty,
-            self.frequency_penalty,
-            self.min_tokens,
-        )
+        validate_sampling(**{f.name: getattr(self, f.name) for f in fields(self)})
 
     @property
     def greedy(self) -> bool:
