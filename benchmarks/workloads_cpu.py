@@ -65,11 +65,13 @@ def run(
     dtype: str = "float32",
     prompts_per_category: int | None = None,
     progress=None,
+    replayed: bool = True,
 ) -> dict:
     """The benchmark (module docstring) on ``models`` = (target dir, draft dir) (default: the embedded example), both
     moved to ``device`` in ``dtype``; the first ``prompts_per_category`` conversations of each category (default:
     all); the n-gram pool next to the draft when there is one (else prompt lookup only). ``progress``: a rich
-    Progress to add the task to (default: a transient one of its own)."""
+    Progress to add the task to (default: a transient one of its own). ``replayed``: also every configuration
+    replayed on the target-only answers with the step costs measured here (``replay_categories``)."""
     from trtspec.runtimes.torch.session import TorchSession
 
     if models is None:
@@ -102,9 +104,12 @@ def run(
     for dec in [base, *decoders.values()]:  # one-time costs (allocation, first passes) out of the measurement
         dec.generate([warm[:32]], 8)
     rows: dict[str, dict[str, dict]] = {}
+    refs: dict[str, list] = {}  # per category: the target-only answers (the replay's references)
     from contextlib import nullcontext
 
     from rich.progress import Progress
+
+    from trtspec.runtimes.torch.profiling import Reference
 
     todo = sum(len(sets[c]) for c in categories) * repeats
     with nullcontext(progress) if progress is not None else Progress(transient=True) as progress:
@@ -119,6 +124,8 @@ def run(
                 for messages in sets[cat]:
                     ids = encode_messages(session.tokenizer, messages)
                     dt, ref = _timed(base, ids, max_tokens, False)
+                    if len(refs.setdefault(cat, [])) < len(sets[cat]):
+                        refs[cat].append(Reference(list(ids), list(ref.token_ids), max_tokens))
                     a = acc["target-only"]
                     a["s"] += dt
                     a["tokens"] += len(ref.token_ids)
@@ -147,7 +154,9 @@ def run(
             }
     adaptive = [n for n in decoders if n.startswith("adaptive")]
     policy = decoders[adaptive[0]].policy.snapshot() if adaptive else None
+    replay = replay_categories(session, pool, refs, configs) if replayed else None
     return {
+        "replay": replay,
         "categories": rows,
         "configs": list(decoders),
         "max_tokens": max_tokens,
@@ -158,6 +167,59 @@ def run(
         "ngram_pool": pool is not None,
         "cpu": cpu_description() if str(device) == "cpu" else None,
     }
+
+
+def replay_categories(session, pool, refs: dict, configs) -> dict:
+    """Every configuration replayed on the target-only answers of each category (trtspec.speculative.replay): the
+    fixed ones simulated exactly, the adaptive ones' policies replayed (one policy per configuration for the whole
+    run, categories in the run's order, as the timed run keeps one), and the least-cost decode with every match
+    known in advance, all on the step costs (c, v by K, head, prefills) measured here on these models. Free of
+    the machine's timing noise: what each choice is worth on these costs."""
+    import statistics
+
+    from trtspec.runtimes.torch.costs import measure_step_costs
+    from trtspec.runtimes.torch.profiling import hybrid_profile, replay_answers
+    from trtspec.speculative.adaptive import AdaptivePolicy
+    from trtspec.speculative.drafters.hybrid import HYBRID_MIN_MATCH, HYBRID_MODEL_K
+    from trtspec.speculative.replay import Answers, least_cost, replay
+    from trtspec.speculative.speedup import simulate
+
+    k_max = max(k for _, k in configs)
+    every = [r for rs in refs.values() for r in rs]
+    prompt = int(statistics.mean(len(r.prompt) for r in every))
+    costs = measure_step_costs(session.target, session.draft, prompt + every[0].max_tokens // 2, k_max, prompt)
+    policies = {f"{kind}:{k}": AdaptivePolicy() for kind, k in configs if kind.startswith("adaptive")}
+    out: dict = {"costs": costs.to_dict(), "categories": {}}
+    for cat, rs in refs.items():
+        answers = replay_answers(session.draft, pool, rs, k_max)
+        ngram_only = Answers(answers.ngram, answers.ngram_match, None, answers.prompt_lens)
+        row = {}
+        for kind, k in configs:
+            name = f"{kind}:{k}"
+            if kind == "model" and answers.model is not None:
+                sim = simulate(answers.model, k, costs)
+            elif kind == "ngram":
+                sim = simulate(answers.ngram, k, costs)
+            elif kind == "hybrid" and answers.model is not None:
+                hybrid = hybrid_profile(
+                    answers.ngram, answers.ngram_match, answers.model,
+                    min_match=HYBRID_MIN_MATCH, model_k=HYBRID_MODEL_K, c=costs.c,
+                )  # fmt: skip
+                sim = simulate(hybrid, k, costs)
+            elif kind.startswith("adaptive"):
+                sim = replay(policies[name], ngram_only if kind == "adaptive-ngram" else answers, costs, k)
+            else:
+                continue
+            row[name] = {"speedup": round(sim.speedup, 3), "tokens_per_step": round(sim.tokens_per_step, 3)}
+        bounds = [("least cost, n-grams", ngram_only)] + ([("least cost", answers)] if answers.model else [])
+        for label, a in bounds:
+            sim = least_cost(a, costs, k_max)
+            row[f"{label} K<={k_max}"] = {
+                "speedup": round(sim.speedup, 3),
+                "tokens_per_step": round(sim.tokens_per_step, 3),
+            }
+        out["categories"][cat] = row
+    return out
 
 
 def cpu_description() -> dict:
@@ -221,8 +283,33 @@ def render(result: dict, console=None) -> None:
         "",
     )
     (console or Console(width=max(120, 24 * (len(names) + 2)))).print(table)
+    if result.get("replay"):
+        render_replay(result["replay"], console)
     if result.get("adaptive_policy"):
         (console or Console(width=160)).print("adaptive policy:", result["adaptive_policy"])
+
+
+def render_replay(replay: dict, console=None) -> None:
+    """The replayed speedups (``replay_categories``): per category and configuration, and their geometric means."""
+    from rich.console import Console
+    from rich.table import Table
+
+    cats = replay["categories"]
+    names = list(next(iter(cats.values())))
+    c = replay["costs"]
+    body = {int(k): x for k, x in c["body"].items()}
+    shape = ", ".join(f"K{k} {body[k]:.2f}" for k in sorted(body) if k in (0, 1, 2, 4, 8))
+    table = Table(
+        title="replayed on the target-only answers (no timing noise), on the costs measured here in target steps: "
+        f"draft step c {c['c']:.3f}, head {c['head']:.3f}, body over K + 1 tokens {shape}"
+    )
+    table.add_column("category")
+    for name in names:
+        table.add_column(name, justify="right")
+    for cat, row in cats.items():
+        table.add_row(cat, *[f"{row[n]['speedup']:.2f}x ({row[n]['tokens_per_step']:.2f})" for n in names])
+    table.add_row("geomean", *[f"{_geo([cats[cat][n]['speedup'] for cat in cats]):.2f}x" for n in names])
+    (console or Console(width=max(120, 22 * (len(names) + 1)))).print(table)
 
 
 def plot(result: dict, path: Path) -> None:

@@ -64,6 +64,13 @@ def test_workloads_keep_greedy_identity_for_every_drafter_and_category(check):
     for name in ("model:4", "hybrid:4"):
         assert sum(c[name]["draft_tokens"] for c in wl["categories"].values()) > 0
     assert set(wl["summary"]["per_config"]) == set(wl["configs"])
+    # the same answers replayed on the measured costs: every configuration, and the least-cost decode above them all
+    replay = wl["replay"]
+    assert set(replay["categories"]) == set(wl["categories"]) and replay["costs"]["c"] > 0
+    for row in replay["categories"].values():
+        bound = row["least cost K<=4"]["speedup"]
+        assert set(wl["configs"]) < set(row) and row["least cost, n-grams K<=4"]["speedup"] <= bound
+        assert all(row[name]["speedup"] <= bound + 1e-9 for name in wl["configs"]), row
 
 
 @pytest.mark.slow

@@ -229,3 +229,22 @@ def test_tune_on_the_workload_set_takes_every_category_in_turn(capsys, spec_file
     assert 1 <= result["k"] <= 4 and [r["k"] for r in result["rows"]] == [1, 2, 3, 4]
     code, _, err = run_tune(capsys, str(spec_file), "--workloads", "--url", "localhost:8001")
     assert code == 1 and "--workloads takes neither" in err
+
+
+def test_tune_adaptive_replays_the_policy_and_bounds_it(capsys, spec_file):
+    """drafter adaptive has no fixed rule: tune replays its policy on the target's answers for every K (and the
+    best measured K is still the decoder's), and says how far the least-cost decode of any per-step choice lies."""
+    text = spec_file.read_text().replace("  drafter: model\n", "  drafter: adaptive\n")
+    spec_file.write_text(text)
+    code, out, err = run_tune(
+        capsys, str(spec_file), "--prompts", str(spec_file.parent / "prompts.txt"), "--costs",
+        str(spec_file.parent / "costs.json"), "--k-max", "4", "--max-tokens", str(MAX_TOKENS), "--n-prompts", "4",
+        "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["drafter"] == "adaptive" and [r["k"] for r in result["rows"]] == [1, 2, 3, 4]
+    assert all(r["steps"] >= 4 and r["predicted_speedup"] > 0 for r in result["rows"])
+    (note,) = [n for n in result["notes"] if "least-cost" in n]
+    bound = float(note.split("would be ")[1].split("x")[0])
+    assert bound >= max(r["predicted_speedup"] for r in result["rows"]) - 0.01

@@ -26,6 +26,7 @@ from trtspec.speculative.speedup import (
     best_k,
     per_token_acceptance,
     route_threshold,
+    simulate,
     sweep,
 )
 
@@ -83,9 +84,9 @@ def workload_prompts(n: int) -> list[Prompt]:
 
 
 def profile_for(spec: BuildSpec, draft: Any, pool: Any, refs: Sequence[Any], k_max: int, c: float) -> MatchProfile:
-    """The spec's drafter (``speculative.drafter``; ``pool`` its n-gram pool, None: prompt lookup only) on the
-    reference answers. The adaptive drafter has no fixed rule to simulate: it is simulated as the hybrid it
-    generalizes (its measured speedup comes from the decoder)."""
+    """The spec's drafter (``speculative.drafter``: model, ngram or hybrid; ``pool`` its n-gram pool, None: prompt
+    lookup only) on the reference answers. (The adaptive drafter has no fixed rule: it is replayed, see
+    ``simulate_drafter``.)"""
     from trtspec.runtimes.torch.profiling import drafter_profile, hybrid_profile, model_profile
 
     kind = spec.speculative.drafter
@@ -100,6 +101,30 @@ def profile_for(spec: BuildSpec, draft: Any, pool: Any, refs: Sequence[Any], k_m
     return hybrid_profile(
         ngram, matches, model_profile(draft, refs, k_max), min_match=HYBRID_MIN_MATCH, model_k=HYBRID_MODEL_K, c=c
     )
+
+
+def simulate_drafter(
+    spec: BuildSpec, draft: Any, pool: Any, refs: Sequence[Any], ks: Sequence[int], costs: StepCosts
+) -> tuple[MatchProfile, list[Simulated], list[str]]:
+    """Every K of the spec's drafter on the reference answers: the exact simulation of a fixed rule, or for the
+    adaptive drafter its policy replayed (trtspec.speculative.replay: a fresh policy per K, learning the given costs
+    as a server learns its own), and the least-cost bound of any per-step choice at the largest K (a note)."""
+    if spec.speculative.drafter is not DrafterKind.ADAPTIVE:
+        profile = profile_for(spec, draft, pool, refs, ks[-1], costs.c)
+        return profile, sweep(profile, costs, ks), []
+    from trtspec.runtimes.torch.profiling import replay_answers
+    from trtspec.speculative.adaptive import AdaptivePolicy
+    from trtspec.speculative.replay import least_cost, replay
+
+    answers = replay_answers(draft, pool, refs, ks[-1])
+    sims = [replay(AdaptivePolicy(), answers, costs, k) for k in ks]
+    bound = least_cost(answers, costs, ks[-1])
+    fixed = max(simulate(answers.ngram, k, costs).speedup for k in ks)
+    notes = [
+        f"adaptive replayed on the target's answers; the least-cost decode with every match known in advance "
+        f"(K <= {ks[-1]}) would be {bound.speedup:.2f}x, the best fixed n-gram K {fixed:.2f}x"
+    ]
+    return answers.ngram, sims, notes
 
 
 def _row(sim: Simulated, costs: StepCosts) -> dict[str, Any]:
@@ -163,8 +188,8 @@ def tune_in_process(
                 "GPUs: pass --costs FILE measured there, or --url a served endpoint"
             )
     say(f"per-position acceptance ({spec.speculative.drafter.value})")
-    profile = profile_for(spec, draft, pool, refs, ks[-1], costs.c)
-    sims = sweep(profile, costs, ks)
+    profile, sims, replay_notes = simulate_drafter(spec, draft, pool, refs, ks, costs)
+    notes += replay_notes
     rows = [_row(s, costs) for s in sims]
     measured: dict[int, float] = {}
     in_loop: dict[int, tuple[float | None, float | None]] = {}

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from trtspec.runtimes.torch.cache import GrowableCache
+from trtspec.speculative.replay import Answers
 from trtspec.speculative.speedup import MatchProfile
 
 
@@ -79,11 +80,12 @@ def model_match_lengths(draft: Any, ref: Reference, k_max: int) -> list[int]:
     return lengths
 
 
-def drafter_match_lengths(drafter: Any, ref: Reference, k_max: int) -> tuple[list[int], list[int]]:
-    """(match lengths, suffix match lengths) of a token drafter (``drafters.Drafter``) at each answer position."""
+def drafter_match_lengths(drafter: Any, ref: Reference, k_max: int) -> tuple[list[int], list[int], list[int]]:
+    """(match lengths, suffix match lengths, proposal lengths) of a token drafter (``drafters.Drafter``) at each
+    answer position."""
     ctx = ref.prompt + ref.answer
     start = len(ref.prompt)
-    lengths, matches = [], []
+    lengths, matches, sizes = [], [], []
     for p in range(len(ref.answer)):
         proposal = drafter.propose(ctx[: start + p], k_max)
         matched = 0
@@ -93,7 +95,8 @@ def drafter_match_lengths(drafter: Any, ref: Reference, k_max: int) -> tuple[lis
             matched += 1
         lengths.append(matched)
         matches.append(proposal.match_len)
-    return lengths, matches
+        sizes.append(min(k_max, len(proposal.tokens)))
+    return lengths, matches, sizes
 
 
 def model_profile(draft: Any, refs: Sequence[Reference], k_max: int) -> MatchProfile:
@@ -102,11 +105,14 @@ def model_profile(draft: Any, refs: Sequence[Reference], k_max: int) -> MatchPro
 
 
 def drafter_profile(drafter: Any, refs: Sequence[Reference], k_max: int) -> tuple[MatchProfile, list[list[int]]]:
-    """A token drafter's MatchProfile (draft cost 0: a few array lookups) and its suffix match lengths."""
+    """A token drafter's MatchProfile (draft cost 0: a few array lookups; at most as many proposals per position as
+    its proposal there has: where prompt lookup finds a short continuation, the decoder's step verifies only that)
+    and its suffix match lengths."""
     rows = [drafter_match_lengths(drafter, r, k_max) for r in refs]
     lengths = [r[0] for r in rows]
     zero = [[0.0] * len(r) for r in lengths]
-    return MatchProfile(k_max, lengths, [r.max_tokens for r in refs], draft_cost=zero), [r[1] for r in rows]
+    profile = MatchProfile(k_max, lengths, [r.max_tokens for r in refs], draft_cost=zero, k_limit=[r[2] for r in rows])
+    return profile, [r[1] for r in rows]
 
 
 def hybrid_profile(
@@ -122,14 +128,25 @@ def hybrid_profile(
     elsewhere the model's, at most ``model_k`` of them at c each. (The model's catch-up on tokens emitted by n-gram
     steps rides on its next step's first forward, a few tokens instead of one: not counted.)"""
     lengths, costs, limits = [], [], []
-    for ng_row, m_row, mod_row in zip(ngram.lengths, matches, model.lengths):
+    for r, (ng_row, m_row, mod_row) in enumerate(zip(ngram.lengths, matches, model.lengths)):
         use_ngram = [m >= min_match for m in m_row]
+        ng_limits = ngram.k_limit[r] if ngram.k_limit is not None else [ngram.k_max] * len(ng_row)
         lengths.append([ln if u else lm for ln, lm, u in zip(ng_row, mod_row, use_ngram)])
         costs.append([0.0 if u else c for u in use_ngram])
-        limits.append([ngram.k_max if u else model_k for u in use_ngram])
+        limits.append([lim if u else model_k for lim, u in zip(ng_limits, use_ngram)])
     return MatchProfile(
         min(ngram.k_max, model.k_max), lengths, list(ngram.max_tokens), draft_cost=costs, k_limit=limits
     )
+
+
+def replay_answers(draft: Any, pool: Any, refs: Sequence[Reference], k_max: int) -> Answers:
+    """What the adaptive drafter's replay (trtspec.speculative.replay) needs of the reference answers: the n-gram
+    drafter's profile over ``pool`` (None: prompt lookup only), the draft model's (``draft`` None: none)."""
+    from trtspec.speculative.drafters.ngram import NgramDrafter
+
+    ngram, matches = drafter_profile(NgramDrafter(pool), refs, k_max)
+    model = model_profile(draft, refs, k_max) if draft is not None else None
+    return Answers(ngram, matches, model, [len(r.prompt) for r in refs])
 
 
 def time_decoder(decoder: Any, prompts: Sequence[Sequence[int]], max_tokens: int, k: int) -> dict[str, Any]:
