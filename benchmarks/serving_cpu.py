@@ -129,7 +129,7 @@ def in_process_session(pair: str, k: int, drafter: str):
     pool_file = Path(paths.draft) / POOL_FILE
     # The served models' dtype (the example's on this CPU: bfloat16 where it has native bfloat16). The session's own
     # default is float32, which made the in-process side the slower one on such CPUs.
-    return TorchSession(
+    session = TorchSession(
         paths.target,
         paths.target if pair == "self" else paths.draft,
         dtype=cpu_dtype(),
@@ -137,6 +137,10 @@ def in_process_session(pair: str, k: int, drafter: str):
         drafter=drafter,
         ngram_pool=NgramPool.load(pool_file) if pool_file.is_file() and drafter != "model" else None,
     )
+    from trtspec.runtimes.torch.costs import fastest_threads
+
+    fastest_threads(session.target)  # the thread count the served model times and takes (trtspec.threads)
+    return session
 
 
 def main() -> None:

@@ -22,7 +22,11 @@ RawOpt = Annotated[bool, typer.Option("--raw", help="do not apply the chat templ
 MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", "-n", help="tokens to generate per answer, at most")]
 ThreadsOpt = Annotated[
     int,
-    typer.Option("--threads", help="torch intra-op threads (0 where allowed: one per core; see trtspec.threads)"),
+    typer.Option(
+        "--threads",
+        help="torch intra-op threads (0 where allowed: 1 or one per core, whichever decodes faster here; see "
+        "trtspec.threads)",
+    ),
 ]
 
 

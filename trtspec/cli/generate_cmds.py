@@ -93,7 +93,7 @@ def generate(
         )
     k = 0 if no_draft else k
     if threads < 0:
-        raise GenerationError(f"--threads {threads} must be >= 0", hint="0 = one thread per core")
+        raise GenerationError(f"--threads {threads} must be >= 0", hint="0 = timed: 1 or all cores")
     # trtspec.request_fields, by name (SamplingParams' attributes)
     sampling: dict[str, Any] = dict(
         temperature=temperature,
@@ -138,6 +138,10 @@ def generate(
     quiet_transformers()
     with err_console.status("loading models"):
         session = TorchSession.from_spec(spec, with_draft=k != 0)
+        if threads == 0:  # one thread or every core, whichever decodes faster here (trtspec.threads)
+            from trtspec.runtimes.torch.costs import fastest_threads
+
+            fastest_threads(session.target)
     from trtspec.validation import validate_prompt_tokens
 
     # The prompt in tokens, counted as the served preprocessing counts it (the same rule at every door).

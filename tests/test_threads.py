@@ -1,0 +1,37 @@
+"""The thread policy's timed choice (trtspec.runtimes.torch.costs.fastest_threads): the faster of one thread and one
+per core, left set, and the same greedy tokens whichever it picks."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+@pytest.mark.slow
+def test_the_timed_thread_count_is_the_faster_and_decodes_the_same_tokens(tiny_pair):
+    import torch
+
+    from trtspec.runtimes.torch.costs import fastest_threads
+    from trtspec.runtimes.torch.decoder import SpeculativeDecoder
+    from trtspec.runtimes.torch.loading import load_model
+
+    target = load_model(tiny_pair[0])
+    before = torch.get_num_threads()
+    try:
+        best, medians = fastest_threads(target, context=32, reps=3)
+        cores = os.cpu_count() or 1
+        if cores == 1:
+            assert medians == {}
+            return
+        assert set(medians) == {1, cores} and all(t > 0 for t in medians.values())
+        assert medians[best] == min(medians.values()) and torch.get_num_threads() == best
+        dec = SpeculativeDecoder(target, None, max_draft_len=4, drafter="ngram")
+        prompt = [5, 9, 11, 5, 9, 11, 5, 9]
+        texts = {}
+        for n in sorted(medians):
+            torch.set_num_threads(n)
+            texts[n] = [dec.generate([prompt], 24, use_draft=use)[0].token_ids for use in (False, True)]
+        assert texts[1] == texts[cores] and texts[1][0] == texts[1][1]
+    finally:
+        torch.set_num_threads(before)
