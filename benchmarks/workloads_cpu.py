@@ -180,7 +180,6 @@ def replay_categories(session, pool, refs: dict, configs) -> dict:
     from trtspec.runtimes.torch.costs import measure_step_costs
     from trtspec.runtimes.torch.profiling import hybrid_profile, replay_answers
     from trtspec.speculative.adaptive import AdaptivePolicy
-    from trtspec.speculative.drafters.hybrid import HYBRID_MIN_MATCH, HYBRID_MODEL_K
     from trtspec.speculative.replay import Answers, least_cost, replay
     from trtspec.speculative.speedup import simulate
 
@@ -201,11 +200,7 @@ def replay_categories(session, pool, refs: dict, configs) -> dict:
             elif kind == "ngram":
                 sim = simulate(answers.ngram, k, costs)
             elif kind == "hybrid" and answers.model is not None:
-                hybrid = hybrid_profile(
-                    answers.ngram, answers.ngram_match, answers.model,
-                    min_match=HYBRID_MIN_MATCH, model_k=HYBRID_MODEL_K, c=costs.c,
-                )  # fmt: skip
-                sim = simulate(hybrid, k, costs)
+                sim = simulate(hybrid_profile(answers.ngram, answers.ngram_match, answers.model, c=costs.c), k, costs)
             elif kind.startswith("adaptive"):
                 sim = replay(policies[name], ngram_only if kind == "adaptive-ngram" else answers, costs, k)
             else:

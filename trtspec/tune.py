@@ -92,15 +92,12 @@ def profile_for(spec: BuildSpec, draft: Any, pool: Any, refs: Sequence[Any], k_m
     kind = spec.speculative.drafter
     if kind is DrafterKind.MODEL:
         return model_profile(draft, refs, k_max)
-    from trtspec.speculative.drafters.hybrid import HYBRID_MIN_MATCH, HYBRID_MODEL_K
     from trtspec.speculative.drafters.ngram import NgramDrafter
 
     ngram, matches = drafter_profile(NgramDrafter(pool), refs, k_max)
     if kind is DrafterKind.NGRAM:
         return ngram
-    return hybrid_profile(
-        ngram, matches, model_profile(draft, refs, k_max), min_match=HYBRID_MIN_MATCH, model_k=HYBRID_MODEL_K, c=c
-    )
+    return hybrid_profile(ngram, matches, model_profile(draft, refs, k_max), c=c)
 
 
 def simulate_drafter(

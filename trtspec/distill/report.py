@@ -159,9 +159,7 @@ def drafter_figures(pool: Any, model: Any, refs: Sequence[Any], costs: Any, k: i
     out: dict[str, Any] = {}
     ngram_profile, matches = drafter_profile(NgramDrafter(pool), refs, model.k_max)
     lookup_profile, _ = drafter_profile(NgramDrafter(None), refs, model.k_max)
-    hybrid = hybrid_profile(
-        ngram_profile, matches, model, min_match=HYBRID_MIN_MATCH, model_k=HYBRID_MODEL_K, c=costs.c
-    )
+    hybrid = hybrid_profile(ngram_profile, matches, model, c=costs.c)
     for name, prof in (("prompt_lookup", lookup_profile), ("ngram", ngram_profile), ("hybrid", hybrid)):
         sim = simulate(prof, k, costs)
         out[name] = {

@@ -44,8 +44,21 @@ class Answers:
 def _model_step_cost(costs: StepCosts, k: int, accepted: int, lag: int, prompt_len: int) -> float:
     """A draft-model step: K rounds of c, the target's verification, and the draft's catch-up over the tokens its
     cache lacks beyond the one round 0 feeds anyway (priced as its prefill per prompt token)."""
-    catch_up = costs.draft_prefill * max(0, lag - 2) / max(1, prompt_len) if lag > 2 else 0.0
+    catch_up = costs.draft_prefill * (lag - 2) / max(1, prompt_len) if lag > 2 else 0.0
     return costs.step(k, accepted) + catch_up
+
+
+def _limit(profile: MatchProfile, r: int, p: int, cap: int) -> int:
+    """At most this many proposals at answer position ``p`` of request ``r`` (its proposal's length, where known)."""
+    return min(cap, profile.k_limit[r][p]) if profile.k_limit is not None else cap
+
+
+def _decoded(answers: Answers, costs: StepCosts, k: int, steps: int, drafted: int, accepted: int, cost: float):
+    """The ``Simulated`` of a decode of ``answers`` in ``steps`` steps of ``cost`` (target steps), prefill apart."""
+    n_req = len(answers.ngram.lengths)
+    prefill = n_req * costs.target_prefill
+    baseline = answers.ngram.positions * costs.step(0, 0) + prefill  # target-only: one plain step per token
+    return Simulated(k, answers.ngram.positions, steps, drafted, accepted, cost, prefill, baseline)
 
 
 def replay(policy: AdaptivePolicy, answers: Answers, costs: StepCosts, k_max: int) -> Simulated:
@@ -62,12 +75,12 @@ def replay(policy: AdaptivePolicy, answers: Answers, costs: StepCosts, k_max: in
         p, n = 0, len(row)
         while p < n:
             cap = min(k_max, max(0, ngram.max_tokens[r] - p - 1))
-            limit = ngram.k_limit[r][p] if ngram.k_limit is not None else cap
+            limit = _limit(ngram, r, p, cap)
             base = prompt_len if p == 0 else 1  # the first step feeds the prompt (prefill) with its proposals
             lag = prompt_len + p - cached if cached is not None else prompt_len + p
             ask = Ask(
                 cap,
-                [0] * min(cap, limit),  # a proposal of this length (its tokens are not what the policy reads)
+                [0] * limit,  # a proposal of this length (its tokens are not what the policy reads)
                 int(answers.ngram_match[r][p]) if limit else 0,
                 model is not None,
                 base,
@@ -100,11 +113,7 @@ def replay(policy: AdaptivePolicy, answers: Answers, costs: StepCosts, k_max: in
             accepted += acc
             cost += step_cost
             p += acc + 1
-    tokens = ngram.positions
-    n_req = len(ngram.lengths)
-    prefill = n_req * costs.target_prefill
-    baseline = tokens * unit + n_req * costs.target_prefill
-    return Simulated(k_max, tokens, steps, drafted, accepted, cost, prefill, baseline)
+    return _decoded(answers, costs, k_max, steps, drafted, accepted, cost)
 
 
 def least_cost(answers: Answers, costs: StepCosts, k_max: int) -> Simulated:
@@ -122,8 +131,7 @@ def least_cost(answers: Answers, costs: StepCosts, k_max: int) -> Simulated:
         for p in range(n - 1, -1, -1):
             cap = min(k_max, max(0, ngram.max_tokens[r] - p - 1))
             options = [(unit, 0, 0)]
-            limit = min(cap, ngram.k_limit[r][p] if ngram.k_limit is not None else cap)
-            for k in range(1, limit + 1):
+            for k in range(1, _limit(ngram, r, p, cap) + 1):
                 acc = min(row[p], k)
                 options.append((costs.step(k, acc, 0.0), k, acc))
             if model is not None:
@@ -140,7 +148,4 @@ def least_cost(answers: Answers, costs: StepCosts, k_max: int) -> Simulated:
             accepted += acc
             p += acc + 1
         cost += best[0]
-    tokens = ngram.positions
-    n_req = len(ngram.lengths)
-    baseline = tokens * unit + n_req * costs.target_prefill
-    return Simulated(k_max, tokens, steps, drafted, accepted, cost, n_req * costs.target_prefill, baseline)
+    return _decoded(answers, costs, k_max, steps, drafted, accepted, cost)

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from trtspec.runtimes.torch.cache import GrowableCache
+from trtspec.speculative.drafters.hybrid import HYBRID_MIN_MATCH, HYBRID_MODEL_K
 from trtspec.speculative.replay import Answers
 from trtspec.speculative.speedup import MatchProfile
 
@@ -120,13 +121,14 @@ def hybrid_profile(
     matches: Sequence[Sequence[int]],
     model: MatchProfile,
     *,
-    min_match: int,
-    model_k: int,
     c: float,
+    min_match: int = HYBRID_MIN_MATCH,
+    model_k: int = HYBRID_MODEL_K,
 ) -> MatchProfile:
-    """The hybrid rule on the same answers: where the n-gram matched >= ``min_match`` tokens, its proposals (cost ~0);
-    elsewhere the model's, at most ``model_k`` of them at c each. (The model's catch-up on tokens emitted by n-gram
-    steps rides on its next step's first forward, a few tokens instead of one: not counted.)"""
+    """The hybrid rule on the same answers (by default the hybrid drafter's own ``min_match`` and ``model_k``): where
+    the n-gram matched >= ``min_match`` tokens, its proposals (cost ~0); elsewhere the model's, at most ``model_k`` of
+    them at c each. (The model's catch-up on tokens emitted by n-gram steps rides on its next step's first forward, a
+    few tokens instead of one: not counted.)"""
     lengths, costs, limits = [], [], []
     for r, (ng_row, m_row, mod_row) in enumerate(zip(ngram.lengths, matches, model.lengths)):
         use_ngram = [m >= min_match for m in m_row]
