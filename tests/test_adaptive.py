@@ -12,12 +12,10 @@ from trtspec.speculative.adaptive import (
     AdaptivePolicy,
     Ask,
     Choice,
-    CostPrior,
-    PassCosts,
     SequenceArms,
     expected_accepted,
-    isotonic,
 )
+from trtspec.speculative.pass_costs import CostPrior, PassCosts, isotonic
 
 
 def _policy(verify_c: float = 0.0, verify_row: float = 0.0, **kw) -> AdaptivePolicy:
@@ -366,3 +364,51 @@ def test_adaptive_drafting_is_greedy_lossless_batched_and_not(tiny_models, polic
         assert policy.verify.seconds and max(policy.verify.seconds) >= len(prompts), policy.snapshot()
         # ... per number of sequences in the pass: alone (the single runs) and the four of the batch
         assert {1, len(prompts)} <= set(policy.target.curves), policy.snapshot()
+
+
+def test_an_anchored_curve_keeps_the_measured_shape_and_takes_the_live_scale():
+    """Anchored on a controlled measurement, a curve's shape stays the measurement's whatever live passes say; live
+    passes only move its scale (the median of their ratios), so one noisy size cannot reshape it."""
+    costs = PassCosts(CostPrior(target_slope=0.1).target)
+    costs.anchor({1: 0.040, 2: 0.041, 3: 0.044, 5: 0.048})
+    assert costs.cost(4) == pytest.approx(0.046)  # interpolated between measured sizes
+    assert costs.cost(7) == pytest.approx(0.048 * 1.6 / 1.4)  # the prior's shape beyond them
+    for _ in range(5):
+        costs.observe(2, 0.041 * 1.5)  # a slow stretch: the 2-token passes run 1.5x the measurement
+    costs.observe(1, 0.040 * 1.5)
+    assert costs.drift == pytest.approx(1.5)
+    assert costs.cost(2) / costs.cost(1) == pytest.approx(0.041 / 0.040)  # the shape is the measurement's
+    costs.observe(3, 0.044 * 9)  # one outlier does not move the median
+    assert costs.drift == pytest.approx(1.5)
+
+
+def test_anchored_batch_curves_interpolate_between_measured_batches_and_share_one_drift():
+    from trtspec.speculative.pass_costs import BatchPassCosts
+
+    costs = BatchPassCosts(CostPrior().target)
+    costs.anchor({1: {1: 0.04, 2: 0.05}, 4: {4: 0.08, 8: 0.12}})
+    assert costs.cost(1, 1) == pytest.approx(0.04)
+    assert costs.cost(4, 4) == pytest.approx(0.08)
+    # 2 sequences: a third of the way from 1 to 4, at each token count
+    assert costs.cost(4, 2) == pytest.approx(costs.curve(1).shape(4) + (0.08 - costs.curve(1).shape(4)) / 3)
+    costs.observe(8, 0.24, seqs=4)  # twice the shape
+    assert costs.cost(1, 1) == pytest.approx(0.08) and costs.cost(4, 4) == pytest.approx(0.16)
+    costs.observe(20, 1.0, seqs=16)  # beyond the anchored batches: learned live
+    assert costs.cost(20, 16) == pytest.approx(1.0)
+
+
+def test_calibrate_anchors_the_policy_on_the_engine_s_passes(tiny_models):
+    """At an engine's start (calibrate_costs) the policy's curves are anchored on passes timed here, per batch size up
+    to the engine's, and decoding stays the target's."""
+    from trtspec.runtimes.inflight.engine import InflightEngine
+    from trtspec.speculative.drafters.adaptive import AdaptiveEngineDrafter
+    from trtspec.speculative.drafters.ngram import NgramDrafter
+
+    target, _draft = tiny_models[:2]
+    policy = AdaptivePolicy()
+    drafter = AdaptiveEngineDrafter(NgramDrafter(), int(target.config.vocab_size), policy=policy)
+    InflightEngine(target, drafter=drafter, max_batch_size=4, calibrate_costs=True)
+    assert policy.calibrated == {1, 2, 4}
+    snap = policy.snapshot()["target_anchor_s"]
+    assert set(snap) >= {1, 2, 4} and sorted(snap[1]) == [1, 2, 3, 4, 5, 7, 9]
+    assert all(t > 0 for c in snap.values() for t in c.values())

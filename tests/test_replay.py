@@ -35,6 +35,9 @@ class FixedCostPolicy(AdaptivePolicy):
     def observe_draft(self, rows: int, seconds: float) -> None:
         pass
 
+    def anchor(self, target, draft=None) -> None:  # the engine's calibration at start, likewise
+        pass
+
 
 @pytest.mark.slow
 def test_the_replay_takes_the_decoder_s_steps_one_for_one(tiny_pair):

@@ -34,14 +34,12 @@ share it.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
-import math
-import statistics
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from trtspec.speculative.pass_costs import BatchPassCosts, CostPrior, PassCosts, convex_minorant
 
 NGRAM = "ngram"
 MODEL = "model"
@@ -56,16 +54,6 @@ DEFAULT_PRIORS: dict[Arm, float] = {
     (NGRAM, 4): 0.65,
     (MODEL, 0): 0.45,
 }
-# Before a pass size is measured, its cost relative to a one-token target pass: 1 + slope * extra tokens (this CPU's
-# v = 1.3 at K 4 for the target; c = 0.11 for the draft's first row, 0.02 per extra row).
-DEFAULT_TARGET_SLOPE = 0.075
-DEFAULT_DRAFT_C = 0.11
-DEFAULT_DRAFT_ROW = 0.02
-# ... and of verifying a pass's rows (the vocabulary head and the acceptance routine): 0.05 of a step for one row (the
-# head read once), then per row (measured, bfloat16, 8 sequences: 2.3 ms for 8 rows, 4.4 for 40, against 46 ms a
-# step; the acceptance routine's Python adds 0.1-0.2 ms a row).
-DEFAULT_VERIFY_C = 0.05
-DEFAULT_VERIFY_ROW = 0.004
 
 
 def ngram_arm(match_len: int) -> Arm:
@@ -164,86 +152,6 @@ class SequenceArms:
             rate.decay(factor)
 
 
-class PassCosts:
-    """Seconds of one pass as a function of its size (tokens fed, draft rows, or rows verified), learned from measured
-    passes.
-
-    A pass is recorded at the nearest size of BUCKETS (exact up to 16, then spaced a quarter to a half apart); a
-    bucket's estimate is the median of its last ``window`` passes (one slow pass, a page fault or a timer, once
-    stuck in an exponential average and, through the fit, priced every larger size for dozens of steps), and the
-    estimates used are their isotonic
-    (non-decreasing in size) least-squares fit: a pass over more tokens does not cost less than one over fewer, and
-    where passes of 1-5 tokens cost about the same (a memory-bound step: the bfloat16 CPU path, GPUs) the averages'
-    noise otherwise ranks them at random (measured: 55, 75, 56, 77, 51 ms for 1..5 tokens in one run, which made the
-    policy prefer 3 tokens to 2 and 5 to 4). Between two measured buckets the cost is interpolated linearly: a batch
-    of 8 sequences feeds 8 to 40 tokens a step, and rounding a size up to the next bucket (as this class once did)
-    priced 17 tokens as 24 and made the step after a few sequences' drafts look far dearer than it is, so speculation
-    backed off at concurrency where it paid. Outside the measured sizes the cost follows ``prior(size)`` (relative
-    units) anchored at the nearest measured bucket (before anything is measured: scaled by ``scale_from``'s seconds
-    per unit, or in relative units), so the curve keeps its shape until it is measured where it is used."""
-
-    BUCKETS = (
-        *range(1, 17),
-        20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096,
-    )  # fmt: skip
-
-    def __init__(self, prior: Any, alpha: float = 0.2, scale_from: Any = None, window: int = 9) -> None:
-        self.prior = prior
-        self.alpha = alpha
-        self.scale_from = scale_from  # whose ``scale`` to use before this one has measured anything
-        self.window = window
-        self._recent: dict[int, deque[float]] = {}
-        self.seconds: dict[int, float] = {}  # per bucket: the median of its last passes
-        self.fitted: dict[int, float] = {}  # per bucket: the isotonic fit of ``seconds``
-        self._sizes: list[int] = []  # the measured buckets, ascending
-        self.scale: float | None = None  # seconds per prior unit
-
-    @classmethod
-    def _bucket(cls, size: int) -> int:
-        """The nearest bucket to ``size`` (the lower one on a tie)."""
-        size = max(1, size)
-        i = bisect.bisect_left(cls.BUCKETS, size)
-        if i >= len(cls.BUCKETS):
-            return cls.BUCKETS[-1]
-        hi = cls.BUCKETS[i]
-        if hi == size or i == 0:
-            return hi
-        lo = cls.BUCKETS[i - 1]
-        return lo if size - lo <= hi - size else hi
-
-    def observe(self, size: int, seconds: float) -> None:
-        if size <= 0 or seconds <= 0 or not math.isfinite(seconds):
-            return
-        b = self._bucket(size)
-        recent = self._recent.setdefault(b, deque(maxlen=self.window))
-        recent.append(seconds)
-        self.seconds[b] = statistics.median(recent)
-        # weighted by the passes behind each estimate: a size chosen rarely (one noisy pass) must not pull the sizes
-        # chosen every step up to itself (measured: K 1 and K 2 chosen a few times at 41 and 51 ms pooled K 3 and 4's
-        # 33 ms up to 40, and the policy then stepped aside on a fifth of its steps)
-        self.fitted = isotonic(self.seconds, {k: float(len(v)) for k, v in self._recent.items()})
-        self._sizes = sorted(self.fitted)
-        ratio = seconds / max(1e-12, float(self.prior(size)))
-        self.scale = ratio if self.scale is None else self.scale + self.alpha * (ratio - self.scale)
-
-    def cost(self, size: int) -> float:
-        """Estimated seconds (relative units until anything is measured)."""
-        if size <= 0:
-            return 0.0
-        sizes = self._sizes
-        if not sizes:
-            scale = self.scale_from.scale if self.scale_from is not None else None
-            return float(self.prior(size)) * (scale if scale is not None else 1.0)
-        i = bisect.bisect_left(sizes, size)
-        if i < len(sizes) and sizes[i] == size:
-            return self.fitted[size]
-        if 0 < i < len(sizes):  # between two measured sizes
-            lo, hi = sizes[i - 1], sizes[i]
-            return self.fitted[lo] + (self.fitted[hi] - self.fitted[lo]) * (size - lo) / (hi - lo)
-        anchor = sizes[0] if i == 0 else sizes[-1]  # outside them: the prior's shape from the nearest
-        return self.fitted[anchor] * float(self.prior(size)) / max(1e-12, float(self.prior(anchor)))
-
-
 def _add_rounds(draft_rows: list[int], k: int) -> None:
     """One more sequence drafting ``k`` rounds: a row more in each of its rounds."""
     for r in range(k):
@@ -251,136 +159,6 @@ def _add_rounds(draft_rows: list[int], k: int) -> None:
             draft_rows[r] += 1
         else:
             draft_rows.append(1)
-
-
-def _convex_minorant(cost: Any, lo: int, hi: int) -> Any:
-    """The greatest convex function below ``cost`` on the sizes lo..hi (the lower hull of its points), as a cost
-    function (``cost`` itself outside them)."""
-    if hi <= lo + 1:
-        return cost
-    ys = [cost(n) for n in range(lo, hi + 1)]
-    hull: list[int] = []  # indices of the lower hull's vertices
-    for i, y in enumerate(ys):
-        while len(hull) >= 2:
-            a, b = hull[-2], hull[-1]
-            if (b - a) * (y - ys[a]) - (ys[b] - ys[a]) * (i - a) <= 0:  # b lies on or above the line from a to i
-                hull.pop()
-            else:
-                break
-        hull.append(i)
-    values = list(ys)
-    for a, b in zip(hull, hull[1:]):
-        for i in range(a + 1, b):
-            values[i] = ys[a] + (ys[b] - ys[a]) * (i - a) / (b - a)
-
-    def convex(n: int) -> float:
-        return values[n - lo] if lo <= n <= hi else float(cost(n))
-
-    return convex
-
-
-def isotonic(values: dict[int, float], weights: dict[int, float] | None = None) -> dict[int, float]:
-    """The non-decreasing (in key order) weighted least-squares fit of ``values``, by pooling adjacent violators."""
-    keys = sorted(values)
-    blocks: list[list[float]] = []  # [mean, weight, number of keys]
-    for key in keys:
-        blocks.append([values[key], weights.get(key, 1.0) if weights else 1.0, 1])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            mean, weight, n = blocks.pop()
-            prev = blocks[-1]
-            prev[0] = (prev[0] * prev[1] + mean * weight) / (prev[1] + weight)
-            prev[1] += weight
-            prev[2] += n
-    fitted = [mean for mean, _, n in blocks for _ in range(int(n))]
-    return dict(zip(keys, fitted))
-
-
-class BatchPassCosts:
-    """The target pass's seconds by tokens fed, one :class:`PassCosts` curve per number of sequences in the pass.
-
-    A pass's cost is not a function of its tokens alone: on the bfloat16 CPU step each sequence attends on its own
-    (measured, SmolLM2-135M, 300 cached tokens each: 8 sequences x 1 token 100 ms, 1 x 5 tokens 52 ms, 8 x 5 tokens
-    130 ms), so a curve learned over every pass mixes "8 tokens of 8 sequences" with "8 tokens of 2" and prices the
-    draft tokens of a full batch at the slope of a small one. A batch's curve is used once it has a measurement;
-    before, the curve of the nearest measured batch size."""
-
-    SEQS = (*range(1, 9), 12, 16, 24, 32, 48, 64, 96, 128, 256)
-
-    def __init__(self, prior: Any) -> None:
-        self.prior = prior
-        self.curves: dict[int, PassCosts] = {}
-        self._empty = PassCosts(prior)
-
-    @classmethod
-    def _bucket(cls, seqs: int) -> int:
-        seqs = max(1, seqs)
-        return min(cls.SEQS, key=lambda b: (abs(b - seqs), b))
-
-    def curve(self, seqs: int = 1) -> PassCosts:
-        b = self._bucket(seqs)
-        own = self.curves.get(b)
-        if own is not None:
-            return own
-        if not self.curves:
-            return self._empty
-        return self.curves[min(self.curves, key=lambda m: (abs(m - b), m))]
-
-    def observe(self, tokens: int, seconds: float, seqs: int = 1) -> None:
-        self.curves.setdefault(self._bucket(seqs), PassCosts(self.prior)).observe(tokens, seconds)
-
-    def cost(self, tokens: int, seqs: int = 1) -> float:
-        return self.curve(seqs).cost(tokens)
-
-    @property
-    def scale(self) -> float | None:
-        """Seconds per prior unit (of one sequence's passes where measured): what a draft's prior is scaled by."""
-        for b in sorted(self.curves):
-            if self.curves[b].scale is not None:
-                return self.curves[b].scale
-        return None
-
-    @property
-    def seconds(self) -> dict[int, dict[int, float]]:
-        """Per number of sequences: the per-size estimates."""
-        return {b: dict(c.seconds) for b, c in sorted(self.curves.items())}
-
-    @property
-    def fitted(self) -> dict[int, dict[int, float]]:
-        return {b: dict(c.fitted) for b, c in sorted(self.curves.items())}
-
-
-@dataclass(frozen=True)
-class CostPrior:
-    """Relative pass costs (a one-token target pass = 1) before measurements: from `trtspec tune`'s c and v, or
-    the defaults of this CPU."""
-
-    target_slope: float = DEFAULT_TARGET_SLOPE  # per extra token fed
-    draft_c: float = DEFAULT_DRAFT_C  # one draft round of one row
-    draft_row: float = DEFAULT_DRAFT_ROW  # per extra row of a draft round
-    verify_c: float = DEFAULT_VERIFY_C  # verifying one row: the head and the acceptance routine
-    verify_row: float = DEFAULT_VERIFY_ROW  # per extra row verified
-
-    @classmethod
-    def from_costs(cls, c: float, v_at_k: dict[int, float] | None = None) -> CostPrior:
-        """From measured c and v (v[K]: verifying K + 1 tokens over one target step)."""
-        slope = DEFAULT_TARGET_SLOPE
-        if v_at_k:
-            k = max(v_at_k)
-            slope = max(0.0, (float(v_at_k[k]) - 1.0) / k) if k > 0 else slope
-        return cls(target_slope=slope, draft_c=float(c), draft_row=float(c) * 0.2)
-
-    def target(self, tokens: int) -> float:
-        return 1.0 + self.target_slope * max(0, tokens - 1)
-
-    def draft(self, rows: int) -> float:
-        if rows <= 0:
-            return 0.0  # no round
-        return self.draft_c + self.draft_row * (rows - 1)
-
-    def verify(self, rows: int) -> float:
-        if rows <= 0:
-            return 0.0
-        return self.verify_c + self.verify_row * (rows - 1)
 
 
 @dataclass(frozen=True)
@@ -450,6 +228,7 @@ class AdaptivePolicy:
         # Counters for metrics: steps by what they did, and the K chosen.
         self.steps = {NGRAM: 0, MODEL: 0, "none": 0}
         self.k_chosen = [0] * 17
+        self.calibrated: set[int] = set()  # the batch sizes whose pass costs were measured in turn at start
 
     # -- estimates ---------------------------------------------------------------------------------------------
     def acceptance(self, seq: SequenceArms, arm: Arm, later: bool = False) -> float:
@@ -525,7 +304,7 @@ class AdaptivePolicy:
             # every sequence's together would. Choosing on the cost's convex minorant spreads the step over all of
             # them; of the two choices, the one whose expected rate on the real costs is higher is taken.
             top = n_base + sum(max(0, a.k_max) for a in asks)
-            hull = dataclasses.replace(costs, target=_convex_minorant(costs.target, n_base, top))
+            hull = dataclasses.replace(costs, target=convex_minorant(costs.target, n_base, top))
             alt = self._dinkelbach(seqs, asks, hull, t_base, n_base)
             if alt != choices and self._rate(seqs, alt, costs, t_base, n_base) > self._rate(
                 seqs, choices, costs, t_base, n_base
@@ -631,6 +410,15 @@ class AdaptivePolicy:
         return best
 
     # -- feedback ----------------------------------------------------------------------------------------------
+    def anchor(self, target: dict[int, dict[int, float]], draft: dict[int, float] | None = None) -> None:
+        """Take the cost curves' shapes from a controlled measurement (trtspec.runtimes.torch.costs.calibrate):
+        ``target``: per number of sequences, seconds of a pass by tokens fed; ``draft``: seconds of a draft round by
+        rows. Live passes then only tell how far each curve has drifted (trtspec.speculative.pass_costs)."""
+        self.target.anchor(target)
+        if draft:
+            self.draft.anchor(draft)
+        self.calibrated |= {int(b) for b in target}
+
     def verdict(self, seq: SequenceArms, proposed: int, accepted: int) -> None:
         """After the target's verdict on the step ``plan`` chose for ``seq``: learn from it, decay old evidence."""
         seq.decay(self.idle_decay)
@@ -671,5 +459,12 @@ class AdaptivePolicy:
             "target_pass_s": {b: {n: round(t, 5) for n, t in c.items()} for b, c in self.target.seconds.items()},
             "target_pass_fit_s": {b: {n: round(t, 5) for n, t in c.items()} for b, c in self.target.fitted.items()},
             "draft_round_s": {b: round(s, 5) for b, s in sorted(self.draft.seconds.items())},
+            # anchored (measured in turn at start): the shapes, and how far live passes ran from them
+            "target_anchor_s": {
+                b: {n: round(t, 5) for n, t in c.anchored.items()} for b, c in sorted(self.target.anchors.items())
+            },
+            "target_drift": round(self.target.drift, 4),
+            "draft_anchor_s": {n: round(t, 5) for n, t in self.draft.anchored.items()},
+            "draft_drift": round(self.draft.drift, 4),
             "verify_s": {b: round(s, 5) for b, s in sorted(self.verify.seconds.items())},
         }

@@ -27,7 +27,9 @@ from trtspec.runtimes.inflight.jobs import Job
 from trtspec.runtimes.inflight.kv_pool import KVGeometry, SlotKVPool, device_of, synchronize
 from trtspec.runtimes.inflight.llama_step import step_of
 from trtspec.runtimes.inflight.packed import packed_forward, prepare_model
+from trtspec.runtimes.inflight.timing import calibrate, calibration_batches
 from trtspec.speculative.acceptance import Candidate, decide
+from trtspec.speculative.adaptive import AdaptivePolicy
 from trtspec.speculative.drafters import Proposal
 from trtspec.speculative.rules import check_draft_len
 from trtspec.speculative.sampling import logits_to_probs
@@ -57,9 +59,14 @@ class InflightEngine:
         use_lazy_head: bool = True,
         drafter: Any = None,
         fast_step: bool = True,
+        calibrate_costs: bool = False,
     ) -> None:
         """``fast_step``: run supported (Llama-family) models through their fused step
-        (trtspec.runtimes.inflight.llama_step); False: the transformers module tree for every model."""
+        (trtspec.runtimes.inflight.llama_step); False: the transformers module tree for every model.
+        ``calibrate_costs``: an adaptive drafter's policy has its pass costs measured in turn here, before the first
+        request (trtspec.runtimes.inflight.timing.calibrate; 4 s at batch 1 and 20 s up to 8 on SmolLM2-135M on 2 CPU
+        cores), unless it was for this batch. Off by default: it has not yet been shown to choose better than the live
+        curves on this VM, whose controlled measurements themselves differ by 10-20 % between runs."""
         self.model = prepare_model(model)
         self.fast = step_of(self.model) if fast_step else None
         self.geometry = KVGeometry.of(self.model)
@@ -79,6 +86,14 @@ class InflightEngine:
                     f"draft vocabulary ({self.drafter.vocab}) differs from the target's ({self.vocab})",
                     hint="draft and target must share one tokenizer",
                 )
+        policy = getattr(self.drafter, "policy", None)
+        if (
+            calibrate_costs
+            and isinstance(policy, AdaptivePolicy)
+            and not policy.calibrated >= calibration_batches(max_batch_size)
+        ):
+            draft = getattr(getattr(self.drafter, "model", None), "model", None)  # a ModelDrafter's model
+            calibrate(policy, self.model, draft, max_batch=max_batch_size, fast_step=fast_step)
         # Logits only where they can be used (trtspec.runtimes.inflight.head), for plain-head model classes.
         self.head = lazy_head(self.model) if use_lazy_head else None
         self.max_queue_delay_s = max_queue_delay_s

@@ -17,71 +17,9 @@ from typing import Any
 
 import torch
 
-from trtspec.runtimes.inflight.head import lazy_head
-from trtspec.runtimes.inflight.kv_pool import KVGeometry, SlotKVPool, device_of, synchronize
-from trtspec.runtimes.inflight.llama_step import step_of
-from trtspec.runtimes.inflight.packed import packed_forward, prepare_model
-from trtspec.speculative.rules import MAX_DRAFT_LEN
-
-
-class _Passes:
-    """Timed forward passes of one model exactly as the in-flight engine runs them (trtspec.runtimes.inflight.packed:
-    the fused step where the model has one, the slot KV cache), after ``context`` cached random tokens."""
-
-    def __init__(self, model: Any, context: int, fast_step: bool = True, slots: int = 1) -> None:
-        self.model = prepare_model(model)
-        self.fast = step_of(self.model) if fast_step else None
-        self.context = context
-        self.vocab = int(model.config.vocab_size)
-        self.device = device = device_of(self.model)
-        self.pool = SlotKVPool(KVGeometry.of(self.model), slots, context + MAX_DRAFT_LEN + 2, device=device)
-        prompt = torch.randint(0, self.vocab, (context,)).tolist()
-        packed_forward(self.model, self.pool, [(0, 0, prompt)], [context - 1], fast=self.fast)
-        lm_head = getattr(self.model, "lm_head", None)
-        self.head = lazy_head(self.model)
-        if self.head is not None and self.fast is not None and self.fast.head is not None and self.head is lm_head:
-            self.head = self.fast.head  # what the engine applies
-
-    def forward(self, n_new: int, body_only: bool = False) -> Callable[[], float]:
-        """One pass of ``n_new`` tokens after the context (the body alone, or logits at every new position)."""
-        new = torch.randint(0, self.vocab, (n_new,)).tolist()
-        keep = list(range(n_new))
-
-        def once() -> float:
-            synchronize(self.device)
-            t0 = time.perf_counter()
-            packed_forward(self.model, self.pool, [(0, self.context, new)], keep, hidden=body_only, fast=self.fast)
-            synchronize(self.device)
-            return time.perf_counter() - t0  # the slot keeps ``context`` tokens: the next pass overwrites these
-
-        return once
-
-    def head_once(self) -> Callable[[], float]:
-        param = next(self.model.parameters())
-        hidden = torch.randn(1, self.model.config.hidden_size, dtype=param.dtype, device=self.device)
-        head = self.head
-        assert head is not None  # timed only when the head is applied lazily
-
-        def once() -> float:
-            synchronize(self.device)
-            t0 = time.perf_counter()
-            head(hidden)
-            synchronize(self.device)
-            return time.perf_counter() - t0
-
-        return once
-
-
-def _medians(fns: dict[str, Callable[[], float]], reps: int) -> dict[str, float]:
-    """Median time of each function; they alternate so that background load hits them alike; round 0 warms up."""
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    with torch.inference_mode():
-        for rep in range(reps + 1):
-            for name, fn in fns.items():
-                t = fn()
-                if rep:
-                    times[name].append(t)
-    return {name: statistics.median(t) for name, t in times.items()}
+from trtspec.runtimes.inflight.kv_pool import device_of, synchronize
+from trtspec.runtimes.inflight.packed import packed_forward
+from trtspec.runtimes.inflight.timing import TimedPasses, medians
 
 
 def fastest_threads(model: Any, context: int = 128, reps: int = 3, fast_step: bool = True) -> tuple[int, dict]:
@@ -95,7 +33,7 @@ def fastest_threads(model: Any, context: int = 128, reps: int = 3, fast_step: bo
     cores = os.cpu_count() or 1
     if cores <= 1 or device_of(model).type != "cpu":
         return torch.get_num_threads(), {}
-    passes = _Passes(model, context, fast_step)
+    passes = TimedPasses(model, context, fast_step)
     step = passes.forward(1)
     times: dict[int, list[float]] = {1: [], cores: []}
     with torch.inference_mode():
@@ -124,13 +62,13 @@ def step_cost_ratios(
     tokens, through the engine's own passes (``fast_step``: the fused step where the model has one). Verification is
     what the engine does: with a lazily applied head (trtspec.runtimes.inflight.head) the body over K + 1 tokens
     plus the head at ``tokens_per_step`` positions (one per emitted token); otherwise a full K + 1-token pass."""
-    t, d = _Passes(target, context, fast_step), _Passes(draft, context, fast_step)
+    t, d = TimedPasses(target, context, fast_step), TimedPasses(draft, context, fast_step)
     fns = {"t1": t.forward(1), "d1": d.forward(1)}
     if t.head is not None:
         fns |= {"body": t.forward(k + 1, body_only=True), "head": t.head_once()}
     else:
         fns["body"] = t.forward(k + 1)
-    med = _medians(fns, reps)
+    med = medians(fns, reps)
     verify = med["body"] + tokens_per_step * med["head"] if t.head is not None else med["body"]
     return med["d1"] / med["t1"], verify / med["t1"]
 
@@ -155,10 +93,10 @@ def measure_step_costs(
     tokens and relative to one target step."""
     from trtspec.speculative.speedup import StepCosts
 
-    t = _Passes(target, context, fast_step, slots=2)
+    t = TimedPasses(target, context, fast_step, slots=2)
     lazy = t.head is not None
 
-    def prefill(passes: _Passes) -> Callable[[], float]:
+    def prefill(passes: TimedPasses) -> Callable[[], float]:
         ids = torch.randint(0, passes.vocab, (max(1, prompt_len - 1),)).tolist()
 
         def once() -> float:  # into the second slot, from scratch
@@ -176,10 +114,10 @@ def measure_step_costs(
     if lazy:
         fns["head"] = t.head_once()
     if draft is not None:
-        d = _Passes(draft, context, fast_step, slots=2)
+        d = TimedPasses(draft, context, fast_step, slots=2)
         fns["d1"] = d.forward(1)
         fns["dp"] = prefill(d)
-    med = _medians(fns, reps)
+    med = medians(fns, reps)
     t1 = med["t1"]
     return StepCosts(
         c=med.get("d1", 0.0) / t1,
@@ -190,7 +128,7 @@ def measure_step_costs(
     )
 
 
-def _batch_step(passes: _Passes, b: int, context: int, n: int, head: bool) -> Callable[[], float]:
+def _batch_step(passes: TimedPasses, b: int, context: int, n: int, head: bool) -> Callable[[], float]:
     """One timed pass of ``b`` sequences feeding ``n`` tokens each after ``context`` (and the head on every row)."""
     feeds = [(s, context, torch.randint(0, passes.vocab, (n,)).tolist()) for s in range(b)]
     keep = list(range(b * n))
@@ -223,8 +161,8 @@ def batch_step_costs(
     the plain step. (At b = 1 v counts the head on every row, an upper bound of what the engine's lazy head costs.)"""
     out: dict[int, dict[str, Any]] = {}
     for b in batches:
-        t = _Passes(target, context, fast_step, slots=b)
-        d = _Passes(draft, context, fast_step, slots=b) if draft is not None else None
+        t = TimedPasses(target, context, fast_step, slots=b)
+        d = TimedPasses(draft, context, fast_step, slots=b) if draft is not None else None
         with torch.inference_mode():
             for passes in (t, d):
                 if passes is None:
@@ -238,7 +176,7 @@ def batch_step_costs(
         }
         if d is not None:
             fns["d1"] = _batch_step(d, b, context, 1, True)
-        med = _medians(fns, reps)
+        med = medians(fns, reps)
         out[b] = {
             "step_s": med["t1"],
             "v": {k: med[f"v{k}"] / med["t1"] for k in ks},

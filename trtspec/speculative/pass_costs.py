@@ -1,0 +1,340 @@
+"""What a pass costs, as the adaptive policy prices its choices (trtspec.speculative.adaptive): seconds of one
+target pass by the tokens it feeds (one curve per number of sequences in the pass), of a draft-model round by its
+rows, and of verifying a pass's rows, before anything is measured (``CostPrior``: relative units from `trtspec tune`'s
+c and v, or this CPU's defaults) and as measured.
+
+Two ways to measure. Live: every pass the engine runs is recorded (``observe``) and a size's estimate is the median
+of its last passes, fitted non-decreasing. Anchored: the curve's shape is taken from a controlled measurement made
+once, at start, with every size timed in turn on an idle engine (``anchor``; trtspec.runtimes.torch.costs.calibrate),
+and live passes only tell how far the whole curve has drifted (one factor: the median of their last ratios to the
+shape). The live curve is what a noisy machine distorts: measured on a 2-vCPU VM, the passes a policy chooses rarely
+(2-3 tokens) kept medians 20-40 % above the controlled figure, the isotonic fit pooled them with the sizes chosen
+every step, and the policy took fewer tokens per step than on the controlled curve (workloads, replayed: 1.45x on
+the live curve, 1.51x on the controlled one). Pure Python.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+# Before a pass size is measured, its cost relative to a one-token target pass: 1 + slope * extra tokens (this CPU's
+# v = 1.3 at K 4 for the target; c = 0.11 for the draft's first row, 0.02 per extra row).
+DEFAULT_TARGET_SLOPE = 0.075
+DEFAULT_DRAFT_C = 0.11
+DEFAULT_DRAFT_ROW = 0.02
+# ... and of verifying a pass's rows (the vocabulary head and the acceptance routine): 0.05 of a step for one row (the
+# head read once), then per row (measured, bfloat16, 8 sequences: 2.3 ms for 8 rows, 4.4 for 40, against 46 ms a
+# step; the acceptance routine's Python adds 0.1-0.2 ms a row).
+DEFAULT_VERIFY_C = 0.05
+DEFAULT_VERIFY_ROW = 0.004
+# Anchored curves: the live passes whose ratios to the controlled shape set its scale (the median of these).
+DRIFT_WINDOW = 31
+
+
+class PassCosts:
+    """Seconds of one pass as a function of its size (tokens fed, draft rows, or rows verified), learned from measured
+    passes.
+
+    A pass is recorded at the nearest size of BUCKETS (exact up to 16, then spaced a quarter to a half apart); a
+    bucket's estimate is the median of its last ``window`` passes (one slow pass, a page fault or a timer, once
+    stuck in an exponential average and, through the fit, priced every larger size for dozens of steps), and the
+    estimates used are their isotonic
+    (non-decreasing in size) least-squares fit: a pass over more tokens does not cost less than one over fewer, and
+    where passes of 1-5 tokens cost about the same (a memory-bound step: the bfloat16 CPU path, GPUs) the averages'
+    noise otherwise ranks them at random (measured: 55, 75, 56, 77, 51 ms for 1..5 tokens in one run, which made the
+    policy prefer 3 tokens to 2 and 5 to 4). Between two measured buckets the cost is interpolated linearly: a batch
+    of 8 sequences feeds 8 to 40 tokens a step, and rounding a size up to the next bucket (as this class once did)
+    priced 17 tokens as 24 and made the step after a few sequences' drafts look far dearer than it is, so speculation
+    backed off at concurrency where it paid. Outside the measured sizes the cost follows ``prior(size)`` (relative
+    units) anchored at the nearest measured bucket (before anything is measured: scaled by ``scale_from``'s seconds
+    per unit, or in relative units), so the curve keeps its shape until it is measured where it is used.
+
+    Anchored (``anchor``): the shape is a controlled measurement's (its isotonic fit, interpolated between its sizes,
+    the prior's shape beyond them) and a live pass only moves the scale: the curve is the shape times the median of
+    the last ``DRIFT_WINDOW`` ratios of a measured pass to the shape at its size."""
+
+    BUCKETS = (
+        *range(1, 17),
+        20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096,
+    )  # fmt: skip
+
+    def __init__(self, prior: Any, alpha: float = 0.2, scale_from: Any = None, window: int = 9) -> None:
+        self.prior = prior
+        self.alpha = alpha
+        self.scale_from = scale_from  # whose ``scale`` to use before this one has measured anything
+        self.window = window
+        self._recent: dict[int, deque[float]] = {}
+        self.seconds: dict[int, float] = {}  # per bucket: the median of its last passes
+        self.fitted: dict[int, float] = {}  # per bucket: the isotonic fit of ``seconds``
+        self._sizes: list[int] = []  # the measured buckets, ascending
+        self.scale: float | None = None  # seconds per prior unit
+        self.anchored: dict[int, float] = {}  # per size: the controlled measurement's fit (empty: live)
+        self._ratios: deque[float] = deque(maxlen=DRIFT_WINDOW)  # anchored: measured pass / shape, the last ones
+        self._anchor_sizes: list[int] = []
+        self._drift = 1.0
+
+    def anchor(self, seconds: dict[int, float]) -> None:
+        """Take the curve's shape from ``seconds`` (per size, measured in turn on an idle engine); from now on a
+        measured pass only moves the curve's scale."""
+        good = {int(n): float(t) for n, t in seconds.items() if n > 0 and t > 0 and math.isfinite(t)}
+        if not good:
+            return
+        self.anchored = isotonic(good)
+        self._anchor_sizes = sorted(self.anchored)
+        self._ratios.clear()
+        self._drift = 1.0
+        self.scale = self.cost(1) / max(1e-12, float(self.prior(1)))
+
+    @property
+    def drift(self) -> float:
+        """Anchored: how far live passes run from the controlled shape (1: as measured)."""
+        return self._drift
+
+    def set_drift(self, drift: float) -> None:
+        """Anchored: the scale a shared measurement found (trtspec.speculative.pass_costs.BatchPassCosts)."""
+        self._drift = drift
+        self.scale = self.cost(1) / max(1e-12, float(self.prior(1)))
+
+    def shape(self, size: int) -> float:
+        """Anchored: the controlled measurement's seconds at ``size`` (interpolated, the prior's shape beyond)."""
+        return _interpolated(self.anchored, self._anchor_sizes, self.prior, size)
+
+    @classmethod
+    def _bucket(cls, size: int) -> int:
+        """The nearest bucket to ``size`` (the lower one on a tie)."""
+        size = max(1, size)
+        i = bisect.bisect_left(cls.BUCKETS, size)
+        if i >= len(cls.BUCKETS):
+            return cls.BUCKETS[-1]
+        hi = cls.BUCKETS[i]
+        if hi == size or i == 0:
+            return hi
+        lo = cls.BUCKETS[i - 1]
+        return lo if size - lo <= hi - size else hi
+
+    def observe(self, size: int, seconds: float) -> None:
+        if size <= 0 or seconds <= 0 or not math.isfinite(seconds):
+            return
+        if self.anchored:
+            self._ratios.append(seconds / max(1e-12, self.shape(size)))
+            self._drift = statistics.median(self._ratios)
+            self.scale = self.cost(1) / max(1e-12, float(self.prior(1)))
+            return
+        b = self._bucket(size)
+        recent = self._recent.setdefault(b, deque(maxlen=self.window))
+        recent.append(seconds)
+        self.seconds[b] = statistics.median(recent)
+        # weighted by the passes behind each estimate: a size chosen rarely (one noisy pass) must not pull the sizes
+        # chosen every step up to itself (measured: K 1 and K 2 chosen a few times at 41 and 51 ms pooled K 3 and 4's
+        # 33 ms up to 40, and the policy then stepped aside on a fifth of its steps)
+        self.fitted = isotonic(self.seconds, {k: float(len(v)) for k, v in self._recent.items()})
+        self._sizes = sorted(self.fitted)
+        ratio = seconds / max(1e-12, float(self.prior(size)))
+        self.scale = ratio if self.scale is None else self.scale + self.alpha * (ratio - self.scale)
+
+    def cost(self, size: int) -> float:
+        """Estimated seconds (relative units until anything is measured)."""
+        if size <= 0:
+            return 0.0
+        if self.anchored:
+            return self.shape(size) * self.drift
+        if not self._sizes:
+            scale = self.scale_from.scale if self.scale_from is not None else None
+            return float(self.prior(size)) * (scale if scale is not None else 1.0)
+        return _interpolated(self.fitted, self._sizes, self.prior, size)
+
+
+def _interpolated(fitted: dict[int, float], sizes: list[int], prior: Any, size: int) -> float:
+    """``fitted`` (measured sizes ``sizes``, ascending, not empty) at ``size``: exact, linear between two measured
+    sizes, and outside them the prior's shape from the nearest."""
+    i = bisect.bisect_left(sizes, size)
+    if i < len(sizes) and sizes[i] == size:
+        return fitted[size]
+    if 0 < i < len(sizes):  # between two measured sizes
+        lo, hi = sizes[i - 1], sizes[i]
+        return fitted[lo] + (fitted[hi] - fitted[lo]) * (size - lo) / (hi - lo)
+    anchor = sizes[0] if i == 0 else sizes[-1]  # outside them: the prior's shape from the nearest
+    return fitted[anchor] * float(prior(size)) / max(1e-12, float(prior(anchor)))
+
+
+def convex_minorant(cost: Any, lo: int, hi: int) -> Any:
+    """The greatest convex function below ``cost`` on the sizes lo..hi (the lower hull of its points), as a cost
+    function (``cost`` itself outside them)."""
+    if hi <= lo + 1:
+        return cost
+    ys = [cost(n) for n in range(lo, hi + 1)]
+    hull: list[int] = []  # indices of the lower hull's vertices
+    for i, y in enumerate(ys):
+        while len(hull) >= 2:
+            a, b = hull[-2], hull[-1]
+            if (b - a) * (y - ys[a]) - (ys[b] - ys[a]) * (i - a) <= 0:  # b lies on or above the line from a to i
+                hull.pop()
+            else:
+                break
+        hull.append(i)
+    values = list(ys)
+    for a, b in zip(hull, hull[1:]):
+        for i in range(a + 1, b):
+            values[i] = ys[a] + (ys[b] - ys[a]) * (i - a) / (b - a)
+
+    def convex(n: int) -> float:
+        return values[n - lo] if lo <= n <= hi else float(cost(n))
+
+    return convex
+
+
+def isotonic(values: dict[int, float], weights: dict[int, float] | None = None) -> dict[int, float]:
+    """The non-decreasing (in key order) weighted least-squares fit of ``values``, by pooling adjacent violators."""
+    keys = sorted(values)
+    blocks: list[list[float]] = []  # [mean, weight, number of keys]
+    for key in keys:
+        blocks.append([values[key], weights.get(key, 1.0) if weights else 1.0, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            mean, weight, n = blocks.pop()
+            prev = blocks[-1]
+            prev[0] = (prev[0] * prev[1] + mean * weight) / (prev[1] + weight)
+            prev[1] += weight
+            prev[2] += n
+    fitted = [mean for mean, _, n in blocks for _ in range(int(n))]
+    return dict(zip(keys, fitted))
+
+
+class BatchPassCosts:
+    """The target pass's seconds by tokens fed, one :class:`PassCosts` curve per number of sequences in the pass.
+
+    A pass's cost is not a function of its tokens alone: on the bfloat16 CPU step each sequence attends on its own
+    (measured, SmolLM2-135M, 300 cached tokens each: 8 sequences x 1 token 100 ms, 1 x 5 tokens 52 ms, 8 x 5 tokens
+    130 ms), so a curve learned over every pass mixes "8 tokens of 8 sequences" with "8 tokens of 2" and prices the
+    draft tokens of a full batch at the slope of a small one. A batch's curve is used once it has a measurement;
+    before, the curve of the nearest measured batch size.
+
+    Anchored (``anchor``: curves measured in turn at a few batch sizes): every batch size up to the largest anchored
+    takes its shape from them (linear in the number of sequences between two anchored sizes), all share one drift
+    (the median ratio of the last live passes to their shapes), and larger batches are learned live as before."""
+
+    SEQS = (*range(1, 9), 12, 16, 24, 32, 48, 64, 96, 128, 256)
+
+    def __init__(self, prior: Any) -> None:
+        self.prior = prior
+        self.curves: dict[int, PassCosts] = {}  # live, per batch bucket
+        self._empty = PassCosts(prior)
+        self.anchors: dict[int, PassCosts] = {}  # anchored, per batch bucket up to the largest measured
+        self._ratios: deque[float] = deque(maxlen=DRIFT_WINDOW)
+
+    def anchor(self, curves: dict[int, dict[int, float]]) -> None:
+        """Take the shapes from ``curves`` (per number of sequences: seconds by tokens fed, measured in turn)."""
+        measured: dict[int, PassCosts] = {}
+        for seqs, seconds in curves.items():
+            c = PassCosts(self.prior)
+            c.anchor(seconds)
+            if c.anchored:
+                measured[self._bucket(seqs)] = c
+        if not measured:
+            return
+        self.anchors = dict(measured)
+        known = sorted(measured)
+        for b in (b for b in self.SEQS if known[0] < b < known[-1] and b not in measured):
+            i = bisect.bisect_left(known, b)
+            lo, hi = measured[known[i - 1]], measured[known[i]]
+            w = (b - known[i - 1]) / (known[i] - known[i - 1])
+            sizes = sorted(set(lo.anchored) | set(hi.anchored))
+            blend = PassCosts(self.prior)
+            blend.anchor({n: lo.shape(n) + (hi.shape(n) - lo.shape(n)) * w for n in sizes})
+            self.anchors[b] = blend
+        self._ratios.clear()
+        self.curves = {b: c for b, c in self.curves.items() if b > known[-1]}
+
+    @property
+    def drift(self) -> float:
+        return statistics.median(self._ratios) if self._ratios else 1.0
+
+    @classmethod
+    def _bucket(cls, seqs: int) -> int:
+        seqs = max(1, seqs)
+        return min(cls.SEQS, key=lambda b: (abs(b - seqs), b))
+
+    def curve(self, seqs: int = 1) -> PassCosts:
+        b = self._bucket(seqs)
+        if self.anchors:
+            top = max(self.anchors)
+            if b <= top:
+                return self.anchors.get(b) or self.anchors[min(self.anchors, key=lambda m: (abs(m - b), m))]
+            return self.curves.get(b) or self.anchors[top]
+        own = self.curves.get(b)
+        if own is not None:
+            return own
+        if not self.curves:
+            return self._empty
+        return self.curves[min(self.curves, key=lambda m: (abs(m - b), m))]
+
+    def observe(self, tokens: int, seconds: float, seqs: int = 1) -> None:
+        b = self._bucket(seqs)
+        if self.anchors and b <= max(self.anchors):
+            if tokens <= 0 or seconds <= 0 or not math.isfinite(seconds):
+                return
+            self._ratios.append(seconds / max(1e-12, self.curve(seqs).shape(tokens)))
+            drift = statistics.median(self._ratios)
+            for c in self.anchors.values():  # one drift for every anchored batch size
+                c.set_drift(drift)
+            return
+        self.curves.setdefault(self._bucket(seqs), PassCosts(self.prior)).observe(tokens, seconds)
+
+    def cost(self, tokens: int, seqs: int = 1) -> float:
+        return self.curve(seqs).cost(tokens)
+
+    @property
+    def scale(self) -> float | None:
+        """Seconds per prior unit (of one sequence's passes where measured): what a draft's prior is scaled by."""
+        for b in sorted(self.curves | self.anchors):
+            c = self.anchors.get(b) or self.curves[b]
+            if c.scale is not None:
+                return c.scale
+        return None
+
+    @property
+    def seconds(self) -> dict[int, dict[int, float]]:
+        """Per number of sequences: the per-size estimates."""
+        return {b: dict(c.seconds) for b, c in sorted(self.curves.items())}
+
+    @property
+    def fitted(self) -> dict[int, dict[int, float]]:
+        return {b: dict(c.fitted) for b, c in sorted(self.curves.items())}
+
+
+@dataclass(frozen=True)
+class CostPrior:
+    """Relative pass costs (a one-token target pass = 1) before measurements: from `trtspec tune`'s c and v, or
+    the defaults of this CPU."""
+
+    target_slope: float = DEFAULT_TARGET_SLOPE  # per extra token fed
+    draft_c: float = DEFAULT_DRAFT_C  # one draft round of one row
+    draft_row: float = DEFAULT_DRAFT_ROW  # per extra row of a draft round
+    verify_c: float = DEFAULT_VERIFY_C  # verifying one row: the head and the acceptance routine
+    verify_row: float = DEFAULT_VERIFY_ROW  # per extra row verified
+
+    @classmethod
+    def from_costs(cls, c: float, v_at_k: dict[int, float] | None = None) -> CostPrior:
+        """From measured c and v (v[K]: verifying K + 1 tokens over one target step)."""
+        slope = DEFAULT_TARGET_SLOPE
+        if v_at_k:
+            k = max(v_at_k)
+            slope = max(0.0, (float(v_at_k[k]) - 1.0) / k) if k > 0 else slope
+        return cls(target_slope=slope, draft_c=float(c), draft_row=float(c) * 0.2)
+
+    def target(self, tokens: int) -> float:
+        return 1.0 + self.target_slope * max(0, tokens - 1)
+
+    def draft(self, rows: int) -> float:
+        if rows <= 0:
+            return 0.0  # no round
+        return self.draft_c + self.draft_row * (rows - 1)
+
+    def verify(self, rows: int) -> float:
+        if rows <= 0:
+            return 0.0
+        return self.verify_c + self.verify_row * (rows - 1)
