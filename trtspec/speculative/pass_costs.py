@@ -5,12 +5,14 @@ c and v, or this CPU's defaults) and as measured.
 
 Two ways to measure. Live: every pass the engine runs is recorded (``observe``) and a size's estimate is the median
 of its last passes, fitted non-decreasing. Anchored: the curve's shape is taken from a controlled measurement made
-once, at start, with every size timed in turn on an idle engine (``anchor``; trtspec.runtimes.torch.costs.calibrate),
-and live passes only tell how far the whole curve has drifted (one factor: the median of their last ratios to the
-shape). The live curve is what a noisy machine distorts: measured on a 2-vCPU VM, the passes a policy chooses rarely
-(2-3 tokens) kept medians 20-40 % above the controlled figure, the isotonic fit pooled them with the sizes chosen
-every step, and the policy took fewer tokens per step than on the controlled curve (workloads, replayed: 1.45x on
-the live curve, 1.51x on the controlled one). Pure Python.
+once, at start, with every size timed in turn on an idle engine (``anchor``;
+trtspec.runtimes.inflight.timing.calibrate), and live passes only tell how far the whole curve has drifted (one
+factor: the median of their last ratios to the shape). The live curve is what a noisy machine distorts: measured on
+a 2-vCPU VM, the passes a policy chooses rarely (2-3 tokens) kept medians 20-40 % above the controlled figure, the
+isotonic fit pooled them with the sizes chosen every step, and the policy took fewer tokens per step than on the
+controlled curve (workloads, replayed: 1.45x on the live curve, 1.51x on the controlled one). Timed, anchoring did
+not pay on that VM (geometric mean 1.318x anchored against 1.330x live, n-grams K <= 4, one run), so engines learn
+live unless told to calibrate. Pure Python.
 """
 
 from __future__ import annotations

@@ -121,8 +121,8 @@ def calibrate(
     tokens of one sequence, and over 1-5 tokens each of 2, 4 and 8 sequences up to ``max_batch``; the draft's round
     of as many rows; every size timed in turn, ``reps`` times, after ``context`` cached tokens. Live passes then only
     move the curves' scale (trtspec.speculative.pass_costs), so that one slow stretch of a noisy machine does not
-    reshape what the policy chooses. Returns what it measured (seconds). About 3 s at batch 1 and 10 s up to 8 on
-    SmolLM2-135M on a 2-core CPU; milliseconds on the tests' tiny models."""
+    reshape what the policy chooses. Returns what it measured (seconds). 4.4 s at batch 1 and 20 s up to 8 on
+    SmolLM2-135M bfloat16 on a 2-core CPU (measured); milliseconds on the tests' tiny models."""
     batches = sorted(calibration_batches(max_batch))
     top = max(batches)
     for model in (target, draft) if draft is not None else (target,):
