@@ -172,6 +172,30 @@ def test_measured_pass_costs_are_used_as_their_non_decreasing_fit():
     assert max(on_raw, key=on_raw.__getitem__) == 2, on_raw  # what the raw averages would have chosen
 
 
+def test_live_costs_take_a_slowdown_every_size_sees_as_the_machine_s():
+    """A live curve is drift x shape: a change that passes of every size see moves the drift, shared by all sizes, and
+    a size's shape moves slowly. On a 2-vCPU VM the same 1-token pass read 38 and 56 ms in adjacent prompts. With
+    one median per size (the old curve), a slow stretch in which the policy takes 5 tokens a step left the 1-token
+    price at the fast machine's (a 5-token pass then cost 1.72 plain steps, not 1.15) and a size chosen only during
+    the stretch (3 tokens) kept its seconds for good, pooled by the non-decreasing fit with 4 and 5 (55 ms where
+    46 ms is measured)."""
+    costs = PassCosts(CostPrior().target)
+    for _ in range(30):
+        costs.observe(1, 0.040)
+        costs.observe(5, 0.046)
+    assert [costs.cost(n) for n in (1, 3, 5)] == pytest.approx([0.040, 0.043, 0.046])  # interpolated at 3
+    for i in range(60):  # a slow stretch: everything 1.5x; in its second half the 3-token passes are chosen too
+        costs.observe(5, 0.046 * 1.5)
+        if i >= 30:
+            costs.observe(3, 0.043 * 1.5)
+    assert costs.cost(1) > 0.040 * 1.3 and costs.cost(5) / costs.cost(1) < 1.3
+    for _ in range(40):  # back to normal, 5 tokens a step
+        costs.observe(5, 0.046)
+    assert costs.cost(5) == pytest.approx(0.046, rel=0.02)
+    assert costs.cost(1) == pytest.approx(0.040, rel=0.03)
+    assert costs.cost(3) < 0.048
+
+
 def test_pass_costs_between_measured_sizes_are_interpolated():
     """A batch of 8 feeds 8-40 tokens a step. Sizes between measured ones are priced on the line between them (once
     they were priced as the next bucket up: 17 tokens as 24), a size is recorded at its nearest bucket, and outside

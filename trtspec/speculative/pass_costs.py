@@ -3,16 +3,18 @@ target pass by the tokens it feeds (one curve per number of sequences in the pas
 rows, and of verifying a pass's rows, before anything is measured (``CostPrior``: relative units from `trtspec tune`'s
 c and v, or this CPU's defaults) and as measured.
 
-Two ways to measure. Live: every pass the engine runs is recorded (``observe``) and a size's estimate is the median
-of its last passes, fitted non-decreasing. Anchored: the curve's shape is taken from a controlled measurement made
+Two ways to measure. Live: every pass the engine runs is recorded (``observe``) into a model of two factors,
+seconds = drift x shape(size): the drift is the machine's speed now, shared by every size and moved quickly by every
+pass; a size's shape moves slowly and only by its own passes, and the curve used is the shape's non-decreasing fit.
+(The curve was once one median of the last passes per size. On a 2-vCPU VM whose speed moved 30-40 % between
+adjacent prompts, the sizes a policy chooses rarely (2-3 tokens) kept whatever the machine's speed was when they
+were last chosen, medians 20-40 % above a controlled measurement; the isotonic fit pooled them with the sizes chosen
+every step, and the policy took fewer tokens per step than on the controlled curve: workloads replayed, 1.45x on the
+live curve, 1.51x on the controlled one.) Anchored: the curve's shape is taken from a controlled measurement made
 once, at start, with every size timed in turn on an idle engine (``anchor``;
-trtspec.runtimes.inflight.timing.calibrate), and live passes only tell how far the whole curve has drifted (one
-factor: the median of their last ratios to the shape). The live curve is what a noisy machine distorts: measured on
-a 2-vCPU VM, the passes a policy chooses rarely (2-3 tokens) kept medians 20-40 % above the controlled figure, the
-isotonic fit pooled them with the sizes chosen every step, and the policy took fewer tokens per step than on the
-controlled curve (workloads, replayed: 1.45x on the live curve, 1.51x on the controlled one). Timed, anchoring did
-not pay on that VM (geometric mean 1.318x anchored against 1.330x live, n-grams K <= 4, one run), so engines learn
-live unless told to calibrate. Pure Python.
+trtspec.runtimes.inflight.timing.calibrate), and live passes only move the drift (the median of their last ratios to
+the shape). Timed, anchoring did not pay on that VM (geometric mean 1.318x anchored against 1.330x on the median
+curves, n-grams K <= 4, one run), so engines learn live unless told to calibrate. Pure Python.
 """
 
 from __future__ import annotations
@@ -36,17 +38,29 @@ DEFAULT_VERIFY_C = 0.05
 DEFAULT_VERIFY_ROW = 0.004
 # Anchored curves: the live passes whose ratios to the controlled shape set its scale (the median of these).
 DRIFT_WINDOW = 31
+# Live curves: seconds = drift (the machine's speed now, shared by every size) x shape (per size), learned in logs
+# from every pass's residual (clipped at DRIFT_CLIP: one slow pass moves either little), the drift fast and the shape
+# slowly (a size's running mean over its first passes, then SHAPE_RATE), so that a change every size sees is taken
+# as the machine's and a size measured only during a slow stretch is not priced at that stretch's speed for good.
+DRIFT_RATE = 0.1
+SHAPE_RATE = 0.02
+DRIFT_CLIP = 0.25
+SHAPE_WEIGHT_CAP = 64  # the isotonic fit weighs a size by its passes, up to this many
 
 
 class PassCosts:
     """Seconds of one pass as a function of its size (tokens fed, draft rows, or rows verified), learned from measured
     passes.
 
-    A pass is recorded at the nearest size of BUCKETS (exact up to 16, then spaced a quarter to a half apart); a
-    bucket's estimate is the median of its last ``window`` passes (one slow pass, a page fault or a timer, once
-    stuck in an exponential average and, through the fit, priced every larger size for dozens of steps), and the
-    estimates used are their isotonic
-    (non-decreasing in size) least-squares fit: a pass over more tokens does not cost less than one over fewer, and
+    A pass is recorded at the nearest size of BUCKETS (exact up to 16, then spaced a quarter to a half apart) as
+    log seconds = log drift + log shape(bucket): a bucket's first pass sets its shape at the drift of the moment; after
+    that the pass's residual (clipped at DRIFT_CLIP: one slow pass, a page fault or a timer, moves either factor
+    little; an exponential average of raw seconds once kept such a pass for dozens of steps) moves the drift by
+    DRIFT_RATE and the bucket's shape by its running mean's weight, down to SHAPE_RATE. A slowdown that every size
+    sees is so taken as the machine's within a few dozen passes, and the ratio between two sizes is learned from
+    passes measured in the same stretch, not priced at the speed of the stretch in which a size was last chosen. The
+    shapes used are their isotonic (non-decreasing in size) least-squares fit, weighted by the passes behind each: a
+    pass over more tokens does not cost less than one over fewer, and
     where passes of 1-5 tokens cost about the same (a memory-bound step: the bfloat16 CPU path, GPUs) the averages'
     noise otherwise ranks them at random (measured: 55, 75, 56, 77, 51 ms for 1..5 tokens in one run, which made the
     policy prefer 3 tokens to 2 and 5 to 4). Between two measured buckets the cost is interpolated linearly: a batch
@@ -65,14 +79,14 @@ class PassCosts:
         20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096,
     )  # fmt: skip
 
-    def __init__(self, prior: Any, alpha: float = 0.2, scale_from: Any = None, window: int = 9) -> None:
+    def __init__(self, prior: Any, alpha: float = 0.2, scale_from: Any = None) -> None:
         self.prior = prior
         self.alpha = alpha
         self.scale_from = scale_from  # whose ``scale`` to use before this one has measured anything
-        self.window = window
-        self._recent: dict[int, deque[float]] = {}
-        self.seconds: dict[int, float] = {}  # per bucket: the median of its last passes
-        self.fitted: dict[int, float] = {}  # per bucket: the isotonic fit of ``seconds``
+        self._log_shape: dict[int, float] = {}  # live, per bucket: log seconds at drift 1
+        self._passes: dict[int, int] = {}  # live, per bucket: passes seen
+        self._log_drift: float | None = None  # live: log of the machine's speed factor now
+        self._fit: dict[int, float] = {}  # live, per bucket: the isotonic fit of the shape (seconds at drift 1)
         self._sizes: list[int] = []  # the measured buckets, ascending
         self.scale: float | None = None  # seconds per prior unit
         self.anchored: dict[int, float] = {}  # per size: the controlled measurement's fit (empty: live)
@@ -128,16 +142,45 @@ class PassCosts:
             self.scale = self.cost(1) / max(1e-12, float(self.prior(1)))
             return
         b = self._bucket(size)
-        recent = self._recent.setdefault(b, deque(maxlen=self.window))
-        recent.append(seconds)
-        self.seconds[b] = statistics.median(recent)
+        y = math.log(seconds)
+        if self._log_drift is None:  # the first pass sets the scale: shape units are the prior's at first
+            self._log_drift = y - math.log(max(1e-12, float(self.prior(size))))
+        shape = self._log_shape.get(b)
+        if shape is None:  # a size's first pass: its shape at today's drift
+            self._log_shape[b] = y - self._log_drift
+            self._passes[b] = 1
+        else:
+            residual = max(-DRIFT_CLIP, min(DRIFT_CLIP, y - self._log_drift - shape))
+            n = self._passes[b] = self._passes[b] + 1
+            self._log_drift += DRIFT_RATE * residual
+            self._log_shape[b] = shape + max(SHAPE_RATE, 1.0 / n) * residual
         # weighted by the passes behind each estimate: a size chosen rarely (one noisy pass) must not pull the sizes
         # chosen every step up to itself (measured: K 1 and K 2 chosen a few times at 41 and 51 ms pooled K 3 and 4's
         # 33 ms up to 40, and the policy then stepped aside on a fifth of its steps)
-        self.fitted = isotonic(self.seconds, {k: float(len(v)) for k, v in self._recent.items()})
-        self._sizes = sorted(self.fitted)
+        self._fit = isotonic(
+            {k: math.exp(v) for k, v in self._log_shape.items()},
+            {k: float(min(SHAPE_WEIGHT_CAP, n)) for k, n in self._passes.items()},
+        )
+        self._sizes = sorted(self._fit)
         ratio = seconds / max(1e-12, float(self.prior(size)))
         self.scale = ratio if self.scale is None else self.scale + self.alpha * (ratio - self.scale)
+
+    @property
+    def live_drift(self) -> float:
+        """Live: the machine's speed factor now (seconds per shape unit)."""
+        return math.exp(self._log_drift) if self._log_drift is not None else 1.0
+
+    @property
+    def seconds(self) -> dict[int, float]:
+        """Live: per measured bucket, its shape at the current drift (seconds)."""
+        d = self.live_drift
+        return {b: math.exp(v) * d for b, v in sorted(self._log_shape.items())}
+
+    @property
+    def fitted(self) -> dict[int, float]:
+        """Live: per measured bucket, the isotonic fit of ``seconds``."""
+        d = self.live_drift
+        return {b: v * d for b, v in self._fit.items()}
 
     def cost(self, size: int) -> float:
         """Estimated seconds (relative units until anything is measured)."""
@@ -148,7 +191,7 @@ class PassCosts:
         if not self._sizes:
             scale = self.scale_from.scale if self.scale_from is not None else None
             return float(self.prior(size)) * (scale if scale is not None else 1.0)
-        return _interpolated(self.fitted, self._sizes, self.prior, size)
+        return _interpolated(self._fit, self._sizes, self.prior, size) * self.live_drift
 
 
 def _interpolated(fitted: dict[int, float], sizes: list[int], prior: Any, size: int) -> float:
