@@ -163,8 +163,9 @@ def test_draft_with_other_vocabulary_is_refused(models, tmp_path, tiny_tokenizer
 def test_verification_applies_the_head_only_where_logits_are_used(models, prompts, reference, which):
     """Alone, position j of a K + 1 verification needs logits only if draft tokens 0..j-1 were accepted: the head
     runs on exactly accepted + 1 positions per step. In a batch where two or more sequences speculate it runs once
-    per step over every row (one read of the vocabulary matrix instead of one per position). Either way the output
-    equals the full-logits path's."""
+    at most twice per step: over every sequence's first row, then over the later rows of the sequences whose first
+    proposal was accepted (two reads of the vocabulary matrix instead of one per position, and no rows after a
+    rejection). Either way the output equals the full-logits path's."""
     target, draft, noisy, _ = models
     dec = SpeculativeDecoder(target, noisy if which == "noisy" else draft, max_draft_len=4)
     assert dec.head is target.lm_head
@@ -178,8 +179,13 @@ def test_verification_applies_the_head_only_where_logits_are_used(models, prompt
     rows_seen.clear()
     batch = dec.generate(prompts, 48)
     assert [r.token_ids for r in batch] == reference
-    assert 5 < max(rows_seen) <= 5 * len(prompts)  # one call over several sequences' rows (K + 1 = 5 each)
-    assert len(rows_seen) < sum(r.stats.total_accepted_draft_tokens + r.stats.target_steps for r in batch)
+    print("rows per head call in the batch:", rows_seen)
+    assert max(rows_seen) > 1  # one call over several sequences' rows
+    # at most two calls a step (every sequence's first row; the later rows of those whose first was accepted) ...
+    assert len(rows_seen) <= 2 * max(r.stats.target_steps for r in batch) + 1
+    # ... and not every row: a rejected position's later rows are not computed
+    every = sum(5 * r.stats.target_steps for r in batch)
+    assert sum(rows_seen) < every, (sum(rows_seen), every)
     dec.head = None  # full logits for every position, as for model classes without a plain head
     assert [r.token_ids for r in dec.generate(prompts, 48)] == reference
 
