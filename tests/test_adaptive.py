@@ -196,6 +196,26 @@ def test_live_costs_take_a_slowdown_every_size_sees_as_the_machine_s():
     assert costs.cost(3) < 0.048
 
 
+def test_batch_sizes_share_the_machine_s_drift():
+    """Every batch size's live curve has its own shape and one shared drift: passes of 8 sequences that run 1.4x
+    slower also raise the price of a one-sequence pass, not served meanwhile."""
+    from trtspec.speculative.pass_costs import BatchPassCosts
+
+    costs = BatchPassCosts(CostPrior().target)
+    for _ in range(30):
+        costs.observe(1, 0.040, seqs=1)
+        costs.observe(5, 0.046, seqs=1)
+        costs.observe(8, 0.080, seqs=8)
+        costs.observe(40, 0.130, seqs=8)
+    assert costs.cost(1, 1) == pytest.approx(0.040, rel=0.01) and costs.cost(40, 8) == pytest.approx(0.130, rel=0.01)
+    for _ in range(40):  # only batches of 8 now, on a slower machine
+        costs.observe(8, 0.080 * 1.4, seqs=8)
+        costs.observe(40, 0.130 * 1.4, seqs=8)
+    assert costs.cost(8, 8) == pytest.approx(0.080 * 1.4, rel=0.03)
+    assert costs.cost(1, 1) > 0.040 * 1.3  # most of the slowdown (the 8-sequence shapes move a little too)
+    assert costs.cost(5, 1) / costs.cost(1, 1) == pytest.approx(0.046 / 0.040, rel=0.01)  # its shape kept
+
+
 def test_pass_costs_between_measured_sizes_are_interpolated():
     """A batch of 8 feeds 8-40 tokens a step. Sizes between measured ones are priced on the line between them (once
     they were priced as the next bucket up: 17 tokens as 24), a size is recorded at its nearest bucket, and outside

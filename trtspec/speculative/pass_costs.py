@@ -48,6 +48,14 @@ DRIFT_CLIP = 0.25
 SHAPE_WEIGHT_CAP = 64  # the isotonic fit weighs a size by its passes, up to this many
 
 
+@dataclass
+class Drift:
+    """A live curve's drift (log seconds per shape unit: the machine's speed now); one object may serve several
+    curves of the same passes (BatchPassCosts: every number of sequences)."""
+
+    log: float | None = None
+
+
 class PassCosts:
     """Seconds of one pass as a function of its size (tokens fed, draft rows, or rows verified), learned from measured
     passes.
@@ -79,13 +87,13 @@ class PassCosts:
         20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096,
     )  # fmt: skip
 
-    def __init__(self, prior: Any, alpha: float = 0.2, scale_from: Any = None) -> None:
+    def __init__(self, prior: Any, alpha: float = 0.2, scale_from: Any = None, drift: Drift | None = None) -> None:
         self.prior = prior
         self.alpha = alpha
         self.scale_from = scale_from  # whose ``scale`` to use before this one has measured anything
         self._log_shape: dict[int, float] = {}  # live, per bucket: log seconds at drift 1
         self._passes: dict[int, int] = {}  # live, per bucket: passes seen
-        self._log_drift: float | None = None  # live: log of the machine's speed factor now
+        self._drift_of = drift if drift is not None else Drift()  # live: the machine's speed (may be shared)
         self._fit: dict[int, float] = {}  # live, per bucket: the isotonic fit of the shape (seconds at drift 1)
         self._sizes: list[int] = []  # the measured buckets, ascending
         self.scale: float | None = None  # seconds per prior unit
@@ -143,16 +151,17 @@ class PassCosts:
             return
         b = self._bucket(size)
         y = math.log(seconds)
-        if self._log_drift is None:  # the first pass sets the scale: shape units are the prior's at first
-            self._log_drift = y - math.log(max(1e-12, float(self.prior(size))))
+        drift = self._drift_of
+        if drift.log is None:  # the first pass sets the scale: shape units are the prior's at first
+            drift.log = y - math.log(max(1e-12, float(self.prior(size))))
         shape = self._log_shape.get(b)
         if shape is None:  # a size's first pass: its shape at today's drift
-            self._log_shape[b] = y - self._log_drift
+            self._log_shape[b] = y - drift.log
             self._passes[b] = 1
         else:
-            residual = max(-DRIFT_CLIP, min(DRIFT_CLIP, y - self._log_drift - shape))
+            residual = max(-DRIFT_CLIP, min(DRIFT_CLIP, y - drift.log - shape))
             n = self._passes[b] = self._passes[b] + 1
-            self._log_drift += DRIFT_RATE * residual
+            drift.log += DRIFT_RATE * residual
             self._log_shape[b] = shape + max(SHAPE_RATE, 1.0 / n) * residual
         # weighted by the passes behind each estimate: a size chosen rarely (one noisy pass) must not pull the sizes
         # chosen every step up to itself (measured: K 1 and K 2 chosen a few times at 41 and 51 ms pooled K 3 and 4's
@@ -168,7 +177,7 @@ class PassCosts:
     @property
     def live_drift(self) -> float:
         """Live: the machine's speed factor now (seconds per shape unit)."""
-        return math.exp(self._log_drift) if self._log_drift is not None else 1.0
+        return math.exp(self._drift_of.log) if self._drift_of.log is not None else 1.0
 
     @property
     def seconds(self) -> dict[int, float]:
@@ -256,7 +265,9 @@ class BatchPassCosts:
     (measured, SmolLM2-135M, 300 cached tokens each: 8 sequences x 1 token 100 ms, 1 x 5 tokens 52 ms, 8 x 5 tokens
     130 ms), so a curve learned over every pass mixes "8 tokens of 8 sequences" with "8 tokens of 2" and prices the
     draft tokens of a full batch at the slope of a small one. A batch's curve is used once it has a measurement;
-    before, the curve of the nearest measured batch size.
+    before, the curve of the nearest measured batch size. The live curves share one drift (``live_drift``): the
+    machine is one, so a slowdown that the passes of the batch sizes served now show also prices the batch sizes
+    not served for a while.
 
     Anchored (``anchor``: curves measured in turn at a few batch sizes): every batch size up to the largest anchored
     takes its shape from them (linear in the number of sequences between two anchored sizes), all share one drift
@@ -267,6 +278,7 @@ class BatchPassCosts:
     def __init__(self, prior: Any) -> None:
         self.prior = prior
         self.curves: dict[int, PassCosts] = {}  # live, per batch bucket
+        self.live_drift = Drift()  # shared by every batch size's live curve: the machine is one
         self._empty = PassCosts(prior)
         self.anchors: dict[int, PassCosts] = {}  # anchored, per batch bucket up to the largest measured
         self._ratios: deque[float] = deque(maxlen=DRIFT_WINDOW)
@@ -327,7 +339,10 @@ class BatchPassCosts:
             for c in self.anchors.values():  # one drift for every anchored batch size
                 c.set_drift(drift)
             return
-        self.curves.setdefault(self._bucket(seqs), PassCosts(self.prior)).observe(tokens, seconds)
+        b = self._bucket(seqs)
+        if b not in self.curves:
+            self.curves[b] = PassCosts(self.prior, drift=self.live_drift)
+        self.curves[b].observe(tokens, seconds)
 
     def cost(self, tokens: int, seqs: int = 1) -> float:
         return self.curve(seqs).cost(tokens)
