@@ -315,17 +315,25 @@ def test_acceptance_is_learned_for_the_first_proposal_and_for_the_ones_after_it(
     assert max(pooled, key=pooled.__getitem__) == 3
 
 
-def test_verifying_rows_is_charged():
-    """Verification costs per row kept (the head, the acceptance routine): where it is dear, a proposal that pays on
-    the target's pass alone does not."""
+def test_verifying_rows_is_charged_for_the_head_rows_it_computes():
+    """Verification costs per head row computed (the head, the acceptance routine). Alone, the head runs on the
+    positions decided, one per accepted proposal: a row dearer than a plain step makes speculation lose, a dear row
+    that is still cheaper than a plain step does not (each accepted token would need its head row in a plain step
+    too). In a batch the later rows are computed whenever the first proposal is accepted, accepted or not, and dear
+    rows shorten K."""
     ask = Ask(4, [5, 6, 7, 8], ngram_match=2)
     assert _policy().plan([SequenceArms()], [ask])[0].speculates
-    dear = _policy(verify_c=0.05, verify_row=0.6)
+    assert _policy(verify_c=0.05, verify_row=0.6).plan([SequenceArms()], [ask])[0].speculates
+    dear = _policy(verify_c=0.05, verify_row=1.2)  # a head row costs more than a whole plain step
     assert not dear.plan([SequenceArms()], [ask])[0].speculates
     dear.observe_verify(1, 0.002)  # measured: cheap after all
     dear.observe_verify(5, 0.0025)
     dear.observe_target(1, 0.05)
     assert dear.plan([SequenceArms()], [ask])[0].speculates
+    pair = [SequenceArms(), SequenceArms()]
+    cheap_k = [c.k for c in _policy(explore=0.0).plan(pair, [ask, ask])]
+    dear_k = [c.k for c in _policy(explore=0.0, verify_row=0.3).plan([SequenceArms(), SequenceArms()], [ask, ask])]
+    assert sum(dear_k) < sum(cheap_k), (dear_k, cheap_k)
 
 
 def test_the_policy_counts_what_it_chose():

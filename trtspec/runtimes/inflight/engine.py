@@ -38,6 +38,16 @@ from trtspec.speculative.words import hits_stop_word
 log = logging.getLogger(__name__)
 
 
+def _counting(head: Any, rows: list[int]) -> Any:
+    """``head``, adding the rows of every call to ``rows[0]``."""
+
+    def counted(hidden: torch.Tensor) -> torch.Tensor:
+        rows[0] += int(hidden.shape[0])
+        return head(hidden)
+
+    return counted
+
+
 def _identity(x: torch.Tensor) -> torch.Tensor:
     return x
 
@@ -302,8 +312,10 @@ class InflightEngine:
                 )
                 for job, prop, h in zip(jobs, proposals, histories)
             ]
+            head_rows = [0]  # what the head computes (decide skips rows after a rejection)
+            counted = head if head is _identity else _counting(head, head_rows)
             t_verify = time.perf_counter()
-            decisions = decide(cands, [states[s : s + k] for s, k in ranges], head)
+            decisions = decide(cands, [states[s : s + k] for s, k in ranges], counted)
             verify_s = time.perf_counter() - t_verify
         except Exception as exc:  # noqa: BLE001 - fail these requests, keep the engine alive
             log.exception("%s: forward pass failed", self.name)
@@ -314,10 +326,11 @@ class InflightEngine:
         dt = time.perf_counter() - t0
         if self.drafter is not None:
             # The adaptive drafter learns the pass's cost per tokens fed (the packed pass alone) and the verification's
-            # per rows kept (the head and the acceptance routine; with one sequence speculating the head runs only on
-            # the rows still undecided, so its cost per kept row is an average over what was accepted). Timed with the
-            # pass, a step that accepted much would look like an expensive size.
-            self.drafter.observe_pass(offset, pass_s, rows=len(keep), verify_s=verify_s, seqs=len(jobs))
+            # (the head and the acceptance routine) per head row computed: decide skips the rows after a rejection,
+            # so by rows kept a step that accepted much would look like an expensive K. Timed with the pass, it would
+            # look like an expensive size.
+            rows = head_rows[0] if head is not _identity else len(keep)
+            self.drafter.observe_pass(offset, pass_s, rows=rows, verify_s=verify_s, seqs=len(jobs))
         self.passes += 1
         self.fed_tokens += offset
         self.pool.computed_tokens += offset
