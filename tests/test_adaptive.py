@@ -316,11 +316,10 @@ def test_acceptance_is_learned_for_the_first_proposal_and_for_the_ones_after_it(
 
 
 def test_verifying_rows_is_charged_for_the_head_rows_it_computes():
-    """Verification costs per head row computed (the head, the acceptance routine). Alone, the head runs on the
-    positions decided, one per accepted proposal: a row dearer than a plain step makes speculation lose, a dear row
-    that is still cheaper than a plain step does not (each accepted token would need its head row in a plain step
-    too). In a batch the later rows are computed whenever the first proposal is accepted, accepted or not, and dear
-    rows shorten K."""
+    """Verification costs per head row computed (the head, the acceptance routine): a step's later rows are computed
+    when its first proposal is accepted, so an option pays for them with that probability. A row dearer than a plain
+    step makes speculation lose; a dear row still cheaper than one does not, alone (an accepted token needs its head
+    row in a plain step too); in a batch dear rows shorten K."""
     ask = Ask(4, [5, 6, 7, 8], ngram_match=2)
     assert _policy().plan([SequenceArms()], [ask])[0].speculates
     assert _policy(verify_c=0.05, verify_row=0.6).plan([SequenceArms()], [ask])[0].speculates

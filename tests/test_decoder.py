@@ -161,11 +161,10 @@ def test_draft_with_other_vocabulary_is_refused(models, tmp_path, tiny_tokenizer
 
 @pytest.mark.parametrize("which", ["noisy", "random"])
 def test_verification_applies_the_head_only_where_logits_are_used(models, prompts, reference, which):
-    """Alone, position j of a K + 1 verification needs logits only if draft tokens 0..j-1 were accepted: the head
-    runs on exactly accepted + 1 positions per step. In a batch where two or more sequences speculate it runs once
-    at most twice per step: over every sequence's first row, then over the later rows of the sequences whose first
-    proposal was accepted (two reads of the vocabulary matrix instead of one per position, and no rows after a
-    rejection). Either way the output equals the full-logits path's."""
+    """The head runs at most twice per step: over every sequence's first row (each is decided), then over all the
+    later rows of the sequences whose first proposal was accepted (two reads of the vocabulary matrix at most,
+    instead of one per position, and no rows after a first rejection). Alone, a step whose first proposal is
+    rejected computes one row. The output equals the full-logits path's."""
     target, draft, noisy, _ = models
     dec = SpeculativeDecoder(target, noisy if which == "noisy" else draft, max_draft_len=4)
     assert dec.head is target.lm_head
@@ -174,8 +173,10 @@ def test_verification_applies_the_head_only_where_logits_are_used(models, prompt
     dec.head = lambda hidden: (rows_seen.append(hidden.shape[0]), head(hidden))[1]
     alone = [dec.generate([p], 48)[0] for p in prompts]
     assert [r.token_ids for r in alone] == reference
-    assert sum(rows_seen) == sum(r.stats.total_accepted_draft_tokens + r.stats.target_steps for r in alone)
-    assert sum(rows_seen) < sum(5 * r.stats.target_steps for r in alone)  # fewer than K + 1 per step
+    steps = sum(r.stats.target_steps for r in alone)
+    assert steps <= len(rows_seen) <= 2 * steps
+    assert all(1 <= n <= 4 for n in rows_seen)  # a first row, or a step's later rows (K = 4 at most)
+    assert sum(rows_seen) < 5 * steps  # fewer than K + 1 per step
     rows_seen.clear()
     batch = dec.generate(prompts, 48)
     assert [r.token_ids for r in batch] == reference

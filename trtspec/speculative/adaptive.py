@@ -251,17 +251,6 @@ class AdaptivePolicy:
         """Expected accepted proposals of ``k`` from ``arm`` for this sequence."""
         return expected_accepted(self.acceptance(seq, arm), k, self.continuation(seq, arm))
 
-    def _head_rows(self, seq: SequenceArms, arm: Arm, k: int, alone: bool) -> float:
-        """The vocabulary-head rows that ``k`` proposals from ``arm`` are expected to add to the sequence's one
-        (trtspec.speculative.acceptance.decide): alone, one per accepted proposal (the head runs position by
-        position while undecided); in a batch, all ``k`` later rows if the first proposal is accepted. A curve of
-        verification time by the rows a step kept instead charged a long K for what it accepted: with one sequence
-        the K 4 steps, chosen where acceptance is high, were those whose verification computed the most rows (5.5 ms
-        for one row, 9.2 ms for five, in one run), and K 4 cost some 3 ms more than K 2 for being right."""
-        if alone:
-            return self.expected(seq, arm, k)
-        return self.acceptance(seq, arm) * k
-
     # -- the choice --------------------------------------------------------------------------------------------
     def plan(self, seqs: Sequence[SequenceArms], asks: Sequence[Ask], batch_seqs: int | None = None) -> list[Choice]:
         """One choice per sequence for this step (see the module docstring); ``batch_seqs``: the sequences the
@@ -340,24 +329,19 @@ class AdaptivePolicy:
         self, seqs: Sequence[SequenceArms], choices: Sequence[Choice], costs: _Costs, t_base: float, n_base: int
     ) -> float:
         """The expected tokens per second of a step that makes ``choices``, on ``costs``."""
-        gain, n_now, rows = 0.0, n_base, float(len(seqs))
+        gain, n_now, rows, verify = 0.0, n_base, len(seqs), 0.0
         draft_rows: list[int] = []
-        alone = len(seqs) == 1
         for seq, c in zip(seqs, choices):
             if not c.speculates:
                 continue
-            gain += self.expected(seq, c.arm or MODEL_ARM, c.k)
+            arm = c.arm or MODEL_ARM
+            gain += self.expected(seq, arm, c.k)
             n_now += c.k
-            rows += self._head_rows(seq, c.arm or MODEL_ARM, c.k, alone)
+            verify += self.acceptance(seq, arm) * (costs.verify(rows + c.k) - costs.verify(rows))  # see _best
+            rows += c.k
             if c.source == MODEL:
                 _add_rounds(draft_rows, c.k)
-        extra = (
-            costs.target(n_now)
-            - costs.target(n_base)
-            + costs.verify(rows)
-            - costs.verify(len(seqs))
-            + sum(costs.draft(r) for r in draft_rows)
-        )
+        extra = costs.target(n_now) - costs.target(n_base) + verify + sum(costs.draft(r) for r in draft_rows)
         return (len(seqs) + gain) / (t_base + extra)
 
     def _assign(
@@ -365,15 +349,14 @@ class AdaptivePolicy:
     ) -> list[Choice]:
         """Each sequence's best option at ``rate``, in turn (each on the pass as the ones before it grew it)."""
         n_now = n_base
-        rows_now = float(len(seqs))  # head rows: one per sequence, plus those its draft tokens are expected to need
+        rows_now = len(seqs)  # head rows: one per sequence, plus the later rows of each draft
         draft_rows: list[int] = []  # draft rows per round chosen so far
         choices: list[Choice] = []
-        alone = len(seqs) == 1
         for seq, ask in zip(seqs, asks):
-            best = self._best(seq, ask, costs, rate, n_now, rows_now, draft_rows, alone)
+            best = self._best(seq, ask, costs, rate, n_now, rows_now, draft_rows)
             if best.speculates:
                 n_now += best.k
-                rows_now += self._head_rows(seq, best.arm or MODEL_ARM, best.k, alone)
+                rows_now += best.k
                 if best.source == MODEL:
                     _add_rounds(draft_rows, best.k)
             choices.append(best)
@@ -386,17 +369,22 @@ class AdaptivePolicy:
         costs: _Costs,
         rate: float,
         n_now: int,
-        rows_now: float,
+        rows_now: int,
         draft_rows: list[int],
-        alone: bool = True,
     ) -> Choice:
         """The option with the highest net gain E - rate x extra cost (``costs``: pass costs by size; ``n_now``:
         tokens the step feeds before this sequence's draft; ``rows_now``: rows it verifies; ``draft_rows``: rows per
         draft round)."""
         target, draft = costs.target, costs.draft
 
-        def grown(k: int, head_rows: float) -> float:  # the target pass grown by k tokens, the head by its rows
-            return target(n_now + k) - target(n_now) + costs.verify(rows_now + head_rows) - costs.verify(rows_now)
+        def grown(k: int, a: float) -> float:
+            # The target pass grown by k tokens, and the verification by the k later head rows, which are computed
+            # when the first proposal is accepted (probability a; trtspec.speculative.acceptance.decide) and cost
+            # a second multiply then. A curve of verification time by the rows a step kept instead charged a long K
+            # for what it accepted, with the head run position by position: the K 4 steps, chosen where acceptance
+            # is high, were those that computed the most rows (5.5 ms for one row, 9.2 ms for five, in one run),
+            # and K 4 cost some 3 ms more than K 2 for being right.
+            return target(n_now + k) - target(n_now) + a * (costs.verify(rows_now + k) - costs.verify(rows_now))
 
         best, best_net = NO_SPECULATION, self.min_gain
         if ask.k_max > 0 and ask.ngram_tokens:
@@ -404,7 +392,7 @@ class AdaptivePolicy:
             a, after = self.acceptance(seq, arm), self.continuation(seq, arm)
             for k in range(1, min(ask.k_max, len(ask.ngram_tokens)) + 1):
                 gain = expected_accepted(a, k, after)
-                net = gain - rate * grown(k, gain if alone else a * k)
+                net = gain - rate * grown(k, a)
                 if net > best_net:
                     best, best_net = Choice(NGRAM, k, arm), net
         if ask.k_max > 0 and ask.model:
@@ -420,7 +408,7 @@ class AdaptivePolicy:
                 rows = draft_rows[k - 1] if k - 1 < len(draft_rows) else 0
                 draft_extra += draft(rows + 1) - draft(rows)
                 gain = expected_accepted(a, k, after)
-                net = gain - rate * (grown(k, gain if alone else a * k) + draft_extra)
+                net = gain - rate * (grown(k, a) + draft_extra)
                 if net > best_net:
                     best, best_net = Choice(MODEL, k, MODEL_ARM), net
         return best

@@ -106,8 +106,9 @@ def replay(policy: AdaptivePolicy, answers: Answers, costs: StepCosts, k_max: in
             body = costs.body[k] if p else costs.target_prefill + costs.body[k] - costs.body[0]
             if p or costs.target_prefill > 0:
                 policy.observe_target(base + k, body)
-            if costs.head > 0:  # alone, the head runs on the positions decided (as the engine reports them)
-                policy.observe_verify(acc + 1, (acc + 1) * costs.head)
+            if costs.head > 0:  # the head rows computed: the first, and the later ones if it was accepted
+                rows = 1 + (k if acc else 0)
+                policy.observe_verify(rows, rows * costs.head)
             steps += 1
             drafted += k
             accepted += acc
