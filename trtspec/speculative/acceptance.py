@@ -8,8 +8,9 @@ distribution (an n-gram, or a draft sent without logits) is a point mass: accept
 rejection p without x. With no draft tokens the routine is plain decoding: argmax, or a sample from p.
 
 ``decide`` is used by every path that verifies tokens (the in-flight engine, in process and in the torch runtime's
-Triton models); it takes the target's hidden states and applies the vocabulary head position by position, only for
-the sequences still undecided there (trtspec.runtimes.inflight.head), or full logits with the identity as head.
+Triton models); it takes the target's hidden states and applies the vocabulary head in at most two multiplies, to
+every first row and then to the later rows of the sequences whose first proposal was accepted
+(trtspec.runtimes.inflight.head), or full logits with the identity as head.
 """
 
 from __future__ import annotations
