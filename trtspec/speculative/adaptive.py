@@ -11,9 +11,10 @@ Two things are learned online, from the decoding loop itself:
   step), and an estimate carries an exploration bonus that grows as its evidence fades, so a sequence that switched
   an arm off tries it again some tens of steps later; a long n-gram match (a quote, a repeat) has its own arm and
   its own prior, so such text is speculated on at once.
-- **Costs**: seconds of one packed target pass as a function of the tokens it feeds, of verifying its rows (the
-  vocabulary head and the acceptance routine, per row kept) and of one draft-model round as a function of its rows
-  (``PassCosts``: measured sizes fitted non-decreasing, interpolated between them), learned from every pass; where a
+- **Costs**: seconds of one packed target pass as a function of the tokens it feeds, of verifying it (the vocabulary
+  head and the acceptance routine, per head row computed; a draft's later rows are charged with its first
+  proposal's acceptance) and of one draft-model round as a function of its rows (``PassCosts``: the machine's drift
+  times a shape per size, fitted non-decreasing, interpolated between sizes), learned from every pass; where a
   size has not been seen they follow a prior curve (``c`` and ``v`` from ``trtspec tune`` / ``--costs``, or CPU-like
   defaults) anchored at the nearest measured size.
 

@@ -312,7 +312,7 @@ class InflightEngine:
                 )
                 for job, prop, h in zip(jobs, proposals, histories)
             ]
-            head_rows = [0]  # what the head computes (decide skips rows after a rejection)
+            head_rows = [0]  # what the head computes (a sequence's later rows only if its first was accepted)
             counted = head if head is _identity else _counting(head, head_rows)
             t_verify = time.perf_counter()
             decisions = decide(cands, [states[s : s + k] for s, k in ranges], counted)
@@ -326,9 +326,9 @@ class InflightEngine:
         dt = time.perf_counter() - t0
         if self.drafter is not None:
             # The adaptive drafter learns the pass's cost per tokens fed (the packed pass alone) and the verification's
-            # (the head and the acceptance routine) per head row computed: decide skips the rows after a rejection,
-            # so by rows kept a step that accepted much would look like an expensive K. Timed with the pass, it would
-            # look like an expensive size.
+            # (the head and the acceptance routine) per head row computed: decide computes a sequence's later rows
+            # only when its first proposal is accepted, so by rows kept a step that accepted would look like an
+            # expensive K. Timed with the pass, it would look like an expensive size.
             rows = head_rows[0] if head is not _identity else len(keep)
             self.drafter.observe_pass(offset, pass_s, rows=rows, verify_s=verify_s, seqs=len(jobs))
         self.passes += 1
