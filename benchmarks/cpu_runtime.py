@@ -3,14 +3,15 @@
 The embedded example (SmolLM2-135M fp32 target, its distilled draft and n-gram pool), greedy, in process through the
 in-flight engine: ms/token and tok/s target-only and speculative (n-gram drafter and draft model, K 4) with the
 transformers module tree (``fast_step=False``, the path before the fused step) and with the fused Llama step
-(trtspec.runtimes.inflight.llama_step), and with ``--bf16`` the fused step on the same weights in bfloat16 (another
-target: its own greedy text, which its speculative runs must equal); the cost ratios v (verify K + 1 tokens / one
-decode step, with the head at the measured tokens per step) and c (draft step / target step) through each path
+(trtspec.runtimes.inflight.llama_step), with ``--onednn`` the fused step with trtspec's few-row float32 kernel
+(trtspec.runtimes.inflight.cpu_gemm) turned off, and with ``--bf16`` the fused step on the same weights in bfloat16
+(another target: its own greedy text, which its speculative runs must equal); the cost ratios v (verify K + 1 tokens
+/ one decode step, with the head at the measured tokens per step) and c (draft step / target step) through each path
 (trtspec.runtimes.torch.costs); and whether every path's text equals its own target-only text. Methods alternate
 prompt by prompt, so background load hits them alike. Run it under the CPU lock on a quiet machine, note ``uptime``:
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/cpu_runtime.py [--max-tokens 64] [--k 4] [--threads 0] [--bf16]
-        [--json out.json]
+        [--onednn] [--json out.json]
 
 (about 4 minutes on 2 cores, 6 with --bf16.) The OpenMP wait policy is read when torch loads: this script defaults it
 to passive as trtspec does (trtspec.threads) unless the environment sets it.
@@ -35,6 +36,7 @@ import torch  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from trtspec.runtimes.inflight.llama_step import step_of  # noqa: E402
 from trtspec.runtimes.torch.costs import step_cost_ratios  # noqa: E402
 from trtspec.runtimes.torch.decoder import SpeculativeDecoder  # noqa: E402
 from trtspec.runtimes.torch.session import TorchSession  # noqa: E402
@@ -47,7 +49,8 @@ QUESTIONS = [
     "Summarize the plot of Romeo and Juliet in three sentences.",
 ]
 MODES = ("target-only", "ngram", "draft model")
-PATHS = (("old", False), ("new", True), ("new bf16", True))  # (name, fused step)
+# (name, fused step); "new oneDNN": the fused float32 step with trtspec's few-row kernel off (the path before it)
+PATHS = (("old", False), ("new oneDNN", True), ("new", True), ("new bf16", True))
 
 
 def main() -> None:
@@ -58,6 +61,9 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=256, help="cached tokens before the timed passes of v and c")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--bf16", action="store_true", help="also the fused step on bfloat16 weights")
+    ap.add_argument(
+        "--onednn", action="store_true", help="also the fused float32 step on oneDNN's kernels (trtspec's kernel off)"
+    )
     args = ap.parse_args()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -68,6 +74,14 @@ def main() -> None:
     sessions = {"old": session, "new": session}
     if args.bf16:  # the same weights in bfloat16 through the fused step (its row-invariant path)
         sessions["new bf16"] = TorchSession(paths.target, paths.draft, dtype="bfloat16")
+    if args.onednn:  # the same float32 weights, their fused steps built with trtspec's few-row kernel turned off
+        sessions["new oneDNN"] = TorchSession(paths.target, paths.draft)
+        os.environ["TRTSPEC_CPU_GEMM"] = "0"
+        try:
+            for model in (sessions["new oneDNN"].target, sessions["new oneDNN"].draft):
+                step_of(model)
+        finally:
+            del os.environ["TRTSPEC_CPU_GEMM"]
     prompts = [session.encode(q) for q in QUESTIONS]
     eos = list(session.decoder.eos_ids)
     pool = NgramPool.load(Path(paths.draft) / POOL_FILE)

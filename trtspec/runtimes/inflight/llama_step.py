@@ -39,6 +39,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from trtspec.runtimes.inflight import cpu_gemm
 from trtspec.runtimes.inflight.kv_pool import SlotKVPool
 
 DEFAULT_PACK_ROWS = (1, 5)  # a decode step, and a verification of K = 4 (the default draft length) + 1 tokens
@@ -91,6 +92,9 @@ class _Linear:
         self.pieces: list[tuple[int, int, torch.Tensor]] = []
         self.onednn: torch.Tensor | None = None
         cpu32 = weight.dtype == torch.float32 and weight.device.type == "cpu"
+        # A pass of at most cpu_gemm.MAX_ROWS rows (decoding, verification) multiplies by the plain weight through
+        # trtspec's own kernel where it runs (AVX2 + FMA); longer passes (prefill, large batches) take the copy below.
+        self.small = cpu32 and cpu_gemm.applies(weight)
         if cpu32 and pack_rows and torch.backends.mkldnn.is_available():
             # Packed for a few rows, within 2-7 % of a copy packed for each count at 1, 2, 5 and 8 rows (measured);
             # a weight used for one row (the vocabulary head: pack_rows (1,)) is packed for one (4.6 against 5.5 ms).
@@ -107,6 +111,8 @@ class _Linear:
             self.pieces = [(a, b, _onednn_packed(weight[:, a:b].contiguous())) for a, b in zip(bounds, bounds[1:])]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.small and x.shape[0] <= cpu_gemm.MAX_ROWS:
+            return cpu_gemm.linear(x, self.weight, self.bias)
         if self.onednn is not None:
             return _onednn_linear(x, self.onednn, self.bias)
         if self.pieces:  # a row's result must not depend on how many rows the pass has (see row_invariant)

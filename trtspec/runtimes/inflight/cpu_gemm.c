@@ -1,0 +1,88 @@
+/* trtspec's float32 multiply of a few rows on an x86-64 CPU with AVX2 and FMA: y = x W^T (+ b), W [N, K] row-major
+   as torch keeps a Linear's weight, x [M, K] with M small (a decode step, a verification of K + 1 tokens).
+
+   Such a multiply is memory-bound: every weight is read once and used M times. oneDNN's and MKL's kernels read the
+   weights at about half the machine's streaming bandwidth for M = 1 and cost 1.2-1.3x more for M = 5 (measured on a
+   2-core AMD EPYC, AVX2). Here each weight vector is loaded once per group of up to 4 rows and multiplied into every
+   row's accumulator in registers.
+
+   Every output (m, n) is summed in the same order whatever M and the tile: one 8-lane accumulator over k in steps
+   of 8, then its lanes, then the k tail, then the bias. So a row's bits do not depend on how many rows the call has:
+   a verification's rows equal the decode steps' rows. Built by trtspec.runtimes.inflight.cpu_gemm with
+   -O3 -march=native -fopenmp (the OpenMP runtime is torch's own libgomp, already loaded by then). */
+#include <immintrin.h>
+#include <stdint.h>
+
+static inline float hsum(__m256 v) {
+    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+    lo = _mm_add_ps(lo, hi);
+    __m128 sh = _mm_movehdup_ps(lo);
+    __m128 s = _mm_add_ps(lo, sh);
+    sh = _mm_movehl_ps(sh, s);
+    s = _mm_add_ss(s, sh);
+    return _mm_cvtss_f32(s);
+}
+
+/* NT weight rows from n0 times MT input rows from m0. */
+#define TILE(NT, MT)                                                                                              \
+    static void tile_##NT##_##MT(const float *x, const float *w, const float *b, float *y, int N, int K, int n0, \
+                                 int m0) {                                                                        \
+        __m256 acc[NT][MT];                                                                                       \
+        for (int i = 0; i < NT; i++)                                                                              \
+            for (int j = 0; j < MT; j++) acc[i][j] = _mm256_setzero_ps();                                         \
+        int k = 0;                                                                                                \
+        for (; k + 8 <= K; k += 8) {                                                                              \
+            __m256 xv[MT];                                                                                        \
+            for (int j = 0; j < MT; j++) xv[j] = _mm256_loadu_ps(x + (int64_t)(m0 + j) * K + k);                 \
+            for (int i = 0; i < NT; i++) {                                                                        \
+                __m256 wv = _mm256_loadu_ps(w + (int64_t)(n0 + i) * K + k);                                       \
+                for (int j = 0; j < MT; j++) acc[i][j] = _mm256_fmadd_ps(wv, xv[j], acc[i][j]);                   \
+            }                                                                                                     \
+        }                                                                                                         \
+        for (int i = 0; i < NT; i++)                                                                              \
+            for (int j = 0; j < MT; j++) {                                                                        \
+                float s = hsum(acc[i][j]);                                                                        \
+                for (int kk = k; kk < K; kk++) s += x[(int64_t)(m0 + j) * K + kk] * w[(int64_t)(n0 + i) * K + kk]; \
+                if (b) s += b[n0 + i];                                                                            \
+                y[(int64_t)(m0 + j) * N + n0 + i] = s;                                                            \
+            }                                                                                                     \
+    }
+TILE(4, 1)
+TILE(1, 1)
+TILE(2, 2)
+TILE(1, 2)
+TILE(2, 3)
+TILE(1, 3)
+TILE(1, 4)
+
+/* Outputs in tiles of 4 weight rows, split over ``threads``; within a tile the input rows in groups of at most 4
+   (their vectors stay in registers; the tile's weights, at most 4 x K floats, stay in L1 between the groups). */
+void trtspec_linear_f32(const float *x, const float *w, const float *b, float *y, int M, int N, int K, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int n0 = 0; n0 < N; n0 += 4) {
+        int nt = N - n0 < 4 ? N - n0 : 4;
+        for (int m0 = 0; m0 < M;) {
+            int mt = M - m0;
+            if (mt >= 4) {
+                for (int i = 0; i < nt; i++) tile_1_4(x, w, b, y, N, K, n0 + i, m0);
+                m0 += 4;
+            } else if (mt == 3) {
+                int i = 0;
+                for (; i + 2 <= nt; i += 2) tile_2_3(x, w, b, y, N, K, n0 + i, m0);
+                for (; i < nt; i++) tile_1_3(x, w, b, y, N, K, n0 + i, m0);
+                m0 += 3;
+            } else if (mt == 2) {
+                int i = 0;
+                for (; i + 2 <= nt; i += 2) tile_2_2(x, w, b, y, N, K, n0 + i, m0);
+                for (; i < nt; i++) tile_1_2(x, w, b, y, N, K, n0 + i, m0);
+                m0 += 2;
+            } else {
+                if (nt == 4)
+                    tile_4_1(x, w, b, y, N, K, n0, m0);
+                else
+                    for (int i = 0; i < nt; i++) tile_1_1(x, w, b, y, N, K, n0 + i, m0);
+                m0 += 1;
+            }
+        }
+    }
+}
