@@ -4,7 +4,7 @@ The embedded example (SmolLM2-135M fp32 target, its distilled draft and n-gram p
 in-flight engine: ms/token and tok/s target-only and speculative (n-gram drafter and draft model, K 4) with the
 transformers module tree (``fast_step=False``, the path before the fused step) and with the fused Llama step
 (trtspec.runtimes.inflight.llama_step), with ``--onednn`` the fused step with trtspec's few-row float32 kernel
-(trtspec.runtimes.inflight.cpu_gemm) turned off, and with ``--bf16`` the fused step on the same weights in bfloat16
+(trtspec.runtimes.inflight.cpu_kernels) turned off, and with ``--bf16`` the fused step on the same weights in bfloat16
 (another target: its own greedy text, which its speculative runs must equal); the cost ratios v (verify K + 1 tokens
 / one decode step, with the head at the measured tokens per step) and c (draft step / target step) through each path
 (trtspec.runtimes.torch.costs); and whether every path's text equals its own target-only text. Methods alternate
@@ -76,12 +76,12 @@ def main() -> None:
         sessions["new bf16"] = TorchSession(paths.target, paths.draft, dtype="bfloat16")
     if args.onednn:  # the same float32 weights, their fused steps built with trtspec's few-row kernel turned off
         sessions["new oneDNN"] = TorchSession(paths.target, paths.draft)
-        os.environ["TRTSPEC_CPU_GEMM"] = "0"
+        os.environ["TRTSPEC_CPU_KERNELS"] = "0"
         try:
             for model in (sessions["new oneDNN"].target, sessions["new oneDNN"].draft):
                 step_of(model)
         finally:
-            del os.environ["TRTSPEC_CPU_GEMM"]
+            del os.environ["TRTSPEC_CPU_KERNELS"]
     prompts = [session.encode(q) for q in QUESTIONS]
     eos = list(session.decoder.eos_ids)
     pool = NgramPool.load(Path(paths.draft) / POOL_FILE)

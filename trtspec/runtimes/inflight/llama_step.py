@@ -15,7 +15,10 @@ multiplies read q/k/v and gate/up as five separate weights. Here:
   step or a verification much faster than MKL's plain or packed kernels (measured on a 2-core AMD EPYC with AVX2:
   5 rows cost 1.3x one row against 1.7x with MKL's packed copies, 1 row 10 % less); one copy for every row count
   (SmolLM2-135M: 0.5 GB beside the model's 0.5 GB). Without oneDNN, MKL-packed copies for ``pack_rows`` (default 1
-  and K + 1), one copy per row count.
+  and K + 1), one copy per row count. Where trtspec's own kernels run (:mod:`cpu_kernels`: x86-64 with AVX2 and FMA),
+  passes of up to ``cpu_kernels.MAX_ROWS`` rows multiply by the plain weights through them instead (each row's bits
+  independent of the pass), and the residual add with the next norm, the rotary embedding and the MLP's activation
+  are one kernel call each (2-core AMD EPYC: a one-token pass 59 -> 38 ms).
 
 bfloat16 weights on a CPU take another path, built so that every row of a pass gets the bits it would get alone
 (:func:`row_invariant`): oneDNN multiplies on pre-packed weights, split at INVARIANT_REDUCTION inputs, and attention
@@ -39,7 +42,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from trtspec.runtimes.inflight import cpu_gemm
+from trtspec.runtimes.inflight import cpu_kernels
 from trtspec.runtimes.inflight.kv_pool import SlotKVPool
 
 DEFAULT_PACK_ROWS = (1, 5)  # a decode step, and a verification of K = 4 (the default draft length) + 1 tokens
@@ -92,9 +95,9 @@ class _Linear:
         self.pieces: list[tuple[int, int, torch.Tensor]] = []
         self.onednn: torch.Tensor | None = None
         cpu32 = weight.dtype == torch.float32 and weight.device.type == "cpu"
-        # A pass of at most cpu_gemm.MAX_ROWS rows (decoding, verification) multiplies by the plain weight through
+        # A pass of at most cpu_kernels.MAX_ROWS rows (decoding, verification) multiplies by the plain weight through
         # trtspec's own kernel where it runs (AVX2 + FMA); longer passes (prefill, large batches) take the copy below.
-        self.small = cpu32 and cpu_gemm.applies(weight)
+        self.small = cpu32 and cpu_kernels.applies(weight)
         if cpu32 and pack_rows and torch.backends.mkldnn.is_available():
             # Packed for a few rows, within 2-7 % of a copy packed for each count at 1, 2, 5 and 8 rows (measured);
             # a weight used for one row (the vocabulary head: pack_rows (1,)) is packed for one (4.6 against 5.5 ms).
@@ -111,8 +114,8 @@ class _Linear:
             self.pieces = [(a, b, _onednn_packed(weight[:, a:b].contiguous())) for a, b in zip(bounds, bounds[1:])]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.small and x.shape[0] <= cpu_gemm.MAX_ROWS:
-            return cpu_gemm.linear(x, self.weight, self.bias)
+        if self.small and x.shape[0] <= cpu_kernels.MAX_ROWS:
+            return cpu_kernels.linear(x, self.weight, self.bias)
         if self.onednn is not None:
             return _onednn_linear(x, self.onednn, self.bias)
         if self.pieces:  # a row's result must not depend on how many rows the pass has (see row_invariant)
@@ -352,6 +355,11 @@ class LlamaStep:
         self.scaling = self.head_dim**-0.5
         self.embed = model.model.embed_tokens.weight.detach()
         self.invariant = row_invariant(self.embed)
+        # float32 on a CPU where trtspec's kernels run: the residual add with the next norm, the rotary embedding and
+        # the MLP's activation each one call per layer (cpu_kernels), not four to six torch ops
+        self.elementwise = (
+            self.embed.dtype == torch.float32 and self.embed.device.type == "cpu" and cpu_kernels.available()
+        )
         self.final_norm = model.model.norm.weight.detach()
         self.layers = [_Layer(layer, pack_rows) for layer in model.model.layers]
         self.pack_rows = tuple(pack_rows)
@@ -474,11 +482,19 @@ class LlamaStep:
         # 64, 200 cached tokens): 365 -> 140 us per layer, the same bits (the test checks rows against 2 threads).
         threads = torch.get_num_threads()
         one_thread = self.invariant and threads > 1 and t <= SMALL_PASS
+        kernels = self.elementwise and h.is_contiguous()
+        delta: torch.Tensor | None = None  # the residual the kernels add with the next norm
         for i, layer in enumerate(self.layers):
-            x = self._norm(h, layer.norm1)
-            qkv = layer.qkv(x)
-            q = self._rope(qkv[:, : hq * d].view(t, hq, d), cos, sin)
-            k = self._rope(qkv[:, hq * d : (hq + hk) * d].view(t, hk, d), cos, sin)
+            if kernels:
+                x = cpu_kernels.add_rmsnorm(h, delta, layer.norm1, self.eps)
+                qkv = layer.qkv(x)
+                cpu_kernels.rope_(qkv, cos.view(t, d), sin.view(t, d), hq + hk, d)
+                q, k = qkv[:, : hq * d].view(t, hq, d), qkv[:, hq * d : (hq + hk) * d].view(t, hk, d)
+            else:
+                x = self._norm(h, layer.norm1)
+                qkv = layer.qkv(x)
+                q = self._rope(qkv[:, : hq * d].view(t, hq, d), cos, sin)
+                k = self._rope(qkv[:, hq * d : (hq + hk) * d].view(t, hk, d), cos, sin)
             v = qkv[:, (hq + hk) * d :].view(t, hk, d)
             if one_thread:
                 torch.set_num_threads(1)
@@ -487,10 +503,16 @@ class LlamaStep:
             finally:
                 if one_thread:
                     torch.set_num_threads(threads)
+            if kernels:
+                x = cpu_kernels.add_rmsnorm(h, layer.o(out.reshape(t, hq * d)), layer.norm2, self.eps)
+                delta = layer.down(cpu_kernels.silu_mul(layer.gate_up(x), layer.intermediate))
+                continue
             h += layer.o(out.reshape(t, hq * d))
             x = self._norm(h, layer.norm2)
             gu = layer.gate_up(x)
             h += layer.down(F.silu(gu[:, : layer.intermediate]) * gu[:, layer.intermediate :])
+        if kernels:
+            return cpu_kernels.add_rmsnorm(h, delta, self.final_norm, self.eps)
         return self._norm(h, self.final_norm)
 
 

@@ -8,9 +8,10 @@
 
    Every output (m, n) is summed in the same order whatever M and the tile: one 8-lane accumulator over k in steps
    of 8, then its lanes, then the k tail, then the bias. So a row's bits do not depend on how many rows the call has:
-   a verification's rows equal the decode steps' rows. Built by trtspec.runtimes.inflight.cpu_gemm with
+   a verification's rows equal the decode steps' rows. Built by trtspec.runtimes.inflight.cpu_kernels with
    -O3 -march=native -fopenmp (the OpenMP runtime is torch's own libgomp, already loaded by then). */
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 
 static inline float hsum(__m256 v) {
@@ -84,5 +85,57 @@ void trtspec_linear_f32(const float *x, const float *w, const float *b, float *y
                 m0 += 1;
             }
         }
+    }
+}
+
+/* The step's elementwise work, row by row (each row's bits independent of the others), one call where eager torch
+   dispatches four to six ops per layer: about 9 ms of a 58 ms float32 decode step on SmolLM2-135M's 30 layers. */
+
+/* h += delta (when given), then out = w * (h * 1 / sqrt(mean(h^2) + eps)): transformers' LlamaRMSNorm after the
+   residual add, in float32. */
+void trtspec_add_rmsnorm_f32(float *h, const float *delta, const float *w, float *out, int M, int H, float eps) {
+    for (int m = 0; m < M; m++) {
+        float *r = h + (int64_t)m * H;
+        float *o = out + (int64_t)m * H;
+        if (delta) {
+            const float *d = delta + (int64_t)m * H;
+            for (int i = 0; i < H; i++) r[i] += d[i];
+        }
+        __m256 acc = _mm256_setzero_ps();
+        int i = 0;
+        for (; i + 8 <= H; i += 8) {
+            __m256 v = _mm256_loadu_ps(r + i);
+            acc = _mm256_fmadd_ps(v, v, acc);
+        }
+        float ss = hsum(acc);
+        for (; i < H; i++) ss += r[i] * r[i];
+        float inv = 1.0f / sqrtf(ss / (float)H + eps);
+        for (i = 0; i < H; i++) o[i] = w[i] * (r[i] * inv);
+    }
+}
+
+/* Rotary embedding in place on the first ``heads`` heads of d of every row of x (row stride ``stride`` floats),
+   rotate-half form: x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin, cos/sin [M, d]. */
+void trtspec_rope_f32(float *x, const float *cos_t, const float *sin_t, int M, int stride, int heads, int d) {
+    int half = d / 2;
+    for (int m = 0; m < M; m++) {
+        const float *c = cos_t + (int64_t)m * d, *s = sin_t + (int64_t)m * d;
+        for (int h = 0; h < heads; h++) {
+            float *v = x + (int64_t)m * stride + (int64_t)h * d;
+            for (int i = 0; i < half; i++) {
+                float a = v[i], b = v[i + half];
+                v[i] = a * c[i] - b * s[i];
+                v[i + half] = b * c[i + half] + a * s[i + half];
+            }
+        }
+    }
+}
+
+/* out = silu(g) * u for gu = [g | u] of 2 I per row: the MLP's activation. */
+void trtspec_silu_mul_f32(const float *gu, float *out, int M, int I) {
+    for (int m = 0; m < M; m++) {
+        const float *g = gu + (int64_t)m * 2 * I, *u = g + I;
+        float *o = out + (int64_t)m * I;
+        for (int i = 0; i < I; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
     }
 }
