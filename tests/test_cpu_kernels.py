@@ -91,7 +91,85 @@ def test_the_elementwise_kernels_compute_what_torch_s_ops_do() -> None:
     assert torch.allclose(cpu_kernels.silu_mul(gu, inter), ref, rtol=1e-5, atol=1e-6)
 
 
+@needs_kernel
+def test_attention_over_the_slot_cache_matches_sdpa_and_each_row_is_its_own() -> None:
+    g = torch.Generator().manual_seed(2)
+    slots, hq, hk, cap, d = 4, 9, 3, 64, 64
+    keys, values = torch.zeros(slots, hk, cap, d), torch.zeros(slots, hk, cap, d)
+    for t in (keys, values):  # cached history of every slot
+        t[:, :, :40] = torch.randn(slots, hk, 40, d, generator=g)
+    segs = [(2, 30, 0, 5), (0, 12, 5, 1), (3, 39, 6, 3)]  # (slot, past, start, count): a verification, a decode, ...
+    t = sum(n for *_, n in segs)
+    q, k, v = torch.randn(t, hq, d, generator=g), torch.randn(t, hk, d, generator=g), torch.randn(t, hk, d, generator=g)
+    scale = d**-0.5
+    kc, vc = keys.clone(), values.clone()
+    out = cpu_kernels.attend(q, k, v, kc, vc, torch.tensor(segs).view(-1, 4), scale)
+    for slot, past, a, n in segs:
+        assert torch.equal(kc[slot, :, past : past + n], k[a : a + n].transpose(0, 1))  # written into the slot
+        mask = torch.ones(n, past + n, dtype=torch.bool).tril(diagonal=past)
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            q[a : a + n].transpose(0, 1).unsqueeze(0),
+            kc[slot : slot + 1, :, : past + n],
+            vc[slot : slot + 1, :, : past + n],
+            attn_mask=mask,
+            scale=scale,
+            enable_gqa=True,
+        )[0].transpose(0, 1)
+        assert torch.allclose(out[a : a + n], ref, rtol=1e-4, atol=1e-5)
+        for r in range(n):  # row by row, as decode steps would: the same bits
+            one = cpu_kernels.attend(
+                q[a + r : a + r + 1],
+                k[a + r : a + r + 1],
+                v[a + r : a + r + 1],
+                kc.clone(),
+                vc.clone(),
+                torch.tensor([[slot, past + r, 0, 1]]),
+                scale,
+            )
+            assert torch.equal(one[0], out[a + r])
+
+
 def test_turned_off_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRTSPEC_CPU_KERNELS", "0")
     assert not cpu_kernels.available()
     assert not cpu_kernels.applies(torch.zeros(4, 8))
+
+
+@needs_kernel
+def test_float32_rows_of_short_passes_get_the_same_bits_whatever_else_is_in_the_pass(tiny_pair) -> None:
+    """With the kernels, a float32 pass of at most MAX_ROWS tokens computes each row as it would alone: a
+    sequence's 5 tokens after 300 cached ones, fed one per pass (decoding), in one pass (verification) or beside
+    another sequence's decode token, give bit-identical hidden states and logits. (With TRTSPEC_CPU_KERNELS=0, oneDNN
+    and scaled_dot_product_attention, they do not: checked on this machine.)"""
+    from transformers import AutoModelForCausalLM
+
+    from trtspec.runtimes.inflight.kv_pool import KVGeometry, SlotKVPool
+    from trtspec.runtimes.inflight.llama_step import LlamaStep
+
+    target = AutoModelForCausalLM.from_pretrained(tiny_pair[0], dtype=torch.float32).eval()
+    step = LlamaStep(target)
+    assert step.elementwise and step.attend_kernel and step.head is not None and step.head.small
+    torch.manual_seed(0)
+    vocab = target.config.vocab_size
+    prompt, tail, other = torch.randint(0, vocab, (300,)), torch.randint(0, vocab, (5,)), torch.randint(0, vocab, (40,))
+    results = []
+    with torch.inference_mode():
+        for how in ("one per pass", "one pass", "beside another sequence"):
+            pool = SlotKVPool(KVGeometry.of(target), 3, 512)
+            step.body(pool, [(0, 0, 0, 300)], prompt, torch.arange(300))
+            step.body(pool, [(2, 0, 0, 40)], other, torch.arange(40))
+            if how == "one per pass":
+                rows = [
+                    step.body(pool, [(0, 300 + i, 0, 1)], tail[i : i + 1], torch.tensor([300 + i])) for i in range(5)
+                ]
+                hidden = torch.cat(rows)
+            elif how == "one pass":
+                hidden = step.body(pool, [(0, 300, 0, 5)], tail, torch.arange(300, 305))
+            else:
+                ids = torch.cat([tail, torch.randint(0, vocab, (1,))])
+                pos = torch.cat([torch.arange(300, 305), torch.tensor([40])])
+                hidden = step.body(pool, [(0, 300, 0, 5), (2, 40, 5, 1)], ids, pos)[:5]
+            results.append((hidden, step.head(hidden)))
+    for hidden, logits in results[1:]:
+        assert torch.equal(results[0][0], hidden)
+        assert torch.equal(results[0][1], logits)

@@ -139,3 +139,79 @@ void trtspec_silu_mul_f32(const float *gu, float *out, int M, int I) {
         for (int i = 0; i < I; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
     }
 }
+
+/* Causal attention of a pass's segments over the slot KV cache, float32, head_dim a multiple of 8.
+   segs: S x 4 int64 (slot, past, start, count): the segment's tokens are rows start .. start + count - 1 of q, k, v
+   ([T, hq, d], [T, hk, d], [T, hk, d], contiguous rows) at positions past .. past + count - 1. Their keys and values
+   are first written into the cache (keys/values [slots, hk, cap, d]); then every (row, query head) attends over its
+   slot's keys 0 .. position: scores in order of the keys, a max-subtracted softmax, the values summed in the same
+   order. Each row's result depends on its own position and cache only, not on the rows beside it. */
+void trtspec_attend_f32(const float *q, const float *k, const float *v, float *keys, float *values, float *out,
+                        const int64_t *segs, int S, int hq, int hk, int cap, int d, float scale, int threads) {
+    int g = hq / hk;
+    int total = 0, longest = 0;
+    for (int s = 0; s < S; s++) {
+        int64_t slot = segs[4 * s], past = segs[4 * s + 1], start = segs[4 * s + 2], count = segs[4 * s + 3];
+        for (int r = 0; r < count; r++)
+            for (int h = 0; h < hk; h++) {
+                int64_t dst = ((slot * hk + h) * cap + past + r) * d, src = ((start + r) * hk + h) * d;
+                for (int i = 0; i < d; i++) {
+                    keys[dst + i] = k[src + i];
+                    values[dst + i] = v[src + i];
+                }
+            }
+        total += (int)count;
+        if (past + count > longest) longest = (int)(past + count);
+    }
+    /* work items: (segment row, query head), in row order */
+    int64_t *rows = (int64_t *)__builtin_alloca(sizeof(int64_t) * 2 * (total > 0 ? total : 1));
+    int n = 0;
+    for (int s = 0; s < S; s++)
+        for (int r = 0; r < segs[4 * s + 3]; r++) {
+            rows[2 * n] = s;
+            rows[2 * n + 1] = r;
+            n++;
+        }
+    int items = n * hq;
+#pragma omp parallel num_threads(threads)
+    {
+        float *scores = (float *)__builtin_alloca(sizeof(float) * (longest > 0 ? longest : 1));
+#pragma omp for schedule(static)
+        for (int it = 0; it < items; it++) {
+            int row = it / hq, h = it % hq, kvh = h / g;
+            int64_t s = rows[2 * row], r = rows[2 * row + 1];
+            int64_t slot = segs[4 * s], past = segs[4 * s + 1], start = segs[4 * s + 2];
+            int L = (int)(past + r + 1);
+            const float *qv = q + ((start + r) * hq + h) * d;
+            const float *K = keys + (slot * hk + kvh) * (int64_t)cap * d;
+            const float *V = values + (slot * hk + kvh) * (int64_t)cap * d;
+            float m = -INFINITY;
+            for (int j = 0; j < L; j++) {
+                __m256 acc = _mm256_setzero_ps();
+                for (int i = 0; i < d; i += 8)
+                    acc = _mm256_fmadd_ps(_mm256_loadu_ps(qv + i), _mm256_loadu_ps(K + (int64_t)j * d + i), acc);
+                float sc = hsum(acc) * scale;
+                scores[j] = sc;
+                if (sc > m) m = sc;
+            }
+            float sum = 0.0f;
+            for (int j = 0; j < L; j++) {
+                scores[j] = expf(scores[j] - m);
+                sum += scores[j];
+            }
+            float *o = out + ((start + r) * hq + h) * d;
+            __m256 inv = _mm256_set1_ps(1.0f / sum);
+            for (int i0 = 0; i0 < d; i0 += 128) { /* up to 16 accumulators: one pass over the values per 128 */
+                int nv = (d - i0 < 128 ? d - i0 : 128) / 8;
+                __m256 acc[16];
+                for (int i = 0; i < nv; i++) acc[i] = _mm256_setzero_ps();
+                for (int j = 0; j < L; j++) {
+                    __m256 p = _mm256_set1_ps(scores[j]);
+                    const float *vr = V + (int64_t)j * d + i0;
+                    for (int i = 0; i < nv; i++) acc[i] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 8 * i), acc[i]);
+                }
+                for (int i = 0; i < nv; i++) _mm256_storeu_ps(o + i0 + 8 * i, _mm256_mul_ps(acc[i], inv));
+            }
+        }
+    }
+}

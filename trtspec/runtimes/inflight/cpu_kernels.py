@@ -116,6 +116,45 @@ def silu_mul(gate_up: torch.Tensor, intermediate: int) -> torch.Tensor:
     return out
 
 
+ATTEND_ROWS = 16  # segments of at most this many tokens (decoding, verification) attend through the kernel
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    segments: torch.Tensor,
+    scaling: float,
+) -> torch.Tensor:
+    """Write every segment's ``k``/``v`` rows into its slot of ``keys``/``values`` [slots, hk, capacity, d] and attend
+    its ``q`` rows causally over the slot: [T, hq, d]. ``segments`` [S, 4] int64: (slot, past, start, count), float32
+    contiguous tensors, d a multiple of 8. Each row's result depends only on its position and cache."""
+    t, hq, d = q.shape
+    slots, hk, capacity, _ = keys.shape
+    assert d % 8 == 0 and keys.is_contiguous() and values.is_contiguous() and segments.dtype == torch.int64
+    q, k, v, segments = q.contiguous(), k.contiguous(), v.contiguous(), segments.contiguous()
+    out = torch.empty_like(q)
+    _kernel("trtspec_attend_f32")(
+        q.data_ptr(),
+        k.data_ptr(),
+        v.data_ptr(),
+        keys.data_ptr(),
+        values.data_ptr(),
+        out.data_ptr(),
+        segments.data_ptr(),
+        segments.shape[0],
+        hq,
+        hk,
+        capacity,
+        d,
+        scaling,
+        _threads(),
+    )
+    return out
+
+
 def _kernel(name: str) -> Any:
     if _function() is None:
         raise RuntimeError(f"{name}: trtspec's CPU kernels are not available here")
@@ -155,6 +194,7 @@ def _function() -> Any | None:
         ("trtspec_add_rmsnorm_f32", [ptr] * 4 + [i32] * 2 + [f32]),
         ("trtspec_rope_f32", [ptr] * 3 + [i32] * 4),
         ("trtspec_silu_mul_f32", [ptr] * 2 + [i32] * 2),
+        ("trtspec_attend_f32", [ptr] * 7 + [i32] * 5 + [f32, i32]),
     ):
         f = getattr(lib, name)
         f.argtypes, f.restype = argtypes, None

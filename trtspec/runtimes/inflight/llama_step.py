@@ -360,6 +360,9 @@ class LlamaStep:
         self.elementwise = (
             self.embed.dtype == torch.float32 and self.embed.device.type == "cpu" and cpu_kernels.available()
         )
+        # and the short segments' attention (decoding, verification) in one kernel call per layer
+        self.attend_kernel = self.elementwise and self.head_dim % 8 == 0
+        self._segs: tuple[Sequence[tuple[int, int, int, int]], torch.Tensor] | None = None
         self.final_norm = model.model.norm.weight.detach()
         self.layers = [_Layer(layer, pack_rows) for layer in model.model.layers]
         self.pack_rows = tuple(pack_rows)
@@ -380,6 +383,12 @@ class LlamaStep:
             cos, sin = self.model.model.rotary_emb(ref, torch.arange(n, device=ref.device).unsqueeze(0))
             self._cos, self._sin = cos[0].contiguous(), sin[0].contiguous()
         return self._cos[positions].unsqueeze(1), self._sin[positions].unsqueeze(1)
+
+    def _segments(self, segments: Sequence[tuple[int, int, int, int]]) -> torch.Tensor:
+        """``segments`` as the [S, 4] int64 tensor the attention kernel reads, made once per pass (30 layers)."""
+        if self._segs is None or self._segs[0] is not segments:
+            self._segs = (segments, torch.tensor(segments, dtype=torch.int64).view(-1, 4))
+        return self._segs[1]
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """transformers' LlamaRMSNorm, op for op (torch's fused rms_norm was slower here on a CPU)."""
@@ -402,10 +411,14 @@ class LlamaStep:
         k: torch.Tensor,
         v: torch.Tensor,
         batched: _Batched | None = None,
+        kernel: bool = False,
     ) -> torch.Tensor:
         """Write each segment's keys/values into its slot and attend its queries over the slot: [T, heads, d].
-        ``batched``: the short segments at once (see _Batched); the others one by one."""
+        ``batched``: the short segments at once (see _Batched); the others one by one. ``kernel``: every segment
+        through trtspec's attention kernel in one call (float32, every segment short: cpu_kernels.attend)."""
         keys, values = pool.keys[layer], pool.values[layer]
+        if kernel:
+            return cpu_kernels.attend(q, k, v, keys, values, self._segments(segments), self.scaling)
         out = torch.empty_like(q) if len(segments) > 1 else None
         if batched is not None:
             assert out is not None
@@ -461,14 +474,17 @@ class LlamaStep:
         hq, hk, d = self.heads, self.kv_heads, self.head_dim
         upto = max(past + count for _, past, _, count in segments)
         cos, sin = self._rotary(pos, upto)
+        kernel = self.attend_kernel and all(n <= cpu_kernels.ATTEND_ROWS for _, _, _, n in segments)
         masks = [
             None
-            if n == 1 or self.invariant
+            if n == 1 or self.invariant or kernel
             else torch.ones(n, p + n, dtype=torch.bool, device=ids.device).tril(diagonal=p)
             for _, p, _, n in segments
         ]
         batched = None
-        if self.invariant:  # each row's bits as alone (see _batched_row_attention)
+        if kernel:
+            pass
+        elif self.invariant:  # each row's bits as alone (see _batched_row_attention)
             batched = _Batched.of(segments, ids.device, hq // hk)
         elif self.embed.dtype == torch.float32:
             batched = _Batched.of(segments, ids.device)
@@ -499,7 +515,7 @@ class LlamaStep:
             if one_thread:
                 torch.set_num_threads(1)
             try:
-                out = self._attend(pool, i, segments, masks, q, k, v, batched)
+                out = self._attend(pool, i, segments, masks, q, k, v, batched, kernel)
             finally:
                 if one_thread:
                     torch.set_num_threads(threads)
