@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from trtspec.runtimes.inflight import cpu_kernels
+
 CONFIG_KEY = "trtspec_frequent_head"
 log = logging.getLogger("trtspec.frequent_head")
 
@@ -45,7 +47,11 @@ class FrequentHead(nn.Module):
         return int(self.weight.shape[0])
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        sub = hidden @ self.rows.T.to(hidden.dtype)
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        if flat.shape[0] <= cpu_kernels.MAX_ROWS and hidden.dtype == self.rows.dtype and cpu_kernels.applies(self.rows):
+            sub = cpu_kernels.linear(flat, self.rows).view(*hidden.shape[:-1], -1)  # a draft step's few rows
+        else:
+            sub = hidden @ self.rows.T.to(hidden.dtype)
         out = sub.new_full((*sub.shape[:-1], self.out_features), float("-inf"))
         out[..., self.token_ids] = sub
         return out
