@@ -217,3 +217,31 @@ def test_decide_gives_each_candidate_what_it_gets_alone_when_the_head_runs_once_
     assert together[1].accepted == 0 and together[1].token != best[1][0]
     assert together[2].accepted == 4 and together[2].logprobs == alone[2].logprobs
     assert all(torch.equal(a, b) for a, b in zip(together[4].logits, alone[4].logits))
+
+
+def test_decide_computes_every_row_in_one_multiply_where_a_few_rows_cost_one():
+    """``flat_rows`` (trtspec's float32 CPU kernel: up to 8 rows cost about one) makes a step with that many rows in
+    all take one head multiply over every row, where it would otherwise take two (the first rows, then the later rows
+    of the sequences whose first proposal was accepted); the decisions are the same, and a step with more rows keeps
+    the two multiplies."""
+    from trtspec.speculative.acceptance import Candidate, decide
+    from trtspec.speculative.rules import SamplingParams
+
+    torch.manual_seed(1)
+    vocab = 40
+    states = [torch.randn(5, vocab), torch.randn(3, vocab)]
+    best = [s.argmax(-1).tolist() for s in states]
+    cands = [
+        Candidate(best[0][:3] + [(best[0][3] + 1) % vocab], SamplingParams()),
+        Candidate(best[1][:2], SamplingParams()),
+    ]
+    for flat, calls_expected in ((8, [8]), (7, [2, 6]), (0, [2, 6])):
+        calls: list[int] = []
+
+        def head(x: torch.Tensor, calls: list[int] = calls) -> torch.Tensor:
+            calls.append(x.shape[0])
+            return x
+
+        got = decide(cands, states, head, flat_rows=flat)
+        assert calls == calls_expected, flat
+        assert [(d.accepted, d.token) for d in got] == [(3, best[0][3]), (2, best[1][2])]

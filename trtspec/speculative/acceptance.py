@@ -103,7 +103,10 @@ def _constrain(logits: torch.Tensor, c: Candidate, j: int) -> torch.Tensor:
 
 
 def decide(
-    cands: Sequence[Candidate], states: Sequence[torch.Tensor], head: Callable[[torch.Tensor], torch.Tensor]
+    cands: Sequence[Candidate],
+    states: Sequence[torch.Tensor],
+    head: Callable[[torch.Tensor], torch.Tensor],
+    flat_rows: int = 0,
 ) -> list[Decision]:
     """One Decision per candidate. ``states[i]`` is [len(draft_i) + 1, D]: the target's hidden states (``head`` its
     lm_head) or logits (``head`` the identity) at the positions of the draft tokens' predecessors and the bonus.
@@ -114,8 +117,12 @@ def decide(
     bfloat16, 6.2 ms per row computed, so a K 4 step that accepted 3 paid 25 ms for its head, where one multiply over
     its 4 later rows costs about as much as one over 1. Every row at once (once the rule with several) computed every
     row after each rejection for nothing: at 8 sequences x 5 rows the head over 40 rows took 33 ms against 10 ms
-    over 8."""
+    over 8. ``flat_rows``: up to how many rows a multiply of ``head`` costs about one row (trtspec's float32 CPU
+    kernel reads the weights once for up to 8 rows): a step with at most that many rows in all computes every row in
+    one multiply, where the second multiply would read the whole head again (8.8 ms of a 40 ms float32 step on
+    SmolLM2-135M)."""
     out: list[Decision | None] = [None] * len(cands)
+    every_row = sum(len(s) for s in states) <= flat_rows
     kept: list[list[torch.Tensor]] = [[] for _ in cands]
     # Each sequence's uniforms are drawn first (then the residual / bonus sample), as a one-sequence sampler would.
     u = [torch.rand(len(c.draft), generator=c.generator) if c.draft and not c.sampling.greedy else None for c in cands]
@@ -148,7 +155,7 @@ def decide(
     while undecided:
         need = [i for i in undecided if (i, j) not in rows]
         if need:  # every first row; then every later row of the sequences still going on, at once
-            compute([(i, jj) for i in need for jj in (range(j, len(states[i])) if j else (0,))])
+            compute([(i, jj) for i in need for jj in (range(j, len(states[i])) if j or every_row else (0,))])
         going_on = []
         for i in undecided:
             c = cands[i]

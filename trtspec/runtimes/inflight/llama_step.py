@@ -113,6 +113,11 @@ class _Linear:
             bounds = [round(i * weight.shape[1] / n) for i in range(n + 1)]
             self.pieces = [(a, b, _onednn_packed(weight[:, a:b].contiguous())) for a, b in zip(bounds, bounds[1:])]
 
+    @property
+    def flat_rows(self) -> int:
+        """Up to how many rows a multiply costs about what one row does (memory-bound: trtspec's kernel), else 0."""
+        return cpu_kernels.MAX_ROWS if self.small else 0
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.small and x.shape[0] <= cpu_kernels.MAX_ROWS:
             return cpu_kernels.linear(x, self.weight, self.bias)
