@@ -143,7 +143,7 @@ def test_float32_rows_of_short_passes_get_the_same_bits_whatever_else_is_in_the_
     and scaled_dot_product_attention, they do not: checked on this machine.)"""
     from transformers import AutoModelForCausalLM
 
-    from trtspec.runtimes.inflight.kv_pool import KVGeometry, SlotKVPool
+    from tests.tiny import one_per_pass, pool_with_two_cached
     from trtspec.runtimes.inflight.llama_step import LlamaStep
 
     target = AutoModelForCausalLM.from_pretrained(tiny_pair[0], dtype=torch.float32).eval()
@@ -155,14 +155,9 @@ def test_float32_rows_of_short_passes_get_the_same_bits_whatever_else_is_in_the_
     results = []
     with torch.inference_mode():
         for how in ("one per pass", "one pass", "beside another sequence"):
-            pool = SlotKVPool(KVGeometry.of(target), 3, 512)
-            step.body(pool, [(0, 0, 0, 300)], prompt, torch.arange(300))
-            step.body(pool, [(2, 0, 0, 40)], other, torch.arange(40))
+            pool = pool_with_two_cached(step, target, prompt, other, 512)
             if how == "one per pass":
-                rows = [
-                    step.body(pool, [(0, 300 + i, 0, 1)], tail[i : i + 1], torch.tensor([300 + i])) for i in range(5)
-                ]
-                hidden = torch.cat(rows)
+                hidden = one_per_pass(step, pool, tail, 300)
             elif how == "one pass":
                 hidden = step.body(pool, [(0, 300, 0, 5)], tail, torch.arange(300, 305))
             else:

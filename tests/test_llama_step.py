@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.tiny import make_llama, make_tokenizer
+from tests.tiny import make_llama, make_tokenizer, one_per_pass, pool_with_two_cached
 from trtspec.runtimes.inflight.kv_pool import KVGeometry, SlotKVPool
 from trtspec.runtimes.inflight.llama_step import LlamaStep, onednn_bf16, step_of, supports
 from trtspec.runtimes.inflight.packed import packed_forward, prepare_model
@@ -119,14 +119,9 @@ def test_bfloat16_rows_get_the_same_bits_whatever_else_is_in_the_pass(bf16_pair)
     results = []
     with torch.inference_mode():
         for how in ("one per pass", "one pass", "packed with others", "beside a long prefill"):
-            pool = SlotKVPool(KVGeometry.of(target), 3, 1024)
-            step.body(pool, [(0, 0, 0, 700)], prompt, torch.arange(700))
-            step.body(pool, [(2, 0, 0, 40)], other, torch.arange(40))
+            pool = pool_with_two_cached(step, target, prompt, other, 1024)
             if how == "one per pass":
-                rows = [
-                    step.body(pool, [(0, 700 + i, 0, 1)], tail[i : i + 1], torch.tensor([700 + i])) for i in range(5)
-                ]
-                results.append(torch.cat(rows))
+                results.append(one_per_pass(step, pool, tail, 700))
             elif how == "one pass":
                 results.append(step.body(pool, [(0, 700, 0, 5)], tail, torch.arange(700, 705)))
             else:  # slot 1: a prefill (17 tokens, or 100: a pass that attends on every thread), slot 0: the 5

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"]
 CORPUS = (
@@ -87,3 +88,24 @@ def perturb_tokenizer(src: Path, out: Path, token_id: int, new_token: str) -> Pa
     vocab[new_token] = token_id
     (out / "tokenizer.json").write_text(json.dumps(data))
     return out
+
+
+def pool_with_two_cached(step: Any, model: Any, prompt: Any, other: Any, capacity: int) -> Any:
+    """A 3-slot KV pool for ``model`` with ``prompt`` cached in slot 0 and ``other`` in slot 2 by ``step``'s passes
+    (the start of the row-invariance tests: a sequence's next tokens are then fed in different passes)."""
+    import torch
+
+    from trtspec.runtimes.inflight.kv_pool import KVGeometry, SlotKVPool
+
+    pool = SlotKVPool(KVGeometry.of(model), 3, capacity)
+    step.body(pool, [(0, 0, 0, len(prompt))], prompt, torch.arange(len(prompt)))
+    step.body(pool, [(2, 0, 0, len(other))], other, torch.arange(len(other)))
+    return pool
+
+
+def one_per_pass(step: Any, pool: Any, tail: Any, past: int) -> Any:
+    """Slot 0's hidden states for ``tail`` fed one token per pass after ``past`` cached ones (decoding)."""
+    import torch
+
+    rows = [step.body(pool, [(0, past + i, 0, 1)], tail[i : i + 1], torch.tensor([past + i])) for i in range(len(tail))]
+    return torch.cat(rows)
