@@ -33,6 +33,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,7 @@ _LIBS = ("-lm",)
 
 log = logging.getLogger(__name__)
 _state: dict[str, Any] = {}
+_lock = threading.Lock()  # one build and load, whichever thread asks first
 
 
 def enabled() -> bool:
@@ -178,7 +180,13 @@ def _cpu_flags() -> str:
 def _function() -> Any | None:
     if "fn" in _state:
         return _state["fn"]
-    _state["fn"] = None
+    with _lock:
+        if "fn" not in _state:
+            _state["fn"] = _load()
+    return _state["fn"]
+
+
+def _load() -> Any | None:
     flags = set(_cpu_flags().split())
     compiler = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
     if platform.machine() not in ("x86_64", "AMD64") or not {"avx2", "fma"} <= flags or compiler is None:
@@ -199,8 +207,7 @@ def _function() -> Any | None:
         f = getattr(lib, name)
         f.argtypes, f.restype = argtypes, None
         _state[name] = f
-    _state["fn"] = lib.trtspec_linear_f32
-    return _state["fn"]
+    return lib.trtspec_linear_f32
 
 
 def _built(compiler: str, cpu_flags: str) -> Path:
