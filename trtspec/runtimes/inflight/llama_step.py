@@ -479,15 +479,15 @@ class LlamaStep:
         hq, hk, d = self.heads, self.kv_heads, self.head_dim
         upto = max(past + count for _, past, _, count in segments)
         cos, sin = self._rotary(pos, upto)
-        kernel = self.attend_kernel and all(n <= cpu_kernels.ATTEND_ROWS for _, _, _, n in segments)
+        attend_all = self.attend_kernel and all(n <= cpu_kernels.ATTEND_ROWS for _, _, _, n in segments)
         masks = [
             None
-            if n == 1 or self.invariant or kernel
+            if n == 1 or self.invariant or attend_all
             else torch.ones(n, p + n, dtype=torch.bool, device=ids.device).tril(diagonal=p)
             for _, p, _, n in segments
         ]
         batched = None
-        if kernel:
+        if attend_all:  # the kernel takes every segment in one call: no masks, no batched view
             pass
         elif self.invariant:  # each row's bits as alone (see _batched_row_attention)
             batched = _Batched.of(segments, ids.device, hq // hk)
@@ -503,10 +503,10 @@ class LlamaStep:
         # 64, 200 cached tokens): 365 -> 140 us per layer, the same bits (the test checks rows against 2 threads).
         threads = torch.get_num_threads()
         one_thread = self.invariant and threads > 1 and t <= SMALL_PASS
-        kernels = self.elementwise and h.is_contiguous()
+        elementwise = self.elementwise and h.is_contiguous()
         delta: torch.Tensor | None = None  # the residual the kernels add with the next norm
         for i, layer in enumerate(self.layers):
-            if kernels:
+            if elementwise:
                 x = cpu_kernels.add_rmsnorm(h, delta, layer.norm1, self.eps)
                 qkv = layer.qkv(x)
                 cpu_kernels.rope_(qkv, cos.view(t, d), sin.view(t, d), hq + hk, d)
@@ -520,11 +520,11 @@ class LlamaStep:
             if one_thread:
                 torch.set_num_threads(1)
             try:
-                out = self._attend(pool, i, segments, masks, q, k, v, batched, kernel)
+                out = self._attend(pool, i, segments, masks, q, k, v, batched, attend_all)
             finally:
                 if one_thread:
                     torch.set_num_threads(threads)
-            if kernels:
+            if elementwise:
                 x = cpu_kernels.add_rmsnorm(h, layer.o(out.reshape(t, hq * d)), layer.norm2, self.eps)
                 delta = layer.down(cpu_kernels.silu_mul(layer.gate_up(x), layer.intermediate))
                 continue
@@ -532,7 +532,7 @@ class LlamaStep:
             x = self._norm(h, layer.norm2)
             gu = layer.gate_up(x)
             h += layer.down(F.silu(gu[:, : layer.intermediate]) * gu[:, layer.intermediate :])
-        if kernels:
+        if elementwise:
             return cpu_kernels.add_rmsnorm(h, delta, self.final_norm, self.eps)
         return self._norm(h, self.final_norm)
 
