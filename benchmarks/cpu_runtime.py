@@ -5,7 +5,8 @@ in-flight engine: ms/token and tok/s target-only and speculative (n-gram drafter
 transformers module tree (``fast_step=False``, the path before the fused step) and with the fused Llama step
 (trtspec.runtimes.inflight.llama_step), with ``--onednn`` the fused step with trtspec's few-row float32 kernel
 (trtspec.runtimes.inflight.cpu_kernels) turned off, and with ``--bf16`` the fused step on the same weights in bfloat16
-(another target: its own greedy text, which its speculative runs must equal); the cost ratios v (verify K + 1 tokens
+(another target: its own greedy text, which its speculative runs must equal; trtspec's bfloat16 multiply, and with
+``--onednn`` also without it); the cost ratios v (verify K + 1 tokens
 / one decode step, with the head at the measured tokens per step) and c (draft step / target step) through each path
 (trtspec.runtimes.torch.costs); and whether every path's text equals its own target-only text. Methods alternate
 prompt by prompt, so background load hits them alike. Run it under the CPU lock on a quiet machine, note ``uptime``:
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -49,8 +51,9 @@ QUESTIONS = [
     "Summarize the plot of Romeo and Juliet in three sentences.",
 ]
 MODES = ("target-only", "ngram", "draft model")
-# (name, fused step); "new oneDNN": the fused float32 step with trtspec's few-row kernel off (the path before it)
-PATHS = (("old", False), ("new oneDNN", True), ("new", True), ("new bf16", True))
+# (name, fused step); "new oneDNN" / "new bf16 oneDNN": the fused float32 / bfloat16 step with trtspec's multiply
+# kernels off (the paths before them: oneDNN's packed weights, split reductions for bfloat16)
+PATHS = (("old", False), ("new oneDNN", True), ("new", True), ("new bf16 oneDNN", True), ("new bf16", True))
 
 
 def main() -> None:
@@ -74,12 +77,16 @@ def main() -> None:
     sessions = {"old": session, "new": session}
     if args.bf16:  # the same weights in bfloat16 through the fused step (its row-invariant path)
         sessions["new bf16"] = TorchSession(paths.target, paths.draft, dtype="bfloat16")
-    if args.onednn:  # the same float32 weights, their fused steps built with trtspec's few-row kernel turned off
+    if args.onednn:  # the same weights, their fused steps built with trtspec's multiply kernels turned off
         sessions["new oneDNN"] = TorchSession(paths.target, paths.draft)
+        if args.bf16:
+            sessions["new bf16 oneDNN"] = TorchSession(paths.target, paths.draft, dtype="bfloat16")
         os.environ["TRTSPEC_CPU_KERNELS"] = "0"
         try:
-            for model in (sessions["new oneDNN"].target, sessions["new oneDNN"].draft):
-                step_of(model)
+            for name in ("new oneDNN", "new bf16 oneDNN"):
+                if name in sessions:
+                    step_of(sessions[name].target)
+                    step_of(sessions[name].draft)
         finally:
             del os.environ["TRTSPEC_CPU_KERNELS"]
     prompts = [session.encode(q) for q in QUESTIONS]
@@ -169,7 +176,7 @@ def main() -> None:
             f"{row['speedup_over_own_target_only']:.2f}x",
             "yes" if row["identical_to_own_target_only"] else "NO",
         )
-    console = Console()
+    console = Console(width=max(120, shutil.get_terminal_size().columns))  # readable in a log, not folded at 80
     console.print(table)
     ct = Table(title=f"cost ratios after {args.context} cached tokens (v at the draft model's tokens/step)")
     for col in ("path", "c (draft step / target step)", f"v (verify {args.k + 1} / one step)"):

@@ -1,6 +1,7 @@
-"""trtspec's float32 CPU kernels (trtspec.runtimes.inflight.cpu_kernels), compiled and run on this machine: the few-row
-multiply's results, each row's bits independent of the rows beside it and of the thread count, the elementwise
-kernels against torch's ops, the fused step using them, and the switch that turns them off."""
+"""trtspec's CPU kernels (trtspec.runtimes.inflight.cpu_kernels), compiled and run on this machine: the few-row float32
+multiply's and the bfloat16 multiply's results, each row's bits independent of the rows beside it and of the thread
+count, the bfloat16 multiply's AVX512-BF16 and AVX2 builds agreeing bit for bit, the elementwise kernels against
+torch's ops, the fused step using them, and the switch that turns them off."""
 
 from __future__ import annotations
 
@@ -47,6 +48,79 @@ def test_a_rows_bits_do_not_depend_on_the_rows_beside_it_or_the_threads() -> Non
     assert not torch.equal(torch.nn.functional.linear(x, w, b), alone)
 
 
+def _bf16_case(n: int, k: int, m: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(*shape, generator=g).bfloat16() for shape in ((m, k), (n, k), (n,)))  # type: ignore[return-value]
+
+
+@needs_kernel
+@pytest.mark.parametrize("n, k", [(960, 576), (577, 1536), (3, 32)])
+def test_the_bfloat16_multiply_is_a_float32_sum_rounded_once(n: int, k: int) -> None:
+    x, w, b = _bf16_case(n, k, 100, n + k)
+    for m in (1, 2, 5, 8, 13, 100):
+        for bias in (None, b):
+            y = cpu_kernels.linear(x[:m], w, bias)
+            assert y.shape == (m, n) and y.dtype == torch.bfloat16
+            ref = x[:m].double() @ w.double().T + (0 if bias is None else bias.double())
+            # one bfloat16 rounding of the result (half an ulp: 2^-9 relative) plus float32 summation error
+            tol = ref.abs() * 2.0**-8 + 1e-5 * (x[:m].double().abs() @ w.double().abs().T)
+            assert ((y.double() - ref).abs() <= tol).all(), m
+            assert (y == ref.bfloat16()).double().mean().item() > 0.97
+
+
+@needs_kernel
+def test_a_bfloat16_rows_bits_do_not_depend_on_the_pass_at_any_row_count_or_thread_count() -> None:
+    x, w, b = _bf16_case(3072, 576, 100, 0)
+    alone = torch.cat([cpu_kernels.linear(x[i : i + 1], w, b) for i in range(len(x))])
+    threads = torch.get_num_threads()
+    try:
+        for t in sorted({1, 2, threads}):
+            torch.set_num_threads(t)
+            for m in (*range(1, 14), 40, 100):
+                assert torch.equal(cpu_kernels.linear(x[:m], w, b), alone[:m]), (m, t)
+            assert torch.equal(cpu_kernels.linear(x[37:45], w, b), alone[37:45])
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_kernel
+@pytest.mark.skipif(not cpu_kernels.bf16_native(), reason="no AVX512-BF16 here: only the AVX2 build runs")
+def test_the_bfloat16_multiply_s_avx512_bf16_and_avx2_builds_give_the_same_bits(tmp_path) -> None:
+    """A model's bits must not depend on which build a machine runs: the AVX2 build adds each pair's products in the
+    order VDPBF16PS does."""
+    import ctypes
+    import subprocess
+
+    lib = tmp_path / "avx2.so"
+    subprocess.run(
+        ["gcc", "-O3", "-march=haswell", "-fopenmp", "-shared", "-fPIC", str(cpu_kernels.SOURCE), "-o", lib, "-lm"],
+        check=True,
+    )
+    avx2 = ctypes.CDLL(str(lib))
+    avx2.trtspec_linear_bf16.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
+    assert avx2.trtspec_bf16_native() == 0
+    for n, k, m in ((960, 576, 5), (49, 1536, 13), (3072, 576, 1)):
+        x, w, b = _bf16_case(n, k, m, n)
+        y = torch.empty(m, n, dtype=torch.bfloat16)
+        avx2.trtspec_linear_bf16(x.data_ptr(), w.data_ptr(), b.data_ptr(), y.data_ptr(), m, n, k, 2)
+        assert torch.equal(y, cpu_kernels.linear(x, w, b))
+
+
+@needs_kernel
+def test_the_fused_bfloat16_step_multiplies_every_pass_through_it(tiny_pair) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from trtspec.runtimes.inflight.llama_step import LlamaStep
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_pair[0], dtype=torch.bfloat16).eval()
+    step = LlamaStep(model)
+    for lin in (step.layers[0].qkv, step.layers[0].gate_up, step.layers[0].down, step.head):
+        assert lin is not None and lin.every_row and not lin.pieces and lin.onednn is None  # no second copy
+        for m in (1, 5, 40):
+            x = torch.randn(m, lin.weight.shape[1]).bfloat16()
+            assert torch.equal(lin(x), cpu_kernels.linear(x, lin.weight, lin.bias))
+
+
 @needs_kernel
 def test_the_fused_float32_step_multiplies_few_rows_through_it(tiny_pair) -> None:
     from transformers import AutoModelForCausalLM
@@ -89,6 +163,68 @@ def test_the_elementwise_kernels_compute_what_torch_s_ops_do() -> None:
     gu = torch.randn(m, 2 * inter, generator=g) * 4
     ref = torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:]
     assert torch.allclose(cpu_kernels.silu_mul(gu, inter), ref, rtol=1e-5, atol=1e-6)
+
+
+@needs_kernel
+def test_the_bfloat16_elementwise_kernels_give_torch_s_bits() -> None:
+    """torch's bfloat16 ops compute in float32 and round each result; the kernels round where they do: the rotary
+    embedding, silu x up and the residual add bit for bit, the norm (another order of its mean) within one ulp."""
+    from trtspec.runtimes.inflight.llama_step import LlamaStep
+
+    g = torch.Generator().manual_seed(3)
+    m, hidden, heads, d, inter = 5, 576, 12, 64, 1536
+    h, delta = (torch.randn(m, hidden, generator=g).bfloat16() for _ in range(2))
+    w = torch.randn(hidden, generator=g).bfloat16()
+    ref_h = h + delta
+    hf = ref_h.float()
+    ref_norm = w * (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-5)).to(torch.bfloat16)
+    out = cpu_kernels.add_rmsnorm(h, delta, w, 1e-5)
+    assert torch.equal(h, ref_h) and out.dtype == torch.bfloat16
+    assert ((out.float() - ref_norm.float()).abs() <= ref_norm.float().abs() * 2.0**-7 + 1e-30).all()
+    assert (out == ref_norm).float().mean().item() > 0.95
+
+    x = torch.randn(m, heads * d + 100, generator=g).bfloat16()
+    cos, sin = (torch.randn(m, d, generator=g).bfloat16() for _ in range(2))
+    ref = LlamaStep._rope(x[:, : heads * d].view(m, heads, d), cos.unsqueeze(1), sin.unsqueeze(1))
+    tail = x[:, heads * d :].clone()
+    cpu_kernels.rope_(x, cos, sin, heads, d)
+    assert torch.equal(x[:, : heads * d].view(m, heads, d), ref)
+    assert torch.equal(x[:, heads * d :], tail)
+
+    gu = (torch.randn(m, 2 * inter, generator=g) * 4).bfloat16()
+    ref = torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:]
+    got = cpu_kernels.silu_mul(gu, inter)
+    assert got.dtype == torch.bfloat16 and (got == ref).float().mean().item() > 0.999  # expf's last bit aside
+    assert torch.allclose(got.float(), ref.float(), rtol=2.0**-7, atol=0)
+
+
+@needs_kernel
+def test_bfloat16_attention_matches_float64_and_each_row_is_its_own_at_any_length() -> None:
+    """float32 sums over bfloat16 keys and values, each output rounded once: within a bfloat16 rounding of the float64
+    result, and a row's bits the same in a pass of 1, 5 or 40 rows (a prefill takes the same kernel in bfloat16)."""
+    g = torch.Generator().manual_seed(4)
+    hq, hk, cap, d = 9, 3, 128, 64
+    cached = [torch.randn(1, hk, 60, d, generator=g).bfloat16() for _ in range(2)]
+    q, k, v = (torch.randn(40, h, d, generator=g).bfloat16() for h in (hq, hk, hk))
+    scale = d**-0.5
+
+    def run(past: int, a: int, n: int) -> torch.Tensor:
+        keys, values = (torch.zeros(1, hk, cap, d, dtype=torch.bfloat16) for _ in range(2))
+        keys[:, :, :60], values[:, :, :60] = cached
+        keys[0, :, 60 : 60 + a], values[0, :, 60 : 60 + a] = k[:a].transpose(0, 1), v[:a].transpose(0, 1)
+        seg = torch.tensor([[0, past, 0, n]])
+        return cpu_kernels.attend(q[a : a + n], k[a : a + n], v[a : a + n], keys, values, seg, scale)
+
+    full = run(60, 0, 40)
+    keys = torch.cat([cached[0][0], k.transpose(0, 1)], 1).double()
+    values = torch.cat([cached[1][0], v.transpose(0, 1)], 1).double()
+    for r in (0, 7, 39):
+        qr = q[r].double().view(hk, hq // hk, d)
+        p = torch.softmax((qr @ keys[:, : 61 + r].transpose(1, 2)) * scale, -1)
+        ref = (p @ values[:, : 61 + r]).reshape(hq, d)
+        assert (full[r].double() - ref).abs().max().item() <= 2.0**-7 * ref.abs().max().item()
+    for a, n in ((0, 1), (3, 5), (35, 5), (39, 1)):
+        assert torch.equal(run(60 + a, a, n), full[a : a + n])
 
 
 @needs_kernel

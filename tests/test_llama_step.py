@@ -101,16 +101,26 @@ def bf16_pair(tmp_path_factory):
 
 
 @pytest.mark.skipif(not onednn_bf16(), reason="no oneDNN bfloat16 on this CPU: bfloat16 takes the plain path")
-def test_bfloat16_rows_get_the_same_bits_whatever_else_is_in_the_pass(bf16_pair):
+@pytest.mark.parametrize("multiply", ["trtspec's kernel", "oneDNN pieces"])
+def test_bfloat16_rows_get_the_same_bits_whatever_else_is_in_the_pass(bf16_pair, multiply, monkeypatch):
     """A sequence's 5 tokens after 700 cached ones give bit-identical hidden states fed one per pass (decoding), all
-    in one pass (verification), or packed beside a prefill and a decode of other sequences (in-flight batching).
-    Without the split multiplies, or with scaled_dot_product_attention, this fails here (checked)."""
+    in one pass (verification), or packed beside a prefill and a decode of other sequences (in-flight batching), with
+    trtspec's bfloat16 multiply and without it (TRTSPEC_CPU_KERNELS=0: oneDNN on split reductions). Without the split
+    multiplies, or with scaled_dot_product_attention, this fails here (checked)."""
+    from trtspec.runtimes.inflight import cpu_kernels
     from trtspec.runtimes.inflight.llama_step import INVARIANT_REDUCTION, row_invariant
 
+    if multiply == "oneDNN pieces":
+        monkeypatch.setenv("TRTSPEC_CPU_KERNELS", "0")
+    elif not cpu_kernels.available():
+        pytest.skip("trtspec's CPU kernels do not run here")
     target = bf16_pair[0]
-    step = step_of(target)
-    assert step is not None and step.invariant and row_invariant(step.embed)
-    assert any(layer.down.pieces for layer in step.layers)  # 1536 inputs > INVARIANT_REDUCTION: split
+    step = LlamaStep(target)
+    assert step.invariant and row_invariant(step.embed)
+    if multiply == "oneDNN pieces":
+        assert any(layer.down.pieces for layer in step.layers)  # 1536 inputs > INVARIANT_REDUCTION: split
+    else:
+        assert all(layer.down.every_row and not layer.down.pieces for layer in step.layers)
     assert target.config.intermediate_size > INVARIANT_REDUCTION
     torch.manual_seed(0)
     vocab = target.config.vocab_size
@@ -138,8 +148,8 @@ def test_bfloat16_rows_get_the_same_bits_whatever_else_is_in_the_pass(bf16_pair)
 
 def test_bfloat16_without_onednn_takes_the_plain_path(bf16_pair, monkeypatch):
     """On a CPU where oneDNN has no bfloat16 kernel (AVX2 only) the step must not ask for one (it raised there:
-    "bf16 path needs the cpu support avx_ne_convert or avx512bw ..."): plain multiplies and attention, the same
-    logits as transformers' own forward within bfloat16 rounding."""
+    "bf16 path needs the cpu support avx_ne_convert or avx512bw ..."): trtspec's kernels where they run, else
+    torch's plain multiplies and attention, the same logits as transformers' own forward within bfloat16 rounding."""
     from trtspec.runtimes.inflight import llama_step
 
     monkeypatch.setattr(llama_step, "_ONEDNN_BF16", False)

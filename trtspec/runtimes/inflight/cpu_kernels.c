@@ -215,3 +215,251 @@ void trtspec_attend_f32(const float *q, const float *k, const float *v, float *k
         }
     }
 }
+
+/* The bfloat16 multiply, y = x W^T (+ b), x [M, K], W [N, K], b [N] and y [M, N] bfloat16 (raw 16-bit words), K a
+   multiple of 32, any M. Half the float32 weights' bytes, so a decode step reads half as much memory. Each output is a
+   float32 sum in the same order whatever M and the tile (one 16-lane accumulator over k in steps of 32, products of
+   pairs, then its lanes in a fixed tree, then the bias), rounded once to bfloat16 (nearest even): a row's bits do not
+   depend on the pass it is in, at any row count. With AVX512-BF16 the pairs go through VDPBF16PS; without it (AVX2
+   only) each pair's two products are exact float32 products added by FMA, in the order VDPBF16PS documents. */
+static inline float bf16_to_f32(uint16_t h) {
+    union { uint32_t u; float f; } v = {(uint32_t)h << 16};
+    return v.f;
+}
+
+static inline uint16_t f32_to_bf16(float f) {
+    union { float f; uint32_t u; } v = {f};
+    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40u); /* NaN stays NaN */
+    v.u += 0x7fffu + ((v.u >> 16) & 1u);
+    return (uint16_t)(v.u >> 16);
+}
+
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+typedef __m512 bacc_t;
+#define BACC_ZERO() _mm512_setzero_ps()
+#define BACC_SUM(a) hsum(_mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1))))
+/* acc += pairs of x (32 bfloat16 at px) times pairs of w (32 at pw) */
+#define BACC_DOT(acc, xv, pw) acc = _mm512_dpbf16_ps(acc, xv, (__m512bh)_mm512_loadu_si512((const void *)(pw)))
+#define BX_T __m512bh
+#define BX_LOAD(px) ((__m512bh)_mm512_loadu_si512((const void *)(px)))
+#else
+/* 16 lanes as two 8-lane halves: lane i holds the pair (2i, 2i + 1) of each 32-element block */
+typedef struct { __m256 lo, hi; } bacc_t;
+typedef struct { __m256 ev[2], od[2]; } bx_t;
+static inline bacc_t bacc_zero(void) { bacc_t a = {_mm256_setzero_ps(), _mm256_setzero_ps()}; return a; }
+static inline bx_t bx_load(const uint16_t *p) {
+    const __m256i hi16 = _mm256_set1_epi32((int)0xffff0000u);
+    bx_t r;
+    for (int h = 0; h < 2; h++) {
+        __m256i words = _mm256_loadu_si256((const __m256i *)(p + 16 * h));
+        r.ev[h] = _mm256_castsi256_ps(_mm256_slli_epi32(words, 16));
+        r.od[h] = _mm256_castsi256_ps(_mm256_and_si256(words, hi16));
+    }
+    return r;
+}
+static inline void bacc_dot(bacc_t *a, const bx_t *x, const uint16_t *pw) {
+    bx_t w = bx_load(pw);
+    a->lo = _mm256_fmadd_ps(x->od[0], w.od[0], a->lo);
+    a->lo = _mm256_fmadd_ps(x->ev[0], w.ev[0], a->lo);
+    a->hi = _mm256_fmadd_ps(x->od[1], w.od[1], a->hi);
+    a->hi = _mm256_fmadd_ps(x->ev[1], w.ev[1], a->hi);
+}
+static inline float bacc_sum(bacc_t a) { return hsum(_mm256_add_ps(a.lo, a.hi)); }
+#define BACC_ZERO() bacc_zero()
+#define BACC_SUM(a) bacc_sum(a)
+#define BACC_DOT(acc, xv, pw) bacc_dot(&(acc), &(xv), (pw))
+#define BX_T bx_t
+#define BX_LOAD(px) bx_load(px)
+#endif
+
+#define BTILE(NT, MT)                                                                                             \
+    static void btile_##NT##_##MT(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int N,   \
+                                  int K, int n0, int m0) {                                                        \
+        bacc_t acc[NT][MT];                                                                                       \
+        for (int i = 0; i < NT; i++)                                                                              \
+            for (int j = 0; j < MT; j++) acc[i][j] = BACC_ZERO();                                                 \
+        for (int k = 0; k < K; k += 32) {                                                                         \
+            BX_T xv[MT];                                                                                          \
+            for (int j = 0; j < MT; j++) xv[j] = BX_LOAD(x + (int64_t)(m0 + j) * K + k);                          \
+            for (int i = 0; i < NT; i++)                                                                          \
+                for (int j = 0; j < MT; j++) BACC_DOT(acc[i][j], xv[j], w + (int64_t)(n0 + i) * K + k);           \
+        }                                                                                                         \
+        for (int i = 0; i < NT; i++)                                                                              \
+            for (int j = 0; j < MT; j++) {                                                                        \
+                float s = BACC_SUM(acc[i][j]);                                                                    \
+                if (b) s += bf16_to_f32(b[n0 + i]);                                                               \
+                y[(int64_t)(m0 + j) * N + n0 + i] = f32_to_bf16(s);                                               \
+            }                                                                                                     \
+    }
+BTILE(4, 4)
+BTILE(4, 3)
+BTILE(4, 2)
+BTILE(4, 1)
+BTILE(1, 4)
+BTILE(1, 1)
+
+/* Outputs in tiles of 4 weight rows, split over ``threads``; within a tile the input rows in groups of 4 (the tile's
+   weights, 4 x K bfloat16, stay in L1 while the rows stream past). */
+void trtspec_linear_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int M, int N, int K,
+                         int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int n0 = 0; n0 < N; n0 += 4) {
+        int nt = N - n0 < 4 ? N - n0 : 4;
+        int m0 = 0;
+        if (nt == 4) {
+            for (; m0 + 4 <= M; m0 += 4) btile_4_4(x, w, b, y, N, K, n0, m0);
+            if (M - m0 == 3) btile_4_3(x, w, b, y, N, K, n0, m0);
+            if (M - m0 == 2) btile_4_2(x, w, b, y, N, K, n0, m0);
+            if (M - m0 == 1) btile_4_1(x, w, b, y, N, K, n0, m0);
+        } else {
+            for (int i = 0; i < nt; i++) {
+                int m = 0;
+                for (; m + 4 <= M; m += 4) btile_1_4(x, w, b, y, N, K, n0 + i, m);
+                for (; m < M; m++) btile_1_1(x, w, b, y, N, K, n0 + i, m);
+            }
+        }
+    }
+}
+
+/* 1 when this build multiplies bfloat16 pairs with VDPBF16PS (AVX512-BF16), 0 when it emulates them with AVX2. */
+int trtspec_bf16_native(void) {
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* The bfloat16 step's elementwise work and attention, row by row like the float32 kernels above. Each torch op on
+   bfloat16 computes in float32 and rounds its result to bfloat16; these kernels round where those ops do (the residual
+   add, the norm's two products, each product and the sum of the rotary embedding, silu and its product), so they give
+   torch's bits except for the order of the norm's mean and expf's last float32 bit. */
+static inline float r16(float f) { return bf16_to_f32(f32_to_bf16(f)); } /* round to bfloat16 and back */
+
+void trtspec_add_rmsnorm_bf16(uint16_t *h, const uint16_t *delta, const uint16_t *w, uint16_t *out, int M, int H,
+                              float eps) {
+    for (int m = 0; m < M; m++) {
+        uint16_t *r = h + (int64_t)m * H;
+        uint16_t *o = out + (int64_t)m * H;
+        if (delta) {
+            const uint16_t *d = delta + (int64_t)m * H;
+            for (int i = 0; i < H; i++) r[i] = f32_to_bf16(bf16_to_f32(r[i]) + bf16_to_f32(d[i]));
+        }
+        float ss = 0.0f;
+        for (int i = 0; i < H; i++) {
+            float v = bf16_to_f32(r[i]);
+            ss += v * v;
+        }
+        float inv = 1.0f / sqrtf(ss / (float)H + eps);
+        for (int i = 0; i < H; i++) o[i] = f32_to_bf16(bf16_to_f32(w[i]) * r16(bf16_to_f32(r[i]) * inv));
+    }
+}
+
+void trtspec_rope_bf16(uint16_t *x, const uint16_t *cos_t, const uint16_t *sin_t, int M, int stride, int heads,
+                       int d) {
+    int half = d / 2;
+    for (int m = 0; m < M; m++) {
+        const uint16_t *c = cos_t + (int64_t)m * d, *s = sin_t + (int64_t)m * d;
+        for (int h = 0; h < heads; h++) {
+            uint16_t *v = x + (int64_t)m * stride + (int64_t)h * d;
+            for (int i = 0; i < half; i++) {
+                float a = bf16_to_f32(v[i]), b = bf16_to_f32(v[i + half]);
+                v[i] = f32_to_bf16(r16(a * bf16_to_f32(c[i])) + r16(-b * bf16_to_f32(s[i])));
+                v[i + half] = f32_to_bf16(r16(b * bf16_to_f32(c[i + half])) + r16(a * bf16_to_f32(s[i + half])));
+            }
+        }
+    }
+}
+
+void trtspec_silu_mul_bf16(const uint16_t *gu, uint16_t *out, int M, int I) {
+    for (int m = 0; m < M; m++) {
+        const uint16_t *g = gu + (int64_t)m * 2 * I, *u = g + I;
+        uint16_t *o = out + (int64_t)m * I;
+        for (int i = 0; i < I; i++) {
+            float x = bf16_to_f32(g[i]);
+            o[i] = f32_to_bf16(r16(x / (1.0f + expf(-x))) * bf16_to_f32(u[i]));
+        }
+    }
+}
+
+static inline __m256 load8_bf16(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+
+/* trtspec_attend_f32 on bfloat16 q, k, v and cache: the same order of sums in float32 (scores, softmax, the values
+   weighted by unrounded probabilities), each output rounded once to bfloat16. */
+void trtspec_attend_bf16(const uint16_t *q, const uint16_t *k, const uint16_t *v, uint16_t *keys, uint16_t *values,
+                         uint16_t *out, const int64_t *segs, int S, int hq, int hk, int cap, int d, float scale,
+                         int threads) {
+    int g = hq / hk;
+    int total = 0, longest = 0;
+    for (int s = 0; s < S; s++) {
+        int64_t slot = segs[4 * s], past = segs[4 * s + 1], start = segs[4 * s + 2], count = segs[4 * s + 3];
+        for (int r = 0; r < count; r++)
+            for (int h = 0; h < hk; h++) {
+                int64_t dst = ((slot * hk + h) * cap + past + r) * d, src = ((start + r) * hk + h) * d;
+                for (int i = 0; i < d; i++) {
+                    keys[dst + i] = k[src + i];
+                    values[dst + i] = v[src + i];
+                }
+            }
+        total += (int)count;
+        if (past + count > longest) longest = (int)(past + count);
+    }
+    int64_t *rows = (int64_t *)__builtin_alloca(sizeof(int64_t) * 2 * (total > 0 ? total : 1));
+    int n = 0;
+    for (int s = 0; s < S; s++)
+        for (int r = 0; r < segs[4 * s + 3]; r++) {
+            rows[2 * n] = s;
+            rows[2 * n + 1] = r;
+            n++;
+        }
+    int items = n * hq;
+#pragma omp parallel num_threads(threads)
+    {
+        float *scores = (float *)__builtin_alloca(sizeof(float) * (longest > 0 ? longest : 1));
+        float *qf = (float *)__builtin_alloca(sizeof(float) * d);
+#pragma omp for schedule(static)
+        for (int it = 0; it < items; it++) {
+            int row = it / hq, h = it % hq, kvh = h / g;
+            int64_t s = rows[2 * row], r = rows[2 * row + 1];
+            int64_t slot = segs[4 * s], past = segs[4 * s + 1], start = segs[4 * s + 2];
+            int L = (int)(past + r + 1);
+            const uint16_t *qv = q + ((start + r) * hq + h) * d;
+            for (int i = 0; i < d; i++) qf[i] = bf16_to_f32(qv[i]);
+            const uint16_t *K = keys + (slot * hk + kvh) * (int64_t)cap * d;
+            const uint16_t *V = values + (slot * hk + kvh) * (int64_t)cap * d;
+            float m = -INFINITY;
+            for (int j = 0; j < L; j++) {
+                __m256 acc = _mm256_setzero_ps();
+                for (int i = 0; i < d; i += 8)
+                    acc = _mm256_fmadd_ps(_mm256_loadu_ps(qf + i), load8_bf16(K + (int64_t)j * d + i), acc);
+                float sc = hsum(acc) * scale;
+                scores[j] = sc;
+                if (sc > m) m = sc;
+            }
+            float sum = 0.0f;
+            for (int j = 0; j < L; j++) {
+                scores[j] = expf(scores[j] - m);
+                sum += scores[j];
+            }
+            uint16_t *o = out + ((start + r) * hq + h) * d;
+            float inv = 1.0f / sum;
+            for (int i0 = 0; i0 < d; i0 += 128) {
+                int nv = (d - i0 < 128 ? d - i0 : 128) / 8;
+                __m256 acc[16];
+                for (int i = 0; i < nv; i++) acc[i] = _mm256_setzero_ps();
+                for (int j = 0; j < L; j++) {
+                    __m256 p = _mm256_set1_ps(scores[j]);
+                    const uint16_t *vr = V + (int64_t)j * d + i0;
+                    for (int i = 0; i < nv; i++) acc[i] = _mm256_fmadd_ps(p, load8_bf16(vr + 8 * i), acc[i]);
+                }
+                float tmp[8];
+                for (int i = 0; i < nv; i++) {
+                    _mm256_storeu_ps(tmp, _mm256_mul_ps(acc[i], _mm256_set1_ps(inv)));
+                    for (int e = 0; e < 8; e++) o[i0 + 8 * i + e] = f32_to_bf16(tmp[e]);
+                }
+            }
+        }
+    }
+}

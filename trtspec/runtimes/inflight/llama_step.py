@@ -27,6 +27,9 @@ INVARIANT_REDUCTION), on one thread for small passes, the decoding and verificat
 such call per layer (:class:`_Batched`, :func:`_batched_row_attention`).
 So verification of K + 1 tokens, batched or not, equals K + 1 decode steps bit for bit, and it costs about one step
 (measured on SmolLM2-135M, 2 cores: v = 1.03 against 1.6-2.0 on the float32 path; benchmarks/cpu_runtime.py --bf16).
+Where trtspec's kernels run, bfloat16 goes through them instead, as row-invariant and faster: the bfloat16 multiply at
+every row count on the plain weights (no packed copies), the elementwise kernels, and the attention kernel for every
+segment (a 2-core AMD EPYC with AVX512-BF16: 46.6 -> 29.9 ms per target-only token).
 
 Only plain Llama-style decoders qualify (:func:`supports`): silu MLP, no sliding window, no per-head norms, plain RoPE
 variants that depend on the position only. Anything else keeps the transformers path. Greedy output is the same
@@ -85,8 +88,9 @@ class _Linear:
     count; measured on a 2-core AMD EPYC (AVX2), the 30 layers' multiplies of SmolLM2-135M: 23.3 / 24.9 / 30.7 /
     33.2 ms for 1 / 2 / 5 / 8 rows, against 25.6 / 41.1 / 43.3 / 61.5 with MKL's packed kernels and 34.0 / 48.2 /
     50.6 / 54.4 plain), else MKL-packed copies for the row counts in ``pack_rows`` (x with fewer rows than a packed
-    count is zero-padded to it; each count is one more copy of W), else the plain layout. bfloat16 with
-    :func:`row_invariant`: pieces of at most INVARIANT_REDUCTION inputs, each packed for oneDNN."""
+    count is zero-padded to it; each count is one more copy of W), else the plain layout. bfloat16: the plain W
+    through trtspec's bfloat16 kernel at every row count (row-invariant), else with :func:`row_invariant` pieces of at
+    most INVARIANT_REDUCTION inputs, each packed for oneDNN."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, pack_rows: Sequence[int]) -> None:
         self.weight = weight
@@ -95,10 +99,14 @@ class _Linear:
         self.pieces: list[tuple[int, int, torch.Tensor]] = []
         self.onednn: torch.Tensor | None = None
         cpu32 = weight.dtype == torch.float32 and weight.device.type == "cpu"
-        # A pass of at most cpu_kernels.MAX_ROWS rows (decoding, verification) multiplies by the plain weight through
-        # trtspec's own kernel where it runs (AVX2 + FMA); longer passes (prefill, large batches) take the copy below.
-        self.small = cpu32 and cpu_kernels.applies(weight)
-        if cpu32 and pack_rows and torch.backends.mkldnn.is_available():
+        # A float32 pass of at most cpu_kernels.MAX_ROWS rows (decoding, verification) multiplies by the plain weight
+        # through trtspec's own kernel where it runs (AVX2 + FMA); longer passes (prefill, large batches) take the copy
+        # below. bfloat16 passes of every size take trtspec's bfloat16 kernel (cpu_kernels.every_row): no copy.
+        self.small = cpu_kernels.applies(weight)
+        self.every_row = self.small and cpu_kernels.every_row(weight)
+        if self.every_row:
+            pass
+        elif cpu32 and pack_rows and torch.backends.mkldnn.is_available():
             # Packed for a few rows, within 2-7 % of a copy packed for each count at 1, 2, 5 and 8 rows (measured);
             # a weight used for one row (the vocabulary head: pack_rows (1,)) is packed for one (4.6 against 5.5 ms).
             rows = min(_ONEDNN_ROWS, max(pack_rows))
@@ -119,7 +127,7 @@ class _Linear:
         return cpu_kernels.MAX_ROWS if self.small else 0
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.small and x.shape[0] <= cpu_kernels.MAX_ROWS:
+        if self.small and (self.every_row or x.shape[0] <= cpu_kernels.MAX_ROWS):
             return cpu_kernels.linear(x, self.weight, self.bias)
         if self.onednn is not None:
             return _onednn_linear(x, self.onednn, self.bias)
@@ -360,13 +368,18 @@ class LlamaStep:
         self.scaling = self.head_dim**-0.5
         self.embed = model.model.embed_tokens.weight.detach()
         self.invariant = row_invariant(self.embed)
-        # float32 on a CPU where trtspec's kernels run: the residual add with the next norm, the rotary embedding and
-        # the MLP's activation each one call per layer (cpu_kernels), not four to six torch ops
+        # float32 or bfloat16 on a CPU where trtspec's kernels run: the residual add with the next norm, the rotary
+        # embedding and the MLP's activation each one call per layer (cpu_kernels), not four to six torch ops
         self.elementwise = (
-            self.embed.dtype == torch.float32 and self.embed.device.type == "cpu" and cpu_kernels.available()
+            self.embed.dtype in (torch.float32, torch.bfloat16)
+            and self.embed.device.type == "cpu"
+            and cpu_kernels.available()
         )
-        # and the short segments' attention (decoding, verification) in one kernel call per layer
+        # and the short segments' attention (decoding, verification) in one kernel call per layer; in bfloat16 every
+        # segment's (faster than _row_attention at every length measured, 16-1000 tokens, and one path for every
+        # row: a draft token verified in the prefill's pass gets the bits a decode pass would give it)
         self.attend_kernel = self.elementwise and self.head_dim % 8 == 0
+        self.attend_every = self.attend_kernel and self.embed.dtype == torch.bfloat16
         self._segs: tuple[Sequence[tuple[int, int, int, int]], torch.Tensor] | None = None
         self.final_norm = model.model.norm.weight.detach()
         self.layers = [_Layer(layer, pack_rows) for layer in model.model.layers]
@@ -416,15 +429,19 @@ class LlamaStep:
         k: torch.Tensor,
         v: torch.Tensor,
         batched: _Batched | None = None,
-        kernel: bool = False,
+        kernel: Sequence[tuple[int, int, int, int]] = (),
     ) -> torch.Tensor:
         """Write each segment's keys/values into its slot and attend its queries over the slot: [T, heads, d].
-        ``batched``: the short segments at once (see _Batched); the others one by one. ``kernel``: every segment
-        through trtspec's attention kernel in one call (float32, every segment short: cpu_kernels.attend)."""
+        ``batched``: the short segments at once (see _Batched); the others one by one. ``kernel``: the segments (all
+        of them, or the short ones of a pass with a prefill) that trtspec's attention kernel takes in one call
+        (cpu_kernels.attend); the others as above."""
         keys, values = pool.keys[layer], pool.values[layer]
-        if kernel:
-            return cpu_kernels.attend(q, k, v, keys, values, self._segments(segments), self.scaling)
         out = torch.empty_like(q) if len(segments) > 1 else None
+        if kernel:
+            out = cpu_kernels.attend(q, k, v, keys, values, self._segments(kernel), self.scaling)
+            if len(kernel) == len(segments):
+                return out
+        taken = {(slot, past) for slot, past, _, _ in kernel}
         if batched is not None:
             assert out is not None
             b = batched
@@ -447,7 +464,7 @@ class LlamaStep:
                 ).transpose(1, 2)
             out[b.src] = o[b.row_i, b.query_i]
         for j, ((slot, past, a, n), mask) in enumerate(zip(segments, masks)):
-            if batched is not None and j in batched.members:
+            if (batched is not None and j in batched.members) or (slot, past) in taken:
                 continue
             keys[slot, :, past : past + n] = k[a : a + n].transpose(0, 1)
             values[slot, :, past : past + n] = v[a : a + n].transpose(0, 1)
@@ -479,15 +496,19 @@ class LlamaStep:
         hq, hk, d = self.heads, self.kv_heads, self.head_dim
         upto = max(past + count for _, past, _, count in segments)
         cos, sin = self._rotary(pos, upto)
-        attend_all = self.attend_kernel and all(n <= cpu_kernels.ATTEND_ROWS for _, _, _, n in segments)
+        # The short segments (decoding, verification) attend through the kernel in one call, a prefill's beside them
+        # as before: a short segment's rows get the same bits in a pass with a prefill as without one.
+        limit = max(seg[3] for seg in segments) if self.attend_every else cpu_kernels.ATTEND_ROWS
+        short = [seg for seg in segments if seg[3] <= limit] if self.attend_kernel else []
+        attend_all = len(short) == len(segments)
         masks = [
             None
-            if n == 1 or self.invariant or attend_all
+            if n == 1 or self.invariant or (short and n <= cpu_kernels.ATTEND_ROWS)
             else torch.ones(n, p + n, dtype=torch.bool, device=ids.device).tril(diagonal=p)
             for _, p, _, n in segments
         ]
         batched = None
-        if attend_all:  # the kernel takes every segment in one call: no masks, no batched view
+        if short:  # the kernel takes the short segments in one call: no masks, no batched view
             pass
         elif self.invariant:  # each row's bits as alone (see _batched_row_attention)
             batched = _Batched.of(segments, ids.device, hq // hk)
@@ -502,7 +523,7 @@ class LlamaStep:
         # for each costs more than it saves under the passive wait (trtspec.threads). Measured (bfloat16, 9 heads of
         # 64, 200 cached tokens): 365 -> 140 us per layer, the same bits (the test checks rows against 2 threads).
         threads = torch.get_num_threads()
-        one_thread = self.invariant and threads > 1 and t <= SMALL_PASS
+        one_thread = self.invariant and not attend_all and threads > 1 and t <= SMALL_PASS
         elementwise = self.elementwise and h.is_contiguous()
         delta: torch.Tensor | None = None  # the residual the kernels add with the next norm
         for i, layer in enumerate(self.layers):
@@ -520,7 +541,7 @@ class LlamaStep:
             if one_thread:
                 torch.set_num_threads(1)
             try:
-                out = self._attend(pool, i, segments, masks, q, k, v, batched, attend_all)
+                out = self._attend(pool, i, segments, masks, q, k, v, batched, short)
             finally:
                 if one_thread:
                     torch.set_num_threads(threads)
