@@ -23,6 +23,22 @@ and the intra-op thread count timed once when a process loads its model (``trtsp
 models; ``trtspec.runtimes.torch.costs.fastest_threads``: a few one-token passes at 1 and at one per core,
 alternating, the faster taken) unless ``--threads`` (or the model's ``torch_threads``) names it. The choice is made
 once per process, before it decodes, so target-only and speculative decoding in it run the same numeric path.
+A passive wait has a price where the step runs many short parallel regions: each wakes the sleeping thread again,
+and on a VM a sleeping vCPU's wake-up goes through the hypervisor. ``benchmarks/wait_policy.py`` (2026-12-04, a
+2-vCPU AMD EPYC with AVX512-BF16, the example in bfloat16 through trtspec's kernels, ms/token target-only / n-gram K 4,
+medians of 2 alternating rounds; ``benchmarks/results/wait_policy.json``):
+
+| policy | idle | two CPU burners beside it |
+|---|---|---|
+| ``OMP_WAIT_POLICY=PASSIVE`` (trtspec's default) | 34.7 / 28.6 | 33.5 / 37.5 |
+| passive, ``GOMP_SPINCOUNT=10000`` | 21.1 / 19.2 | 75.5 / 44.9 |
+| passive, ``GOMP_SPINCOUNT=100000`` | 20.7 / 18.4 | 110.6 / 82.4 |
+| GNU OpenMP's default (300,000 spins) | 22.3 / 19.2 | 95.5 / 98.3 |
+
+A short spin is 1.5-1.6x faster on an idle machine and 1.2-2.3x slower on a busy one. The default stays passive (a
+shared or busy CPU must not stall); on a machine that serves nothing else, set ``GOMP_SPINCOUNT=10000`` in the
+environment of the process (it is kept: only ``OMP_WAIT_POLICY`` is defaulted here, and libgomp lets an explicit spin
+count override the passive policy's zero).
 The wait policy is read when OpenMP starts (the first ``import torch``): set it before that, or in the environment of a
 child process (the Triton server's stubs inherit it). torch's CPU build uses GNU OpenMP, so ``KMP_BLOCKTIME`` (Intel
 OpenMP) has no effect.

@@ -24,6 +24,12 @@ static inline float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* The weight rows PREFETCH_ROWS ahead of a tile are asked for while it multiplies (the tile after next, in the thread's
+   own range), so that more of the stream is in flight than the core's own prefetchers fetch. Measured on a 2-core
+   AMD EPYC (AVX512-BF16), SmolLM2-135M's bfloat16 multiplies streamed from memory, a spinning OpenMP: 1 / 2 / 5 / 8
+   rows 13.7 / 19.5 / 24.1 / 26.7 -> 12.4 / 14.3 / 16.1 / 17.5 ms. */
+#define PREFETCH_ROWS 8
+
 /* NT weight rows from n0 times MT input rows from m0. */
 #define TILE(NT, MT)                                                                                              \
     static void tile_##NT##_##MT(const float *x, const float *w, const float *b, float *y, int N, int K, int n0, \
@@ -35,6 +41,9 @@ static inline float hsum(__m256 v) {
         for (; k + 8 <= K; k += 8) {                                                                              \
             __m256 xv[MT];                                                                                        \
             for (int j = 0; j < MT; j++) xv[j] = _mm256_loadu_ps(x + (int64_t)(m0 + j) * K + k);                 \
+            if (m0 == 0 && n0 + PREFETCH_ROWS + NT <= N)                                                          \
+                for (int i = 0; i < NT; i++)                                                                      \
+                    _mm_prefetch((const char *)(w + (int64_t)(n0 + PREFETCH_ROWS + i) * K + k), _MM_HINT_T0);     \
             for (int i = 0; i < NT; i++) {                                                                        \
                 __m256 wv = _mm256_loadu_ps(w + (int64_t)(n0 + i) * K + k);                                       \
                 for (int j = 0; j < MT; j++) acc[i][j] = _mm256_fmadd_ps(wv, xv[j], acc[i][j]);                   \
@@ -281,6 +290,9 @@ static inline float bacc_sum(bacc_t a) { return hsum(_mm256_add_ps(a.lo, a.hi));
         for (int k = 0; k < K; k += 32) {                                                                         \
             BX_T xv[MT];                                                                                          \
             for (int j = 0; j < MT; j++) xv[j] = BX_LOAD(x + (int64_t)(m0 + j) * K + k);                          \
+            if (m0 == 0 && n0 + PREFETCH_ROWS + NT <= N)                                                          \
+                for (int i = 0; i < NT; i++)                                                                      \
+                    _mm_prefetch((const char *)(w + (int64_t)(n0 + PREFETCH_ROWS + i) * K + k), _MM_HINT_T0);     \
             for (int i = 0; i < NT; i++)                                                                          \
                 for (int j = 0; j < MT; j++) BACC_DOT(acc[i][j], xv[j], w + (int64_t)(n0 + i) * K + k);           \
         }                                                                                                         \
