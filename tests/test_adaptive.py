@@ -237,13 +237,34 @@ def test_at_concurrency_eight_speculation_pays_where_the_measured_pass_grows_lit
     speculates, and the expected tokens per second of the step beat the plain step's."""
     policy = _policy(explore=0.0, priors={(NGRAM, 2): 0.45})
     for n, t in {8: 0.100, 16: 0.112, 24: 0.134, 40: 0.130}.items():
-        policy.observe_target(n, t)
+        policy.observe_target(n, t, seqs=8)
     asks = [Ask(4, [5, 6, 7, 8], ngram_match=2)] * 8
     choices = policy.plan([SequenceArms() for _ in asks], asks)
     assert all(c.speculates for c in choices), choices
     fed = 8 + sum(c.k for c in choices)
     gain = sum(expected_accepted(0.45, c.k) for c in choices)
     assert (8 + gain) / policy.target.cost(fed) > 8 / 0.100
+
+
+def test_a_batch_s_plain_pass_is_timed_before_speculation_is_priced_against_it():
+    """8 sequences whose passes were all speculative (16-24 tokens, 70-74 ms): the plain 8-token pass is not
+    measured, and estimated from those it would look as dear as they are, making speculation look free. The policy
+    takes one plain step (K 0 for all), which times it, and then prices speculation against the real plain cost."""
+    policy = _policy(explore=0.0, priors={(NGRAM, 2): 0.3})
+    for n, t in {16: 0.071, 20: 0.071, 24: 0.074}.items():
+        policy.observe_target(n, t, seqs=8)
+    asks = [Ask(4, [5, 6, 7, 8], ngram_match=2)] * 8
+    assert not policy.target.measured(8, seqs=8)
+    assert not any(c.speculates for c in policy.plan([SequenceArms() for _ in asks], asks))
+    policy.observe_target(8, 0.050, seqs=8)  # the plain step, timed: 16 tokens cost 1.4x it
+    assert policy.target.measured(8, seqs=8)
+    assert not any(c.speculates for c in policy.plan([SequenceArms() for _ in asks], asks))
+    cheap = _policy(explore=0.0, priors={(NGRAM, 2): 0.3})
+    for n, t in {8: 0.068, 16: 0.071, 20: 0.071, 24: 0.074}.items():  # ... or 1.04x it: then it pays
+        cheap.observe_target(n, t, seqs=8)
+    assert any(c.speculates for c in cheap.plan([SequenceArms() for _ in asks], asks))
+    # a single sequence, and a policy that has timed nothing yet, are not held back
+    assert _policy(explore=0.0).target.measured(1) and _policy(explore=0.0).target.measured(8, seqs=8)
 
 
 def test_target_costs_are_learned_per_number_of_sequences():

@@ -294,6 +294,12 @@ class AdaptivePolicy:
         )
         if not seqs:
             return []
+        if not prior and batch_seqs > 1 and n_base == batch_seqs and not self.target.measured(n_base, batch_seqs):
+            # A batch's plain decode pass not timed yet: every choice below is priced against it, and estimated from
+            # the passes it has seen (all speculative, so larger) it looks dearer than it is and speculation cheaper
+            # (measured, 8 sequences, bfloat16: its curve knew 12-16 tokens only, and the policy kept speculating at
+            # 0.9x target-only). One plain step times it.
+            return [NO_SPECULATION] * len(seqs)
         # A plain step: the target's pass over the tokens the step feeds anyway, one row verified per sequence.
         t_base = costs.target(n_base) + costs.verify(len(seqs))
         if t_base <= 0:

@@ -174,6 +174,10 @@ class PassCosts:
         ratio = seconds / max(1e-12, float(self.prior(size)))
         self.scale = ratio if self.scale is None else self.scale + self.alpha * (ratio - self.scale)
 
+    def measured(self, size: int) -> bool:
+        """Whether a pass of about ``size`` (its bucket) has been timed, or the curve is anchored."""
+        return bool(self.anchored) or self._bucket(size) in self._log_shape
+
     @property
     def live_drift(self) -> float:
         """Live: the machine's speed factor now (seconds per shape unit)."""
@@ -346,6 +350,16 @@ class BatchPassCosts:
 
     def cost(self, tokens: int, seqs: int = 1) -> float:
         return self.curve(seqs).cost(tokens)
+
+    def measured(self, tokens: int, seqs: int = 1) -> bool:
+        """Whether a pass of about ``tokens`` tokens of ``seqs`` sequences has been timed (its batch size's own curve,
+        or an anchored one), not only estimated from another batch size's; True before anything is timed (every cost
+        is then the prior's, consistent with itself)."""
+        b = self._bucket(seqs)
+        if (self.anchors and b <= max(self.anchors)) or not (self.curves or self.anchors):
+            return True
+        own = self.curves.get(b)
+        return own is not None and own.measured(tokens)
 
     @property
     def scale(self) -> float | None:

@@ -16,7 +16,8 @@ in (``tests/test_cpu_kernels.py`` checks it): a verification's rows equal the de
 rounded once. Its order does not depend on the row count at all, so it takes passes of every size (prefills too:
 within 1.1-1.4x of oneDNN's time there) and a bfloat16 model's rows agree between short and long passes. Measured on
 a 2-core AMD EPYC with AVX512-BF16 (2026-12-04), the example in process: target-only 46.6 -> 29.9 ms/token against
-oneDNN on split reductions (the path before), 39.1 for the float32 kernels (benchmarks/cpu_runtime.py).
+oneDNN on split reductions (the path before), 37.9-39.1 for the float32 kernels (benchmarks/cpu_runtime.py; with
+the weight prefetch of cpu_kernels.c 47.6 -> 29.0).
 
 **The elementwise work** of a layer (the residual add with the next RMSNorm, the rotary embedding in place, silu(gate)
 x up), one call each where eager torch dispatched four to six ops: measured 9.2 ms of a float32 decode step's 30

@@ -315,7 +315,7 @@ class InflightEngine:
             head_rows = [0]  # what the head computes (a sequence's later rows only if its first was accepted)
             counted = head if head is _identity else _counting(head, head_rows)
             t_verify = time.perf_counter()
-            flat = int(getattr(head, "flat_rows", 0))  # trtspec's float32 kernel: a few rows cost about one
+            flat = int(getattr(head, "flat_rows", 0))  # trtspec's multiply kernels: a few rows cost about one
             decisions = decide(cands, [states[s : s + k] for s, k in ranges], counted, flat_rows=flat)
             verify_s = time.perf_counter() - t_verify
         except Exception as exc:  # noqa: BLE001 - fail these requests, keep the engine alive
