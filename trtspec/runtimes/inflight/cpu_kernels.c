@@ -149,82 +149,6 @@ void trtspec_silu_mul_f32(const float *gu, float *out, int M, int I) {
     }
 }
 
-/* Causal attention of a pass's segments over the slot KV cache, float32, head_dim a multiple of 8.
-   segs: S x 4 int64 (slot, past, start, count): the segment's tokens are rows start .. start + count - 1 of q, k, v
-   ([T, hq, d], [T, hk, d], [T, hk, d], contiguous rows) at positions past .. past + count - 1. Their keys and values
-   are first written into the cache (keys/values [slots, hk, cap, d]); then every (row, query head) attends over its
-   slot's keys 0 .. position: scores in order of the keys, a max-subtracted softmax, the values summed in the same
-   order. Each row's result depends on its own position and cache only, not on the rows beside it. */
-void trtspec_attend_f32(const float *q, const float *k, const float *v, float *keys, float *values, float *out,
-                        const int64_t *segs, int S, int hq, int hk, int cap, int d, float scale, int threads) {
-    int g = hq / hk;
-    int total = 0, longest = 0;
-    for (int s = 0; s < S; s++) {
-        int64_t slot = segs[4 * s], past = segs[4 * s + 1], start = segs[4 * s + 2], count = segs[4 * s + 3];
-        for (int r = 0; r < count; r++)
-            for (int h = 0; h < hk; h++) {
-                int64_t dst = ((slot * hk + h) * cap + past + r) * d, src = ((start + r) * hk + h) * d;
-                for (int i = 0; i < d; i++) {
-                    keys[dst + i] = k[src + i];
-                    values[dst + i] = v[src + i];
-                }
-            }
-        total += (int)count;
-        if (past + count > longest) longest = (int)(past + count);
-    }
-    /* work items: (segment row, query head), in row order */
-    int64_t *rows = (int64_t *)__builtin_alloca(sizeof(int64_t) * 2 * (total > 0 ? total : 1));
-    int n = 0;
-    for (int s = 0; s < S; s++)
-        for (int r = 0; r < segs[4 * s + 3]; r++) {
-            rows[2 * n] = s;
-            rows[2 * n + 1] = r;
-            n++;
-        }
-    int items = n * hq;
-#pragma omp parallel num_threads(threads)
-    {
-        float *scores = (float *)__builtin_alloca(sizeof(float) * (longest > 0 ? longest : 1));
-#pragma omp for schedule(static)
-        for (int it = 0; it < items; it++) {
-            int row = it / hq, h = it % hq, kvh = h / g;
-            int64_t s = rows[2 * row], r = rows[2 * row + 1];
-            int64_t slot = segs[4 * s], past = segs[4 * s + 1], start = segs[4 * s + 2];
-            int L = (int)(past + r + 1);
-            const float *qv = q + ((start + r) * hq + h) * d;
-            const float *K = keys + (slot * hk + kvh) * (int64_t)cap * d;
-            const float *V = values + (slot * hk + kvh) * (int64_t)cap * d;
-            float m = -INFINITY;
-            for (int j = 0; j < L; j++) {
-                __m256 acc = _mm256_setzero_ps();
-                for (int i = 0; i < d; i += 8)
-                    acc = _mm256_fmadd_ps(_mm256_loadu_ps(qv + i), _mm256_loadu_ps(K + (int64_t)j * d + i), acc);
-                float sc = hsum(acc) * scale;
-                scores[j] = sc;
-                if (sc > m) m = sc;
-            }
-            float sum = 0.0f;
-            for (int j = 0; j < L; j++) {
-                scores[j] = expf(scores[j] - m);
-                sum += scores[j];
-            }
-            float *o = out + ((start + r) * hq + h) * d;
-            __m256 inv = _mm256_set1_ps(1.0f / sum);
-            for (int i0 = 0; i0 < d; i0 += 128) { /* up to 16 accumulators: one pass over the values per 128 */
-                int nv = (d - i0 < 128 ? d - i0 : 128) / 8;
-                __m256 acc[16];
-                for (int i = 0; i < nv; i++) acc[i] = _mm256_setzero_ps();
-                for (int j = 0; j < L; j++) {
-                    __m256 p = _mm256_set1_ps(scores[j]);
-                    const float *vr = V + (int64_t)j * d + i0;
-                    for (int i = 0; i < nv; i++) acc[i] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 8 * i), acc[i]);
-                }
-                for (int i = 0; i < nv; i++) _mm256_storeu_ps(o + i0 + 8 * i, _mm256_mul_ps(acc[i], inv));
-            }
-        }
-    }
-}
-
 /* The bfloat16 multiply, y = x W^T (+ b), x [M, K], W [N, K], b [N] and y [M, N] bfloat16 (raw 16-bit words), K a
    multiple of 32, any M. Half the float32 weights' bytes, so a decode step reads half as much memory. Each output is a
    float32 sum in the same order whatever M and the tile (one 16-lane accumulator over k in steps of 32, products of
@@ -398,80 +322,91 @@ static inline __m256 load8_bf16(const uint16_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
 
-/* trtspec_attend_f32 on bfloat16 q, k, v and cache: the same order of sums in float32 (scores, softmax, the values
-   weighted by unrounded probabilities), each output rounded once to bfloat16. */
-void trtspec_attend_bf16(const uint16_t *q, const uint16_t *k, const uint16_t *v, uint16_t *keys, uint16_t *values,
-                         uint16_t *out, const int64_t *segs, int S, int hq, int hk, int cap, int d, float scale,
-                         int threads) {
-    int g = hq / hk;
-    int total = 0, longest = 0;
-    for (int s = 0; s < S; s++) {
-        int64_t slot = segs[4 * s], past = segs[4 * s + 1], start = segs[4 * s + 2], count = segs[4 * s + 3];
-        for (int r = 0; r < count; r++)
-            for (int h = 0; h < hk; h++) {
-                int64_t dst = ((slot * hk + h) * cap + past + r) * d, src = ((start + r) * hk + h) * d;
-                for (int i = 0; i < d; i++) {
-                    keys[dst + i] = k[src + i];
-                    values[dst + i] = v[src + i];
-                }
-            }
-        total += (int)count;
-        if (past + count > longest) longest = (int)(past + count);
-    }
-    int64_t *rows = (int64_t *)__builtin_alloca(sizeof(int64_t) * 2 * (total > 0 ? total : 1));
-    int n = 0;
-    for (int s = 0; s < S; s++)
-        for (int r = 0; r < segs[4 * s + 3]; r++) {
-            rows[2 * n] = s;
-            rows[2 * n + 1] = r;
-            n++;
-        }
-    int items = n * hq;
-#pragma omp parallel num_threads(threads)
-    {
-        float *scores = (float *)__builtin_alloca(sizeof(float) * (longest > 0 ? longest : 1));
-        float *qf = (float *)__builtin_alloca(sizeof(float) * d);
-#pragma omp for schedule(static)
-        for (int it = 0; it < items; it++) {
-            int row = it / hq, h = it % hq, kvh = h / g;
-            int64_t s = rows[2 * row], r = rows[2 * row + 1];
-            int64_t slot = segs[4 * s], past = segs[4 * s + 1], start = segs[4 * s + 2];
-            int L = (int)(past + r + 1);
-            const uint16_t *qv = q + ((start + r) * hq + h) * d;
-            for (int i = 0; i < d; i++) qf[i] = bf16_to_f32(qv[i]);
-            const uint16_t *K = keys + (slot * hk + kvh) * (int64_t)cap * d;
-            const uint16_t *V = values + (slot * hk + kvh) * (int64_t)cap * d;
-            float m = -INFINITY;
-            for (int j = 0; j < L; j++) {
-                __m256 acc = _mm256_setzero_ps();
-                for (int i = 0; i < d; i += 8)
-                    acc = _mm256_fmadd_ps(_mm256_loadu_ps(qf + i), load8_bf16(K + (int64_t)j * d + i), acc);
-                float sc = hsum(acc) * scale;
-                scores[j] = sc;
-                if (sc > m) m = sc;
-            }
-            float sum = 0.0f;
-            for (int j = 0; j < L; j++) {
-                scores[j] = expf(scores[j] - m);
-                sum += scores[j];
-            }
-            uint16_t *o = out + ((start + r) * hq + h) * d;
-            float inv = 1.0f / sum;
-            for (int i0 = 0; i0 < d; i0 += 128) {
-                int nv = (d - i0 < 128 ? d - i0 : 128) / 8;
-                __m256 acc[16];
-                for (int i = 0; i < nv; i++) acc[i] = _mm256_setzero_ps();
-                for (int j = 0; j < L; j++) {
-                    __m256 p = _mm256_set1_ps(scores[j]);
-                    const uint16_t *vr = V + (int64_t)j * d + i0;
-                    for (int i = 0; i < nv; i++) acc[i] = _mm256_fmadd_ps(p, load8_bf16(vr + 8 * i), acc[i]);
-                }
-                float tmp[8];
-                for (int i = 0; i < nv; i++) {
-                    _mm256_storeu_ps(tmp, _mm256_mul_ps(acc[i], _mm256_set1_ps(inv)));
-                    for (int e = 0; e < 8; e++) o[i0 + 8 * i + e] = f32_to_bf16(tmp[e]);
-                }
-            }
-        }
-    }
+/* Causal attention of a pass's segments over the slot KV cache, float32 or bfloat16 (the same
+   sums in float32 either way; bfloat16 outputs rounded once), head_dim a multiple of 8.
+   segs: S x 4 int64 (slot, past, start, count): the segment's tokens are rows start .. start + count - 1 of q, k, v
+   ([T, hq, d], [T, hk, d], [T, hk, d], contiguous rows) at positions past .. past + count - 1. Their keys and values
+   are first written into the cache (keys/values [slots, hk, cap, d]); then every (row, query head) attends over its
+   slot's keys 0 .. position: scores in order of the keys, a max-subtracted softmax, the values summed in the same
+   order. Each row's result depends on its own position and cache only, not on the rows beside it. */
+static inline __m256 load8_f32(const float *p) { return _mm256_loadu_ps(p); }
+static inline void store8_f32(float *p, __m256 v) { _mm256_storeu_ps(p, v); }
+static inline void store8_bf16(uint16_t *p, __m256 v) {
+    float tmp[8];
+    _mm256_storeu_ps(tmp, v);
+    for (int e = 0; e < 8; e++) p[e] = f32_to_bf16(tmp[e]);
 }
+static inline float to_f32_f32(float v) { return v; }
+
+#define ATTEND(NAME, T, LOAD8, STORE8, TO_F32)                                                                      \
+    void NAME(const T *q, const T *k, const T *v, T *keys, T *values, T *out, const int64_t *segs, int S, int hq,  \
+              int hk, int cap, int d, float scale, int threads) {                                                \
+        int g = hq / hk;                                                                                          \
+        int total = 0, longest = 0;                                                                               \
+        for (int s = 0; s < S; s++) {                                                                             \
+            int64_t slot = segs[4 * s], past = segs[4 * s + 1], start = segs[4 * s + 2], count = segs[4 * s + 3]; \
+            for (int r = 0; r < count; r++)                                                                       \
+                for (int h = 0; h < hk; h++) {                                                                    \
+                    int64_t dst = ((slot * hk + h) * cap + past + r) * d, src = ((start + r) * hk + h) * d;       \
+                    for (int i = 0; i < d; i++) {                                                                 \
+                        keys[dst + i] = k[src + i];                                                               \
+                        values[dst + i] = v[src + i];                                                             \
+                    }                                                                                             \
+                }                                                                                                 \
+            total += (int)count;                                                                                  \
+            if (past + count > longest) longest = (int)(past + count);                                            \
+        }                                                                                                         \
+        /* work items: (segment row, query head), in row order */                                                 \
+        int64_t *rows = (int64_t *)__builtin_alloca(sizeof(int64_t) * 2 * (total > 0 ? total : 1));               \
+        int n = 0;                                                                                                \
+        for (int s = 0; s < S; s++)                                                                               \
+            for (int r = 0; r < segs[4 * s + 3]; r++) {                                                           \
+                rows[2 * n] = s;                                                                                  \
+                rows[2 * n + 1] = r;                                                                              \
+                n++;                                                                                              \
+            }                                                                                                     \
+        int items = n * hq;                                                                                       \
+        _Pragma("omp parallel num_threads(threads)") {                                                            \
+            float *scores = (float *)__builtin_alloca(sizeof(float) * (longest > 0 ? longest : 1));               \
+            float *qf = (float *)__builtin_alloca(sizeof(float) * d);                                             \
+            _Pragma("omp for schedule(static)") for (int it = 0; it < items; it++) {                              \
+                int row = it / hq, h = it % hq, kvh = h / g;                                                      \
+                int64_t s = rows[2 * row], r = rows[2 * row + 1];                                                 \
+                int64_t slot = segs[4 * s], past = segs[4 * s + 1], start = segs[4 * s + 2];                      \
+                int L = (int)(past + r + 1);                                                                      \
+                const T *qv = q + ((start + r) * hq + h) * d;                                                     \
+                for (int i = 0; i < d; i++) qf[i] = TO_F32(qv[i]);                                                \
+                const T *K = keys + (slot * hk + kvh) * (int64_t)cap * d;                                         \
+                const T *V = values + (slot * hk + kvh) * (int64_t)cap * d;                                       \
+                float m = -INFINITY;                                                                              \
+                for (int j = 0; j < L; j++) {                                                                     \
+                    __m256 acc = _mm256_setzero_ps();                                                             \
+                    for (int i = 0; i < d; i += 8)                                                                \
+                        acc = _mm256_fmadd_ps(_mm256_loadu_ps(qf + i), LOAD8(K + (int64_t)j * d + i), acc);       \
+                    float sc = hsum(acc) * scale;                                                                 \
+                    scores[j] = sc;                                                                               \
+                    if (sc > m) m = sc;                                                                           \
+                }                                                                                                 \
+                float sum = 0.0f;                                                                                 \
+                for (int j = 0; j < L; j++) {                                                                     \
+                    scores[j] = expf(scores[j] - m);                                                              \
+                    sum += scores[j];                                                                             \
+                }                                                                                                 \
+                T *o = out + ((start + r) * hq + h) * d;                                                          \
+                __m256 inv = _mm256_set1_ps(1.0f / sum);                                                          \
+                for (int i0 = 0; i0 < d; i0 += 128) { /* up to 16 accumulators: one pass over the values per 128 */ \
+                    int nv = (d - i0 < 128 ? d - i0 : 128) / 8;                                                   \
+                    __m256 acc[16];                                                                               \
+                    for (int i = 0; i < nv; i++) acc[i] = _mm256_setzero_ps();                                    \
+                    for (int j = 0; j < L; j++) {                                                                 \
+                        __m256 p = _mm256_set1_ps(scores[j]);                                                     \
+                        const T *vr = V + (int64_t)j * d + i0;                                                    \
+                        for (int i = 0; i < nv; i++) acc[i] = _mm256_fmadd_ps(p, LOAD8(vr + 8 * i), acc[i]);      \
+                    }                                                                                             \
+                    for (int i = 0; i < nv; i++) STORE8(o + i0 + 8 * i, _mm256_mul_ps(acc[i], inv));              \
+                }                                                                                                 \
+            }                                                                                                     \
+        }                                                                                                         \
+    }
+ATTEND(trtspec_attend_f32, float, load8_f32, store8_f32, to_f32_f32)
+ATTEND(trtspec_attend_bf16, uint16_t, load8_bf16, store8_bf16, bf16_to_f32)
