@@ -93,7 +93,18 @@ def test_the_bfloat16_multiply_s_avx512_bf16_and_avx2_builds_give_the_same_bits(
 
     lib = tmp_path / "avx2.so"
     subprocess.run(
-        ["gcc", "-O3", "-march=haswell", "-fopenmp", "-shared", "-fPIC", str(cpu_kernels.SOURCE), "-o", lib, "-lm"],
+        [
+            "gcc",
+            "-O3",
+            "-march=haswell",
+            "-fopenmp",
+            "-shared",
+            "-fPIC",
+            *map(str, cpu_kernels.SOURCES),
+            "-o",
+            lib,
+            "-lm",
+        ],
         check=True,
     )
     avx2 = ctypes.CDLL(str(lib))

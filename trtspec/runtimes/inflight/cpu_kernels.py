@@ -3,13 +3,13 @@ the layer's elementwise work and the attention over the slot cache.
 
 **The multiply**, y = x W^T + b. A decode step or a verification multiplies a handful of rows by every weight of the
 model once: memory-bound work. oneDNN's and MKL's kernels for it read the weights well below the machine's streaming
-bandwidth and cost 1.2-1.3x more for 5 rows than for one. ``cpu_kernels.c`` (next to this file) loads each weight
-vector once per group of up to four rows and keeps every row's accumulator in registers. Measured on a 2-core AMD EPYC
-(AVX2), the 120 multiplies of SmolLM2-135M's 30 layers (425 MB of float32 weights), two threads: 28.1 / 30.0 / 33.9 /
-29.8 / 34.5 ms for 1 / 2 / 3 / 5 / 8 rows against 41.8 / 41.9 / 41.8 / 48.2 / 49.7 ms through oneDNN's packed weights
-(the path before); from 16 rows on oneDNN is faster, so this kernel takes passes of at most :data:`MAX_ROWS` rows.
-Every output is summed in the same order whatever the number of rows, so a row's bits do not depend on the pass it is
-in (``tests/test_cpu_kernels.py`` checks it): a verification's rows equal the decode steps' rows for these multiplies.
+bandwidth and cost 1.2-1.3x more for 5 rows than for one. ``cpu_kernels_multiply.c`` (next to this file) loads each
+weight vector once per group of up to four rows and keeps every row's accumulator in registers. Measured on a 2-core AMD
+EPYC (AVX2), the 120 multiplies of SmolLM2-135M's 30 layers (425 MB of float32 weights), two threads: 28.1 / 30.0 / 33.9
+/ 29.8 / 34.5 ms for 1 / 2 / 3 / 5 / 8 rows against 41.8 / 41.9 / 41.8 / 48.2 / 49.7 ms through oneDNN's packed weights
+(the path before); from 16 rows on oneDNN is faster, so this kernel takes passes of at most :data:`MAX_ROWS` rows. Every
+output is summed in the same order whatever the number of rows, so a row's bits do not depend on the pass it is in
+(``tests/test_cpu_kernels.py`` checks it): a verification's rows equal the decode steps' rows for these multiplies.
 
 **The bfloat16 multiply** reads half the bytes: each output a float32 sum over pairs of products in one order (one
 16-lane accumulator in blocks of 32 inputs, VDPBF16PS where the CPU has AVX512-BF16, the same bits from FMAs on AVX2),
@@ -17,7 +17,7 @@ rounded once. Its order does not depend on the row count at all, so it takes pas
 within 1.1-1.4x of oneDNN's time there) and a bfloat16 model's rows agree between short and long passes. Measured on
 a 2-core AMD EPYC with AVX512-BF16 (2026-12-04), the example in process: target-only 46.6 -> 29.9 ms/token against
 oneDNN on split reductions (the path before), 37.9-39.1 for the float32 kernels (benchmarks/cpu_runtime.py; with
-the weight prefetch of cpu_kernels.c 47.6 -> 29.0).
+the weight prefetch of cpu_kernels_multiply.c 47.6 -> 29.0).
 
 **The elementwise work** of a layer (the residual add with the next RMSNorm, the rotary embedding in place, silu(gate)
 x up), one call each where eager torch dispatched four to six ops: measured 9.2 ms of a float32 decode step's 30
@@ -27,8 +27,10 @@ the norm's mean. **The attention** kernel: every (row, query head) over its slot
 max-subtracted softmax; in bfloat16 it takes every segment, prefills included (faster than two batched multiplies at
 16-1000 tokens, measured), in float32 the segments of at most :data:`ATTEND_ROWS` tokens.
 
-The C source is compiled once per machine and source into trtspec's cache directory (``gcc -O3 -march=native
--fopenmp``, about a second; keyed by the source, the compiler and the CPU's flags, written atomically), then loaded
+The C sources (``cpu_kernels_multiply.c``: the multiplies; ``cpu_kernels_layer.c``: the elementwise work and the
+attention; ``cpu_kernels.h``: what they share) are compiled into one library once per machine and source, in trtspec's
+cache directory (``gcc -O3 -march=native -fopenmp``, about a second; keyed by the sources, the compiler and the CPU's
+flags, written atomically), then loaded
 with ctypes, which releases the GIL for the call. Its OpenMP runtime is torch's own ``libgomp.so.1``, already loaded by
 torch, so the threads are torch's (the multiply passes ``torch.get_num_threads()``). Where it cannot be built or loaded
 (no AVX2/FMA, not x86-64, no C compiler, ``TRTSPEC_CPU_KERNELS=0``), :func:`available` is False and the step keeps
@@ -55,7 +57,8 @@ from trtspec.paths import cache_dir
 
 MAX_ROWS = 8  # float32 passes of at most this many rows use the kernel (oneDNN was faster from 16 rows on, measured)
 BF16_BLOCK = 32  # the bfloat16 multiply reads its inputs in blocks of this many
-SOURCE = Path(__file__).with_name("cpu_kernels.c")
+SOURCES = tuple(Path(__file__).with_name(n) for n in ("cpu_kernels_multiply.c", "cpu_kernels_layer.c"))
+HEADER = Path(__file__).with_name("cpu_kernels.h")
 _FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 _LIBS = ("-lm",)
 
@@ -261,7 +264,9 @@ def _built(compiler: str, cpu_flags: str) -> Path:
     """The shared library for this source, compiler and CPU, compiled into the cache on first use (atomically)."""
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
     key = hashlib.sha256(
-        "\0".join([SOURCE.read_text(), compiler, version, cpu_flags, " ".join(_FLAGS + _LIBS)]).encode()
+        "\0".join(
+            [*(f.read_text() for f in (HEADER, *SOURCES)), compiler, version, cpu_flags, " ".join(_FLAGS + _LIBS)]
+        ).encode()
     ).hexdigest()[:16]
     out = cache_dir() / "kernels" / f"cpu_kernels-{key}.so"
     if out.exists():
@@ -270,7 +275,9 @@ def _built(compiler: str, cpu_flags: str) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
     os.close(fd)
     try:
-        subprocess.run([compiler, *_FLAGS, str(SOURCE), "-o", tmp, *_LIBS], capture_output=True, text=True, check=True)
+        subprocess.run(
+            [compiler, *_FLAGS, *map(str, SOURCES), "-o", tmp, *_LIBS], capture_output=True, text=True, check=True
+        )
         os.replace(tmp, out)
     finally:
         if os.path.exists(tmp):
