@@ -28,7 +28,6 @@ static inline uint16_t f32_to_bf16(float f) {
     return (uint16_t)(v.u >> 16);
 }
 
-
 static inline float r16(float f) { return bf16_to_f32(f32_to_bf16(f)); } /* round to bfloat16 and back */
 
 static inline __m256 load8_bf16(const uint16_t *p) {

@@ -103,10 +103,8 @@ class _Linear:
         # through trtspec's own kernel where it runs (AVX2 + FMA); longer passes (prefill, large batches) take the copy
         # below. bfloat16 passes of every size take trtspec's bfloat16 kernel (cpu_kernels.every_row): no copy.
         self.small = cpu_kernels.applies(weight)
-        self.every_row = self.small and cpu_kernels.every_row(weight)
-        if self.every_row:
-            pass
-        elif cpu32 and pack_rows and torch.backends.mkldnn.is_available():
+        self.every_row = cpu_kernels.every_row(weight)
+        if cpu32 and pack_rows and torch.backends.mkldnn.is_available():
             # Packed for a few rows, within 2-7 % of a copy packed for each count at 1, 2, 5 and 8 rows (measured);
             # a weight used for one row (the vocabulary head: pack_rows (1,)) is packed for one (4.6 against 5.5 ms).
             rows = min(_ONEDNN_ROWS, max(pack_rows))
@@ -114,7 +112,7 @@ class _Linear:
         elif cpu32 and torch._C.has_mkl:
             for rows in sorted(set(pack_rows)):
                 self.packed[rows] = torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
-        elif row_invariant(weight):
+        elif row_invariant(weight) and not self.every_row:
             # Pieces of at most INVARIANT_REDUCTION inputs, each pre-packed for oneDNN (the plain layout is reordered
             # on every call: measured 38 -> 27 ms per step's multiplies here, the same bits).
             n = -(-weight.shape[1] // INVARIANT_REDUCTION)
@@ -503,7 +501,7 @@ class LlamaStep:
         attend_all = len(short) == len(segments)
         masks = [
             None
-            if n == 1 or self.invariant or (short and n <= cpu_kernels.ATTEND_ROWS)
+            if n == 1 or self.invariant or (short and n <= limit)
             else torch.ones(n, p + n, dtype=torch.bool, device=ids.device).tril(diagonal=p)
             for _, p, _, n in segments
         ]
