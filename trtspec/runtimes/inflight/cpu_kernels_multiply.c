@@ -14,10 +14,18 @@
 #include "cpu_kernels.h"
 
 /* The weight rows PREFETCH_ROWS ahead of a tile are asked for while it multiplies (the tile after next, in the thread's
-   own range), so that more of the stream is in flight than the core's own prefetchers fetch. Measured on a 2-core
-   AMD EPYC (AVX512-BF16), SmolLM2-135M's bfloat16 multiplies streamed from memory, a spinning OpenMP: 1 / 2 / 5 / 8
-   rows 13.7 / 19.5 / 24.1 / 26.7 -> 12.4 / 14.3 / 16.1 / 17.5 ms. */
+   own range), so that more of the stream is in flight than the core's own prefetchers fetch. Into L2 (_MM_HINT_T1),
+   not L1: the L2 keeps more misses in flight, and the weights are read once per pass, from L2 as fast as from L1.
+   Measured on a 2-core AMD EPYC (AVX512-BF16), SmolLM2-135M's 121 multiplies streamed from memory, a spinning
+   OpenMP: bfloat16, 1 / 2 / 5 / 8 rows, no prefetch 13.7 / 19.5 / 24.1 / 26.7 ms, into L1 12.4 / 14.3 / 16.1 / 17.5,
+   into L2 (interleaved with L1 in one process, benchmarks/multiply.py) 0.65-0.7x L1's time at every row count: the
+   rows beyond the first now cost little more than their arithmetic. */
+#ifndef PREFETCH_ROWS /* benchmarks/multiply.py builds variants with -D */
 #define PREFETCH_ROWS 8
+#endif
+#ifndef PREFETCH_HINT
+#define PREFETCH_HINT _MM_HINT_T1
+#endif
 
 /* NT weight rows from n0 times MT input rows from m0. */
 #define TILE(NT, MT)                                                                                              \
@@ -32,7 +40,7 @@
             for (int j = 0; j < MT; j++) xv[j] = _mm256_loadu_ps(x + (int64_t)(m0 + j) * K + k);                 \
             if (m0 == 0 && n0 + PREFETCH_ROWS + NT <= N)                                                          \
                 for (int i = 0; i < NT; i++)                                                                      \
-                    _mm_prefetch((const char *)(w + (int64_t)(n0 + PREFETCH_ROWS + i) * K + k), _MM_HINT_T0);     \
+                    _mm_prefetch((const char *)(w + (int64_t)(n0 + PREFETCH_ROWS + i) * K + k), PREFETCH_HINT);     \
             for (int i = 0; i < NT; i++) {                                                                        \
                 __m256 wv = _mm256_loadu_ps(w + (int64_t)(n0 + i) * K + k);                                       \
                 for (int j = 0; j < MT; j++) acc[i][j] = _mm256_fmadd_ps(wv, xv[j], acc[i][j]);                   \
@@ -141,7 +149,7 @@ static inline float bacc_sum(bacc_t a) { return hsum(_mm256_add_ps(a.lo, a.hi));
             for (int j = 0; j < MT; j++) xv[j] = BX_LOAD(x + (int64_t)(m0 + j) * K + k);                          \
             if (m0 == 0 && n0 + PREFETCH_ROWS + NT <= N)                                                          \
                 for (int i = 0; i < NT; i++)                                                                      \
-                    _mm_prefetch((const char *)(w + (int64_t)(n0 + PREFETCH_ROWS + i) * K + k), _MM_HINT_T0);     \
+                    _mm_prefetch((const char *)(w + (int64_t)(n0 + PREFETCH_ROWS + i) * K + k), PREFETCH_HINT);     \
             for (int i = 0; i < NT; i++)                                                                          \
                 for (int j = 0; j < MT; j++) BACC_DOT(acc[i][j], xv[j], w + (int64_t)(n0 + i) * K + k);           \
         }                                                                                                         \
