@@ -22,6 +22,38 @@ def test_prompt_lookup_takes_the_longest_suffix_and_its_latest_occurrence():
     assert prompt_lookup(ctx, 3, min_match=4).tokens == []
 
 
+def _lookup_by_windows(context, k, max_match, min_match):
+    """Prompt lookup by its definition: every window of each length, longest first, the last occurrence."""
+    for n in range(min(max_match, len(context) - 1), min_match - 1, -1):
+        hits = [s for s in range(len(context) - n) if context[s : s + n] == context[len(context) - n :]]
+        if hits:
+            return Proposal(context[hits[-1] + n : hits[-1] + n + k], n, "prompt")
+    return Proposal()
+
+
+def test_prompt_lookup_equals_its_definition_on_random_contexts():
+    """The candidate search (occurrences of the last token, extended backwards) must find what a scan of every
+    window finds: the same suffix length, the same (most recent) occurrence, the same continuation."""
+    rng = np.random.default_rng(0)
+    for _ in range(3000):
+        vocab = int(rng.choice([2, 3, 6, 40]))
+        ctx = [int(t) for t in rng.integers(0, vocab, size=int(rng.integers(0, 50)))]
+        k, max_match, min_match = int(rng.integers(0, 7)), int(rng.integers(1, 7)), int(rng.integers(1, 4))
+        want = _lookup_by_windows(ctx, k, max_match, min_match) if len(ctx) >= 2 and k > 0 else Proposal()
+        assert prompt_lookup(ctx, k, max_match, min_match) == want, (ctx, k, max_match, min_match)
+
+
+def test_the_pool_s_lookup_hash_is_its_tables_hash():
+    """Lookups hash in Python integers, the tables in numpy's uint64 arithmetic: the values must agree (mod 2**64),
+    or the pool would find nothing."""
+    from trtspec.speculative.drafters.ngram import _hash, _hash_windows
+
+    tokens = np.array([0, 49151, 7, 123, 65535, 3, 3, 3], dtype=np.int32)
+    for n in range(1, 5):
+        windows = _hash_windows(tokens, n)
+        assert [_hash(tokens[i : i + n].tolist()) for i in range(len(tokens) - n + 1)] == windows.tolist()
+
+
 def test_pool_predicts_the_most_frequent_label_and_round_trips(tmp_path):
     # "a b" is followed by c twice and d once; labels (the target's greedy choices) override the sampled tokens
     seqs = [[1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 6, 4]]

@@ -27,7 +27,9 @@ from trtspec.speculative.drafters import UNLIMITED, DrafterKind, Proposal, in_vo
 POOL_FILE = "ngram_pool.npz"
 MAX_MATCH = 4  # longest n-gram looked up (TensorRT-LLM: max_matching_ngram_size)
 MIN_MATCH = 1
-_MULT = np.uint64(0x9E3779B97F4A7C15)
+_MULT_INT = 0x9E3779B97F4A7C15
+_MULT = np.uint64(_MULT_INT)
+_MASK = (1 << 64) - 1
 _SEP = -1
 
 
@@ -41,11 +43,12 @@ def _hash_windows(tokens: np.ndarray, n: int) -> np.ndarray:
 
 
 def _hash(seq: Sequence[int]) -> np.uint64:
-    h = np.uint64(0)
-    with np.errstate(over="ignore"):
-        for t in seq:
-            h = h * _MULT + np.uint64(int(t) + 1)
-    return h
+    """The hash of :func:`_hash_windows` for one n-gram, in Python integers (the same value mod 2**64; a lookup
+    hashes a few n-grams per proposed token, where numpy's scalar arithmetic cost microseconds per operation)."""
+    h = 0
+    for t in seq:
+        h = (h * _MULT_INT + int(t) + 1) & _MASK
+    return np.uint64(h)
 
 
 @dataclass
@@ -213,22 +216,34 @@ def vocab_fingerprint(vocab: dict[str, int]) -> str:
 
 
 def prompt_lookup(context: Sequence[int], k: int, max_match: int = MAX_MATCH, min_match: int = MIN_MATCH) -> Proposal:
-    """Prompt lookup: the longest suffix (``max_match``..``min_match`` tokens) that occurred earlier in ``context``,
-    and up to ``k`` tokens that followed its most recent earlier occurrence."""
+    """Prompt lookup: the longest suffix (``max_match``..``min_match`` tokens, ``min_match`` >= 1) that occurred
+    earlier in ``context``, and up to ``k`` tokens that followed its most recent earlier occurrence.
+
+    Every earlier occurrence of a suffix ends with the context's last token: those positions are the candidates, and
+    each one's match is extended backwards (vectorized over the candidates), so a lookup costs one comparison over
+    the context and a few over the candidates."""
     n_ctx = len(context)
     if n_ctx < 2 or k <= 0:
         return Proposal()
     ctx = np.asarray(context, dtype=np.int64)
-    for n in range(min(max_match, n_ctx - 1), min_match - 1, -1):
-        suffix = ctx[n_ctx - n :]
-        windows = np.lib.stride_tricks.sliding_window_view(ctx[: n_ctx - 1], n)  # starts 0 .. n_ctx - 1 - n
-        hits = np.flatnonzero((windows == suffix).all(axis=1))
-        if len(hits):
-            start = int(hits[-1]) + n
-            cont = ctx[start : start + k].tolist()
-            if cont:
-                return Proposal([int(t) for t in cont], n, "prompt")
-    return Proposal()
+    top = min(max_match, n_ctx - 1)
+    ends = np.flatnonzero(ctx[: n_ctx - 1] == ctx[-1])  # where an earlier occurrence would end
+    if not len(ends) or top < max(1, min_match):
+        return Proposal()
+    length = np.ones(len(ends), dtype=np.int64)  # each candidate's match, up to ``top`` tokens
+    alive = np.ones(len(ends), dtype=bool)
+    for j in range(1, top):
+        pos = ends - j
+        alive &= pos >= 0
+        alive[alive] = ctx[pos[alive]] == ctx[n_ctx - 1 - j]
+        if not alive.any():
+            break
+        length += alive
+    n = int(length.max())
+    if n < min_match:
+        return Proposal()
+    end = int(ends[np.flatnonzero(length >= n)[-1]])  # the most recent of the longest
+    return Proposal([int(t) for t in ctx[end + 1 : end + 1 + k]], n, "prompt")
 
 
 class NgramDrafter:
@@ -251,7 +266,9 @@ class NgramDrafter:
         if k <= 0 or not context:
             return Proposal()
         local = prompt_lookup(context, k, self.max_match, self.min_match) if self.use_prompt else Proposal()
-        pooled = self.pool.chain(context, k, self.min_match) if self.pool is not None else Proposal()
+        # the pool's chain only where it could win: a longer match than the prompt's, or the prompt has none
+        could_win = self.pool is not None and (local.match_len < self.pool.max_match or not local.tokens)
+        pooled = self.pool.chain(context, k, self.min_match) if could_win and self.pool is not None else Proposal()
         if pooled.match_len > local.match_len:
             return pooled
         if local.tokens and len(local.tokens) < k and self.pool is not None:
