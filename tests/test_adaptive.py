@@ -267,42 +267,6 @@ def test_a_batch_s_plain_pass_is_timed_before_speculation_is_priced_against_it()
     assert _policy(explore=0.0).target.measured(1) and _policy(explore=0.0).target.measured(8, seqs=8)
 
 
-def test_a_step_skipped_by_the_bound_is_one_the_choice_would_not_speculate_in():
-    """``may_speculate`` lets the engine skip the proposals and the choice of a batch: it must say False only where
-    ``plan`` would choose no speculation for any sequence, whatever the n-grams propose and whether the model can
-    draft. Random cost curves (steps up included), acceptance histories and proposals; both answers must occur."""
-    import random
-
-    rng = random.Random(0)
-    said = {True: 0, False: 0}
-    for trial in range(400):
-        b = rng.choice([2, 3, 8])
-        policy = _policy(explore=rng.choice([0.0, 0.08]), verify_row=rng.choice([0.0, 0.002]))
-        t, growth = rng.uniform(0.02, 0.06), rng.uniform(0.0, 1.5)  # growth: a whole batch's tokens more cost t x it
-        for n in sorted(rng.sample(range(b, 5 * b + 1), 4)) + [b]:
-            jump = rng.choice([0.0, 0.0, 0.3]) * t if n > b else 0.0
-            policy.observe_target(n, t * (1 + growth * rng.uniform(0.8, 1.2) * (n - b) / b) + jump, seqs=b)
-        seqs = [SequenceArms() for _ in range(b)]
-        for seq in seqs:  # a history of verdicts on random arms
-            for _ in range(rng.randrange(12)):
-                arm = (NGRAM, rng.randrange(1, 5)) if rng.random() < 0.8 else (MODEL, 0)
-                seq.last = (arm, 4)
-                proposed = rng.randrange(1, 5)
-                policy.verdict(seq, proposed, rng.randrange(proposed + 1) if rng.random() < 0.5 else 0)
-        model = rng.random() < 0.5
-        verdict = policy.may_speculate(seqs, b, 4, model)
-        said[verdict] += 1
-        for _ in range(5):
-            asks = []
-            for _ in range(b):
-                k = rng.randrange(0, 5)
-                asks.append(Ask(4, list(range(k)), rng.randrange(1, 5) if k else 0, model))
-            choices = policy.plan(seqs, asks)
-            if not verdict:
-                assert not any(c.speculates for c in choices), (trial, choices)
-    assert said[True] > 40 and said[False] > 40, said
-
-
 def test_target_costs_are_learned_per_number_of_sequences():
     """8 tokens of 8 sequences cost more than 8 tokens of 2 (each sequence attends on its own), and the slope of a
     full batch is its own: the policy prices a batch's draft tokens on the curve of that batch size (or of the

@@ -285,41 +285,6 @@ class AdaptivePolicy:
             self.k_chosen[min(best.k, 16)] += 1
         return out
 
-    def may_speculate(
-        self, seqs: Sequence[SequenceArms], n_base: int, k_max: int, model: bool, batch_seqs: int | None = None
-    ) -> bool:
-        """False only where :meth:`plan` is sure to choose no speculation for any of ``seqs`` whatever the drafters
-        would propose, so that the engine can skip proposing (at 8 sequences the proposals and the choice took 0.8
-        ms of a 31 ms step, mostly steps that then did not speculate). A bound: no option's expected gain, at most
-        its first proposal's acceptance per proposal (the sequence's best arm, its bonus included), beats the plain
-        step's rate times the least cost per token the pass can grow by (the slope of its lower hull, which neither
-        the real curve nor the hull :meth:`_ratio_best` also chooses on falls below); Dinkelbach's rate only rises
-        from there, and ``min_gain`` is not negative. Reproducible sequences (priced on their own prior costs): True.
-        ``n_base``: the tokens the step feeds anyway; ``batch_seqs``: the sequences its pass feeds (default: these)."""
-        if not seqs or k_max <= 0:
-            return False
-        if any(s.reproducible for s in seqs):
-            return True
-        b = max(len(seqs), batch_seqs or 0)
-        if b > 1 and n_base == b and not self.target.measured(n_base, b):
-            return False  # _ratio_best takes a plain step to time it
-        cost = _memo(self.target.curve(b).cost)
-        t_base = cost(n_base) + self.verify.cost(len(seqs))
-        if t_base <= 0:
-            return False
-        top = n_base + len(seqs) * k_max
-        slope = min((cost(n) - cost(n_base)) / (n - n_base) for n in range(n_base + 1, top + 1))
-        arms = [ngram_arm(m) for m in range(1, 5)] + ([MODEL_ARM] if model else [])
-        best = max(self.acceptance(s, arm) for s in seqs for arm in arms)
-        return best > len(seqs) / t_base * slope
-
-    def skip(self, seqs: Sequence[SequenceArms]) -> None:
-        """Record a step in which ``seqs`` did not speculate (what :meth:`plan` records when it chooses so)."""
-        for seq in seqs:
-            seq.last = None
-            self.steps["none"] += 1
-            self.k_chosen[0] += 1
-
     def _ratio_best(
         self,
         seqs: Sequence[SequenceArms],

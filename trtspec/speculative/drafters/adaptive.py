@@ -73,12 +73,6 @@ class AdaptiveEngineDrafter:
 
     def propose(self, jobs: list[Any], ks: list[int], batch_tokens: int = 0, batch_seqs: int = 0) -> list[Proposal]:
         t0 = time.perf_counter()
-        arms = [self._arms[id(job)] for job in jobs]
-        n_base = max(batch_tokens, sum(max(1, len(job.pending)) for job in jobs))
-        model = self.model is not None and any(self._model_ready(job) for job in jobs)
-        if len(jobs) > 1 and not self.policy.may_speculate(arms, n_base, max(ks), model, max(batch_seqs, len(jobs))):
-            self.policy.skip(arms)  # the choice would be none for every job: nothing to propose
-            return [Proposal() for _ in jobs]
         found = [self.ngram.propose_one(job.history(), k) for job, k in zip(jobs, ks)]
         ready = [self._model_ready(job) for job in jobs]
         asks = [
@@ -89,7 +83,7 @@ class AdaptiveEngineDrafter:
         others = max(0, batch_tokens - sum(a.base_tokens for a in asks))
         if others and asks and not self._arms[id(jobs[0])].reproducible:
             asks[0] = dataclasses.replace(asks[0], base_tokens=asks[0].base_tokens + others)
-        choices = self.policy.plan(arms, asks, batch_seqs=max(batch_seqs, len(jobs)))
+        choices = self.policy.plan([self._arms[id(job)] for job in jobs], asks, batch_seqs=max(batch_seqs, len(jobs)))
         out = [Proposal() for _ in jobs]
         to_model, model_ks = [], []
         for i, (choice, p) in enumerate(zip(choices, found)):
