@@ -59,8 +59,8 @@ def build(defines: list[str], out_dir: Path) -> dict[str, object]:
     if compiler is None:
         raise SystemExit("no C compiler")
     out = Path(tempfile.mkstemp(suffix=".so", dir=out_dir)[1])
-    flags = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
-    subprocess.run([compiler, *flags, *defines, *map(str, cpu_kernels.SOURCES), "-o", str(out), "-lm"], check=True)
+    flags, libs = cpu_kernels._FLAGS, cpu_kernels._LIBS  # the shipped build's, so only ``defines`` differ
+    subprocess.run([compiler, *flags, *defines, *map(str, cpu_kernels.SOURCES), "-o", str(out), *libs], check=True)
     lib = ctypes.CDLL(str(out))
     fns = {}
     for name in ("trtspec_linear_f32", "trtspec_linear_bf16"):

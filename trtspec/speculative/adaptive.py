@@ -305,9 +305,6 @@ class AdaptivePolicy:
                 self.target.curve(batch_seqs).cost, self.draft.cost, self.verify.cost, self.target.curve(1).cost
             )
         )
-        # The curves do not change within a plan: each size is priced once (at 8 sequences the choice asks the
-        # same few dozen sizes some 1,200 times, 0.8 ms of a 37 ms step when each went through the interpolation).
-        costs = _Costs(*(_memo(f) for f in (costs.target, costs.draft, costs.verify, costs.alone)))
         if not seqs:
             return []
         if not prior and batch_seqs > 1 and n_base == batch_seqs and not self.target.measured(n_base, batch_seqs):
@@ -316,6 +313,9 @@ class AdaptivePolicy:
             # (measured, 8 sequences, bfloat16: its curve knew 12-16 tokens only, and the policy kept speculating at
             # 0.9x target-only). One plain step times it.
             return [NO_SPECULATION] * len(seqs)
+        # The curves do not change within a plan: each size is priced once (at 8 sequences the choice asks the
+        # same few dozen sizes some 1,200 times, 0.8 ms of a 37 ms step when each went through the interpolation).
+        costs = _Costs(*(_memo(f) for f in (costs.target, costs.draft, costs.verify, costs.alone)))
         # A plain step: the target's pass over the tokens the step feeds anyway, one row verified per sequence.
         t_base = costs.target(n_base) + costs.verify(len(seqs))
         if t_base <= 0:

@@ -267,8 +267,9 @@ class NgramDrafter:
             return Proposal()
         local = prompt_lookup(context, k, self.max_match, self.min_match) if self.use_prompt else Proposal()
         # the pool's chain only where it could win: a longer match than the prompt's, or the prompt has none
-        could_win = self.pool is not None and (local.match_len < self.pool.max_match or not local.tokens)
-        pooled = self.pool.chain(context, k, self.min_match) if could_win and self.pool is not None else Proposal()
+        pooled = Proposal()
+        if self.pool is not None and (local.match_len < self.pool.max_match or not local.tokens):
+            pooled = self.pool.chain(context, k, self.min_match)
         if pooled.match_len > local.match_len:
             return pooled
         if local.tokens and len(local.tokens) < k and self.pool is not None:
