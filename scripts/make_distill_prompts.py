@@ -1,18 +1,26 @@
-"""Write trtspec/data/distill_prompts.txt: the instruction prompts `trtspec distill` asks the target to answer.
+"""Write trtspec/data/distill_prompts.jsonl: the prompts `trtspec distill` asks the target to answer.
 
-Templates x topics, written for this project (no network, no third-party text), deterministic: the same script writes
-the same file. The questions of benchmarks/speculative_cpu.py and tests/test_example_speculative.py are excluded, so
-measured acceptance on them is held-out.
+Instruction prompts (templates x topics) and the workload categories' prompts (scripts/distill_categories.py:
+multi-turn chat, summarization, retrieval-grounded QA, translation, math word problems, code edits), one JSON object
+per line ({"category", "prompt"} or {"category", "messages"}), written for this project (no network, no third-party
+text), deterministic: the same script writes the same file. The questions of benchmarks/speculative_cpu.py and
+tests/test_example_speculative.py are excluded, so measured acceptance on them is held-out.
 
     python scripts/make_distill_prompts.py
 """
 
 from __future__ import annotations
 
+import json
 import random
+import sys
 from pathlib import Path
+from typing import Any
 
-OUT = Path(__file__).resolve().parents[1] / "trtspec" / "data" / "distill_prompts.txt"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from distill_categories import category_prompts  # noqa: E402
+
+OUT = Path(__file__).resolve().parents[1] / "trtspec" / "data" / "distill_prompts.jsonl"
 
 THINGS = [
     "a bicycle",
@@ -317,10 +325,25 @@ def prompts() -> list[str]:
     return ordered
 
 
+def instruction_category(prompt: str) -> str:
+    if prompt in MATH:
+        return "math"
+    code = {CODE[i].format(l=lang, c=c) for c in CODE_TASKS for lang in LANGS for i in range(len(CODE))}
+    return "code" if prompt in code else "instruction"
+
+
+def records() -> list[dict[str, Any]]:
+    """The instruction prompts (in :func:`prompts`' order) and then the categories' prompts, shuffled together."""
+    out: list[dict[str, Any]] = [{"category": instruction_category(p), "prompt": p} for p in prompts()]
+    out += category_prompts(THINGS, SKILLS)
+    random.Random(13).shuffle(out)
+    return out
+
+
 def main() -> None:
     OUT.parent.mkdir(parents=True, exist_ok=True)
-    lines = prompts()
-    OUT.write_text("\n".join(lines) + "\n")
+    lines = [json.dumps(r, ensure_ascii=False) for r in records()]
+    OUT.write_text("\n".join(lines) + "\n", encoding="utf-8")
     print(f"wrote {len(lines)} prompts to {OUT}")
 
 

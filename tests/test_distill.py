@@ -230,11 +230,16 @@ def test_sampled_answers_add_contexts_but_keep_the_target_s_own_labels(tiny_pair
     import torch
 
     from trtspec.distill.data import generate_teacher_data
-    from trtspec.prompts import encode_prompt
+    from trtspec.prompts import encode
     from trtspec.runtimes.torch.loading import load_model, load_tokenizer
 
     target, tok = load_model(tiny_pair[0]), load_tokenizer(tiny_pair[0])
-    prompts = ["the quick fox", "a small draft", "Paris France", "code return add"]
+    chat = [
+        {"role": "user", "content": "the quick fox"},
+        {"role": "assistant", "content": "jumps over"},
+        {"role": "user", "content": "code return add"},
+    ]  # a conversation is answered after its whole history, not as its last turn alone
+    prompts = ["the quick fox", "a small draft", "Paris France", chat]
     samples, _ = generate_teacher_data(
         target,
         tok,
@@ -251,8 +256,9 @@ def test_sampled_answers_add_contexts_but_keep_the_target_s_own_labels(tiny_pair
     assert len(samples) == 8
     greedy, sampled = samples[:4], samples[4:]
     for g, s, p in zip(greedy, sampled, prompts):
-        assert g.ids[: g.start].tolist() == s.ids[: s.start].tolist() == encode_prompt(tok, p)
+        assert g.ids[: g.start].tolist() == s.ids[: s.start].tolist() == encode(tok, p)
         assert g.answer.tolist() == g.topk_ids[:, 0].tolist()  # greedy: each token is the label's top-1
+    assert greedy[3].ids[: greedy[3].start].tolist() != encode(tok, "code return add")
     assert any(s.answer.tolist() != s.topk_ids[:, 0].tolist() for s in sampled)  # sampled: not always the top-1
     with torch.no_grad():  # labels of a sampled answer are the target's log-probs at that context
         s = next(s for s in sampled if s.answer.tolist() != s.topk_ids[:, 0].tolist())

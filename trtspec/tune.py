@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trtspec.errors import GenerationError
+from trtspec.prompts import Prompt
 from trtspec.spec import BuildSpec
 from trtspec.speculative.drafters import DrafterKind
 from trtspec.speculative.rules import MAX_DRAFT_LEN, check_max_draft_len
@@ -61,14 +62,11 @@ class TuneResult:
         }
 
 
-def default_prompts(n: int) -> list[str]:
+def default_prompts(n: int) -> list[Prompt]:
     """Held-out prompts of the shipped distillation set (the ones `trtspec distill` never trains on)."""
     from trtspec.prompts import held_out_prompts
 
     return held_out_prompts(n)
-
-
-Prompt = str | Sequence[dict[str, str]]  # a user turn, or a conversation (chat messages)
 
 
 def workload_prompts(n: int) -> list[Prompt]:
@@ -141,7 +139,7 @@ def tune_in_process(
     progress: Any = None,
 ) -> TuneResult:
     """Tune on the spec's models loaded by the torch runtime (see module docstring)."""
-    from trtspec.prompts import encode_messages, encode_prompt
+    from trtspec.prompts import encode
     from trtspec.runtimes.torch.costs import measure_step_costs
     from trtspec.runtimes.torch.decoder import SpeculativeDecoder
     from trtspec.runtimes.torch.profiling import Reference, loop_costs, time_decoder
@@ -158,10 +156,7 @@ def tune_in_process(
         check_max_draft_len(k, "K")
     session = TorchSession.from_spec(spec, load_draft=True)  # the draft's costs are measured for every drafter
     target, draft, pool = session.target, session.draft, session.decoder.ngram_pool
-    ids = [
-        encode_prompt(session.tokenizer, p) if isinstance(p, str) else encode_messages(session.tokenizer, p)
-        for p in prompts
-    ]
+    ids = [encode(session.tokenizer, p) for p in prompts]
     dec = SpeculativeDecoder(
         target,
         draft,

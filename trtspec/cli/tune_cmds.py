@@ -44,7 +44,7 @@ def tune(
     prompts: Annotated[
         Optional[Path],
         typer.Option(
-            help="prompts to tune on (one per line, or JSONL 'prompt'); "
+            help="prompts to tune on (one per line, or JSONL: 'prompt' or 'messages'); "
             "default: the held-out shipped distillation prompts"
         ),
     ] = None,

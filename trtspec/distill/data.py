@@ -15,14 +15,14 @@ from typing import Any
 
 import torch
 
-from trtspec.prompts import encode_prompt
+from trtspec.prompts import Prompt, encode
 from trtspec.runtimes.torch.answers import Sample, answer_batch
 
 
 def generate_teacher_data(
     target: Any,
     tokenizer: Any,
-    prompts: Sequence[str],
+    prompts: Sequence[Prompt],
     shard_dir: Path,
     *,
     max_new_tokens: int,
@@ -57,7 +57,7 @@ def generate_teacher_data(
         else:
             t0 = time.perf_counter()
             chunk = jobs[start : start + batch_size]
-            ids = [encode_prompt(tokenizer, p) for p, _ in chunk]
+            ids = [encode(tokenizer, p) for p, _ in chunk]
             batch = answer_batch(target, ids, max_new_tokens, top_k, eos_ids, pad, [t for _, t in chunk], seed=b)
             dt = time.perf_counter() - t0
             records = [

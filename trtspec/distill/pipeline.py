@@ -24,6 +24,7 @@ from trtspec.distill.settings import DistillSettings
 
 if TYPE_CHECKING:
     from trtspec.distill.placement import Placement
+    from trtspec.prompts import Prompt
 
 REPORT_FILE = "distill_report.json"
 
@@ -139,7 +140,7 @@ def _distill_into(
     target_dir: Path,
     settings: DistillSettings,
     placement: Placement,
-    prompts: list[str],
+    prompts: list[Prompt],
     hashes: dict[str, str],
     work_dir: Path | None,
     progress: Any,
@@ -151,7 +152,7 @@ def _distill_into(
     from trtspec.distill.model import draft_from_target, source_weights
     from trtspec.distill.report import measure
     from trtspec.distill.train import train
-    from trtspec.prompts import encode_prompt, split_prompts
+    from trtspec.prompts import encode, split_prompts
     from trtspec.runtimes.torch.draft_model import register
     from trtspec.runtimes.torch.loading import load_model, load_tokenizer
     from trtspec.runtimes.torch.session import eos_ids_of
@@ -226,7 +227,7 @@ def _distill_into(
     if placement.reload_for_eval:  # the report judges the draft against the target as it serves (float32 on a CPU)
         del target
         eval_target = load_model(target_dir, placement.eval_dtype)
-    eval_ids = [encode_prompt(tokenizer, p) for p in test_prompts[: settings.eval_prompts]]
+    eval_ids = [encode(tokenizer, p) for p in test_prompts[: settings.eval_prompts]]
     if progress:
         task = progress.add_task("held-out evaluation", total=None)
     report = measure(

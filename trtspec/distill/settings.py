@@ -62,7 +62,7 @@ class DistillSettings:
 
     prompts: Path | None = field(
         default=None,
-        metadata=cli("prompts the target answers (one per line, or JSONL with 'prompt'); default: the shipped set"),
+        metadata=cli("prompts the target answers (one per line, or JSONL: 'prompt' or 'messages'); default: shipped"),
     )
     layers: int = field(default=2, metadata=cli("draft depth (decoder layers)"))
     init_layers: tuple[int, ...] | None = field(
