@@ -169,12 +169,13 @@ def run(
     }
 
 
-def replay_categories(session, pool, refs: dict, configs) -> dict:
+def replay_categories(session, pool, refs: dict, configs, costs=None) -> dict:
     """Every configuration replayed on the target-only answers of each category (trtspec.speculative.replay): the
     fixed ones simulated exactly, the adaptive ones' policies replayed (one policy per configuration for the whole
     run, categories in the run's order, as the timed run keeps one), and the least-cost decode with every match
-    known in advance, all on the step costs (c, v by K, head, prefills) measured here on these models. Free of
-    the machine's timing noise: what each choice is worth on these costs."""
+    known in advance, all on the step costs (c, v by K, head, prefills) measured here on these models (or ``costs``,
+    to compare drafts of one shape on one measurement). Free of the machine's timing noise: what each choice is
+    worth on these costs."""
     import statistics
 
     from trtspec.runtimes.torch.costs import measure_step_costs
@@ -186,7 +187,8 @@ def replay_categories(session, pool, refs: dict, configs) -> dict:
     k_max = max(k for _, k in configs)
     every = [r for rs in refs.values() for r in rs]
     prompt = int(statistics.mean(len(r.prompt) for r in every))
-    costs = measure_step_costs(session.target, session.draft, prompt + every[0].max_tokens // 2, k_max, prompt)
+    if costs is None:
+        costs = measure_step_costs(session.target, session.draft, prompt + every[0].max_tokens // 2, k_max, prompt)
     policies = {f"{kind}:{k}": AdaptivePolicy() for kind, k in configs if kind.startswith("adaptive")}
     out: dict = {"costs": costs.to_dict(), "categories": {}}
     for cat, rs in refs.items():
