@@ -1,6 +1,6 @@
 """Serving on a CPU through a real Triton server: orchestrations side by side in one run, same prompts, same machine.
 
-    python benchmarks/serving_cpu.py [--pair example|self] [--max-tokens 48] [--levels 1,8] [--requests 16]
+    python benchmarks/serving_cpu.py [--pair example|self] [--max-tokens 48] [--levels 1,8] [--requests 16] [--rounds 1]
         [--orchestrations in_process,bls] [--drafters adaptive,model,ngram,hybrid] [--old-root DIR] [--json out.json]
 
 For each served repository, in turn (one server at a time): output tok/s at each concurrency level, with the draft
@@ -109,6 +109,19 @@ def measure(
     }
 
 
+def pooled(runs: list[dict]) -> dict:
+    """Runs of ``measure`` as one: tokens over the seconds of all of them, acceptance weighted by tokens."""
+    tokens = sum(r["tokens"] for r in runs)
+    seconds = sum(r["tokens"] / r["tok_s"] for r in runs if r["tok_s"])
+    return {
+        "tok_s": round(tokens / seconds, 2) if seconds else 0.0,
+        "acceptance": round(sum(r["acceptance"] * r["tokens"] for r in runs) / tokens, 3) if tokens else 0.0,
+        "errors": sum(r["errors"] for r in runs),
+        "tokens": tokens,
+        "runs": [r["tok_s"] for r in runs],
+    }
+
+
 def session_c1(session, prompts, max_tokens, use_draft):
     t0 = time.perf_counter()
     tokens = 0
@@ -150,6 +163,9 @@ def main() -> None:
     ap.add_argument("--levels", default="1,8")
     ap.add_argument("--requests", type=int, default=16, help="requests per level and mode")
     ap.add_argument("--repeats", type=int, default=3, help="concurrency-1 overhead runs")
+    ap.add_argument(
+        "--rounds", type=int, default=1, help="speculative and target-only runs per level, alternated, pooled"
+    )
     ap.add_argument("--orchestrations", default="in_process,bls", help="of in_process, bls")
     ap.add_argument("--drafters", default="adaptive", help="of adaptive, model, ngram, hybrid (speculative.drafter)")
     ap.add_argument("--old-root", type=Path, help="a checkout of an older trtspec to serve side by side")
@@ -188,8 +204,13 @@ def main() -> None:
             rows = {}
             for c in levels:
                 console.print(f"{name}: concurrency {c}")
-                spec_r = measure(server.grpc_url, QUESTIONS, c, args.requests, args.max_tokens, False)
-                base_r = measure(server.grpc_url, QUESTIONS, c, args.requests, args.max_tokens, True)
+                runs: dict[bool, list[dict]] = {False: [], True: []}
+                for r in range(args.rounds):  # alternated, so that both modes meet the same drift of the machine
+                    for target_only in (False, True) if r % 2 == 0 else (True, False):
+                        runs[target_only].append(
+                            measure(server.grpc_url, QUESTIONS, c, args.requests, args.max_tokens, target_only)
+                        )
+                spec_r, base_r = pooled(runs[False]), pooled(runs[True])
                 rows[c] = {
                     "speculative": spec_r,
                     "target_only": base_r,

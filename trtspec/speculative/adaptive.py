@@ -229,6 +229,7 @@ class AdaptivePolicy:
         idle_decay: float = 0.97,
         explore: float = 0.08,
         min_gain: float = 0.0,
+        batch_margin: float = 0.03,
     ) -> None:
         self.prior = prior or CostPrior()
         self.tracker = AcceptanceTracker(priors=dict(priors or DEFAULT_PRIORS))
@@ -239,6 +240,10 @@ class AdaptivePolicy:
         self.idle_decay = idle_decay  # ... and by this every step, so that an arm left long ago is tried again
         self.explore = explore
         self.min_gain = min_gain
+        # In a pass of several sequences, speculate only if the step's expected rate beats the plain step's by this
+        # share: there the gain is a few per cent at best, the estimates' error is as large, and a plain step lets
+        # the engine drafter skip its own work (trtspec.speculative.drafters.adaptive).
+        self.batch_margin = batch_margin
         # Counters for metrics: steps by what they did, and the K chosen.
         self.steps = {NGRAM: 0, MODEL: 0, "none": 0}
         self.k_chosen = [0] * 17
@@ -284,6 +289,11 @@ class AdaptivePolicy:
             self.steps[best.source if best.speculates and best.source else "none"] += 1
             self.k_chosen[min(best.k, 16)] += 1
         return out
+
+    def record_plain(self, n: int) -> None:
+        """Count ``n`` sequences' steps that did not speculate without a plan (the engine drafter skipped it)."""
+        self.steps["none"] += n
+        self.k_chosen[0] += n
 
     def _ratio_best(
         self,
@@ -333,6 +343,10 @@ class AdaptivePolicy:
                 seqs, choices, costs, t_base, n_base
             ):
                 choices = alt
+        if batch_seqs > 1 and not prior and any(c.speculates for c in choices):
+            plain = len(seqs) / t_base
+            if self._rate(seqs, choices, costs, t_base, n_base) < plain * (1 + self.batch_margin):
+                return [NO_SPECULATION] * len(seqs)
         return choices
 
     def _dinkelbach(
