@@ -12,6 +12,13 @@ at start (``calibrate_costs``).
 
     python benchmarks/concurrency_cpu.py [--batch 8] [--rounds 3] [--max-tokens 96] [--dtype bfloat16] \
         [--configs ngram:4] [--calibrate] [--json F]
+    python benchmarks/concurrency_cpu.py --closed-loop 64 [--batch 8] [--max-tokens 48] [--rounds 3]
+
+``--closed-loop N`` measures instead as serving_cpu.py does through Triton, without Triton: ``--batch`` clients, each
+sending its next request (serving_cpu's chat questions, streamed) when its last one ends, N requests per run, on one
+adaptive engine running on its own thread; speculative requests (K 4) and target-only ones (num_draft_tokens 0)
+alternate run by run (``--calibrate``: the policy's costs anchored first, as the in-process Triton model does at
+start). Per round: tok/s of both, their ratio, and the steps the drafter skipped.
 
 About 3 minutes on the 2-core machine. Run it alone (under the CPU lock) and note ``uptime``.
 """
@@ -125,6 +132,91 @@ def run(batch: int, rounds: int, max_tokens: int, dtype: str, configs, calibrate
     }
 
 
+def closed_loop(clients: int, n: int, rounds: int, max_tokens: int, dtype: str, calibrate: bool) -> dict:
+    import threading
+
+    from serving_cpu import QUESTIONS
+
+    from trtspec.runtimes.inflight.jobs import Job
+    from trtspec.speculative.rules import SamplingParams
+
+    paths = example_models()
+    session = TorchSession(paths.target, paths.draft, dtype=dtype, max_draft_len=4)
+    pool = NgramPool.load(paths.draft / POOL_FILE)
+    eos = list(session.decoder.eos_ids)
+    prompts = [session.encode(q) for q in QUESTIONS]
+    dec = SpeculativeDecoder(
+        session.target, session.draft, max_draft_len=4, eos_ids=eos, drafter="adaptive", ngram_pool=pool
+    )
+    dec.generate(prompts[:clients], max_tokens)  # the engine, built for the clients, and one-time costs
+    engine = dec._engines[True]
+    if calibrate:  # as the in-process Triton model does at start
+        from trtspec.runtimes.inflight.timing import calibrate as anchor
+
+        anchor(engine.drafter.policy, session.target, session.draft, max_batch=clients)
+    engine.start()
+    stops = [[t] for t in eos]
+
+    def run(k: int) -> float:
+        lock, done = threading.Lock(), threading.Event()
+        state = {"sent": 0, "finished": 0, "tokens": 0}
+
+        def submit() -> None:
+            i = state["sent"]
+            state["sent"] += 1
+
+            def on_tokens(new, _logits, final) -> None:
+                with lock:
+                    state["tokens"] += len(new)
+                    if final:
+                        state["finished"] += 1
+                        if state["sent"] < n:
+                            submit()
+                        elif state["finished"] == n:
+                            done.set()
+
+            job = Job(
+                tokens=list(prompts[i % len(prompts)]),
+                max_new=max_tokens,
+                on_tokens=on_tokens,
+                on_error=lambda exc: print(f"error: {exc}"),
+                sampling=SamplingParams(),
+                num_draft_tokens=k,
+                stop_words=stops,
+                stream=True,
+            )
+            engine.submit(job)
+
+        t0 = time.perf_counter()
+        with lock:
+            for _ in range(clients):
+                submit()
+        done.wait()
+        return state["tokens"] / (time.perf_counter() - t0)
+
+    out = []
+    try:
+        for r in range(rounds):
+            res: dict = {}
+            for k in (4, 0) if r % 2 == 0 else (0, 4):
+                skipped = engine.drafter.skipped_steps
+                res["speculative" if k else "target-only"] = round(run(k), 2)
+                if k:
+                    res["skipped_steps"] = engine.drafter.skipped_steps - skipped
+            res["speedup"] = round(res["speculative"] / res["target-only"], 3)
+            out.append(res)
+    finally:
+        engine.stop()
+    return {
+        "clients": clients,
+        "requests": n,
+        "max_tokens": max_tokens,
+        "dtype": dtype,
+        "calibrated": calibrate,
+        "rounds": out,
+    }
+
+
 def render(result: dict) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -157,6 +249,7 @@ def main() -> None:
     parser.add_argument("--configs", default="", help="fixed drafters besides, e.g. ngram:4")
     parser.add_argument("--calibrate", action="store_true")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--closed-loop", type=int, default=0, metavar="N", help="N requests per run (see above)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.batch < 1 or args.rounds < 1:
@@ -166,6 +259,16 @@ def main() -> None:
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     torch.set_num_threads(args.threads)
+    if args.closed_loop:
+        result = closed_loop(args.batch, args.closed_loop, args.rounds, args.max_tokens, args.dtype, args.calibrate)
+        for i, r in enumerate(result["rounds"]):
+            print(
+                f"round {i}: speculative {r['speculative']:.1f} tok/s, target-only {r['target-only']:.1f}, "
+                f"{r['speedup']:.3f}x, {r['skipped_steps']} steps skipped"
+            )
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=1))
+        return
     configs = parse_configs(args.configs) if args.configs else []
     result = run(args.batch, args.rounds, args.max_tokens, args.dtype, configs, args.calibrate)
     render(result)
