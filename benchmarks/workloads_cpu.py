@@ -3,11 +3,12 @@
 The embedded example (SmolLM2-135M-Instruct target, its distilled draft and n-gram pool), the workload prompt set
 (``trtspec/data/workloads.jsonl``: multi-turn chat, code, summarization, retrieval-grounded QA, translation, math
 reasoning), greedy. For every prompt, interleaved so that every configuration meets the same machine: target-only,
-then each configuration on its own decoder (``--configs``, e.g. ``model:4,ngram:4,hybrid:4,adaptive:4``). Per
-category and configuration: tokens per target step, acceptance, and speedup = target-only seconds / configuration
-seconds over the category's prompts; greedy output must equal target-only for every prompt (checked). The adaptive
-decoder keeps one policy for the whole run, as a server does (it learns from every request before);
-``adaptive-ngram:K`` is the adaptive drafter without a draft model (n-grams or no draft per sequence and step).
+then each configuration on its own decoder (``--configs``, e.g. ``model:4,ngram:4,hybrid:4,adaptive:4``), their order
+rotated from prompt to prompt. Per category and configuration: tokens per target step, acceptance, and speedup =
+target-only seconds / configuration seconds over the category's prompts; greedy output must equal target-only for
+every prompt (checked). The adaptive decoder keeps one policy for the whole run, as a server does (it learns from
+every request before); ``adaptive-ngram:K`` is the adaptive drafter without a draft model (n-grams or no draft per
+sequence and step).
 
     python benchmarks/workloads_cpu.py [--configs ...] [--max-tokens 96] [--repeats 1] [--threads 2] \
         [--dtype float32|bfloat16] [--json F] [--plot F]
@@ -114,6 +115,7 @@ def run(
     todo = sum(len(sets[c]) for c in categories) * repeats
     with nullcontext(progress) if progress is not None else Progress(transient=True) as progress:
         task = progress.add_task("workload prompts", total=todo)
+        turn = 0
         for cat in categories:
             acc = {
                 name: {"s": 0.0, "tokens": 0, "steps": 0, "drafted": 0, "accepted": 0, "same": True}
@@ -130,7 +132,10 @@ def run(
                     a["s"] += dt
                     a["tokens"] += len(ref.token_ids)
                     a["steps"] += ref.stats.target_steps
-                    for name, dec in decoders.items():
+                    order = list(decoders.items())
+                    shift = turn % len(order)  # each configuration takes every place after target-only in turn
+                    turn += 1
+                    for name, dec in order[shift:] + order[:shift]:
                         dt, r = _timed(dec, ids, max_tokens, True)
                         a = acc[name]
                         a["s"] += dt
