@@ -49,13 +49,22 @@ from trtspec.speculative.adaptive import AdaptivePolicy  # noqa: E402
 from trtspec.speculative.drafters.ngram import POOL_FILE, NgramPool  # noqa: E402
 
 
+def _example(dtype: str, max_draft_len: int = 4):
+    """The example's session (target, draft, tokenizer), its n-gram pool and end-of-sequence ids."""
+    paths = example_models()
+    session = TorchSession(paths.target, paths.draft, dtype=dtype, max_draft_len=max_draft_len)
+    return session, NgramPool.load(paths.draft / POOL_FILE), list(session.decoder.eos_ids)
+
+
+def _drafter(dec: SpeculativeDecoder):
+    """The engine drafter of a decoder's speculative engine (built by its first speculative ``generate``)."""
+    return dec._engines[True].drafter
+
+
 def run(batch: int, rounds: int, max_tokens: int, dtype: str, configs, calibrate: bool) -> dict:
     from rich.progress import Progress
 
-    paths = example_models()
-    session = TorchSession(paths.target, paths.draft, dtype=dtype, max_draft_len=max([4, *(k for _, k in configs)]))
-    pool = NgramPool.load(paths.draft / POOL_FILE)
-    eos = list(session.decoder.eos_ids)
+    session, pool, eos = _example(dtype, max([4, *(k for _, k in configs)]))
     target, draft = session.target, session.draft
     decoders: dict[str, tuple[SpeculativeDecoder, bool]] = {
         "target-only": (SpeculativeDecoder(target, None, eos_ids=eos), False)
@@ -67,7 +76,6 @@ def run(batch: int, rounds: int, max_tokens: int, dtype: str, configs, calibrate
             target, draft, max_draft_len=4, eos_ids=eos, drafter="adaptive", ngram_pool=pool, policy=policies[name]
         )
         decoders[name] = (dec, True)
-    # Kept: the engine is built once (for the longest group, below), so the drafters measured are these.
     for kind, k in configs:
         decoders[f"{kind}:{k}"] = (
             SpeculativeDecoder(target, draft, max_draft_len=k, eos_ids=eos, drafter=kind, ngram_pool=pool),
@@ -79,9 +87,9 @@ def run(batch: int, rounds: int, max_tokens: int, dtype: str, configs, calibrate
     longest = max(groups, key=lambda g: max(len(p) for p in g))
     for dec, use in decoders.values():  # engines built at their final size, one-time costs out of the timing
         dec.generate(longest, max_tokens, use_draft=use)
-    decoders["adaptive-always"][0]._engines[True].drafter.quiet_skip_max = 0
+    _drafter(decoders["adaptive-always"][0]).quiet_skip_max = 0
     for name in ("adaptive", "adaptive-always"):  # count the timed rounds only
-        decoders[name][0]._engines[True].drafter.skipped_steps = 0
+        _drafter(decoders[name][0]).skipped_steps = 0
         policies[name].steps = dict.fromkeys(policies[name].steps, 0)
     if calibrate:
         from trtspec.runtimes.inflight.timing import calibrate as anchor
@@ -115,11 +123,10 @@ def run(batch: int, rounds: int, max_tokens: int, dtype: str, configs, calibrate
         for name, a in acc.items()
     }
     for name in ("adaptive", "adaptive-always"):
-        engine_drafter = decoders[name][0]._engines[True].drafter
         snap = policies[name].snapshot()
         rows[name]["no_speculation_share"] = snap["no_speculation_share"]
         rows[name]["steps"] = snap["steps"]
-        rows[name]["skipped_steps"] = engine_drafter.skipped_steps
+        rows[name]["skipped_steps"] = _drafter(decoders[name][0]).skipped_steps
     return {
         "batch": batch,
         "rounds": rounds,
@@ -140,10 +147,7 @@ def closed_loop(clients: int, n: int, rounds: int, max_tokens: int, dtype: str, 
     from trtspec.runtimes.inflight.jobs import Job
     from trtspec.speculative.rules import SamplingParams
 
-    paths = example_models()
-    session = TorchSession(paths.target, paths.draft, dtype=dtype, max_draft_len=4)
-    pool = NgramPool.load(paths.draft / POOL_FILE)
-    eos = list(session.decoder.eos_ids)
+    session, pool, eos = _example(dtype)
     prompts = [session.encode(q) for q in QUESTIONS]
     dec = SpeculativeDecoder(
         session.target, session.draft, max_draft_len=4, eos_ids=eos, drafter="adaptive", ngram_pool=pool

@@ -595,8 +595,12 @@ class _PhasedPolicy(SwitchingPolicy):
     """SwitchingPolicy's choices at every fourth plan, no speculation for anybody at the others: the engine drafter
     then skips steps, and comes back."""
 
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.plans = 0
+
     def plan(self, seqs, asks, batch_seqs=None):
-        self.plans = getattr(self, "plans", 0) + 1
+        self.plans += 1
         if self.plans % 4 == 1:
             return super().plan(seqs, asks, batch_seqs)
         self.record_plain(len(seqs))

@@ -113,7 +113,7 @@ class AdaptiveEngineDrafter:
             asks[0] = dataclasses.replace(asks[0], base_tokens=asks[0].base_tokens + others)
         choices = self.policy.plan([self._arms[id(job)] for job in jobs], asks, batch_seqs=batch)
         if shared and batch > 1 and self.quiet_skip_max > 0 and not any(c.speculates for c in choices):
-            self._skip = min(1 << self._quiet, self.quiet_skip_max)
+            self._skip = min(1 << min(self._quiet, 16), self.quiet_skip_max)
             self._quiet += 1
             self._quiet_batch = batch
         else:
