@@ -214,3 +214,40 @@ def test_a_callback_set_after_the_cancellation_runs_at_once(model):
     ran = []
     t.on_cancel = lambda: ran.append(True)
     assert ran == [True]
+
+
+# -- the responder: responses sent off the engine thread (trtspec.triton_repo.responder) ------------------------------
+
+
+def test_responder_sends_in_posted_order_off_the_posting_thread_and_flushes_on_close():
+    from trtspec.triton_repo.responder import Responder
+
+    sent: list[tuple[int, str]] = []
+    gate = threading.Event()
+    responder = Responder("m")
+    responder.post(gate.wait)  # the first send blocks (an IPC round trip): posting must not wait for it
+    for i in range(50):
+        responder.post(lambda i=i: sent.append((i, threading.current_thread().name)))
+    assert sent == []  # nothing overtook the blocked send, and the posting thread was not held
+    gate.set()
+    responder.close()
+    assert [i for i, _ in sent] == list(range(50))
+    assert {name for _, name in sent} == {"m-responder"}
+
+
+def test_responder_reports_a_failed_send_to_its_request_and_goes_on():
+    from trtspec.triton_repo.responder import Responder
+
+    failed: list[str] = []
+    sent: list[int] = []
+    responder = Responder("m")
+
+    def broken() -> None:
+        raise RuntimeError("response too large")
+
+    responder.post(broken, lambda exc: failed.append(str(exc)))
+    responder.post(broken)  # no handler: logged, the thread lives on
+    responder.post(lambda: sent.append(1))
+    responder.close()
+    assert failed == ["response too large"]
+    assert sent == [1]

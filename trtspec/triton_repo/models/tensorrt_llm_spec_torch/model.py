@@ -9,8 +9,10 @@ packed draft pass per draft token and one packed target pass, no per-step IPC an
 orchestrator's (input_ids ... num_draft_tokens -> output_ids, decoded_length, is_final, statistics), checked by the
 same rules (trtspec.triton_repo.orchestrator.plan_request); routed requests decode target-only in the same engine.
 
-Decoupled (the default): execute() parses, checks and queues; the engine thread answers each request through its
-response sender (streamed: one response per step with new tokens; else one response). Not decoupled: execute()
+Decoupled (the default): execute() parses, checks and queues; the engine thread builds each request's responses
+(streamed: one per step with new tokens; else one) and the responder thread sends them through the request's
+response sender, with the speculation counters, in order (trtspec.triton_repo.responder: each send is an IPC round
+trip the next step would otherwise wait for). Not decoupled: execute()
 waits for its requests and returns their responses (no streaming).
 """
 
@@ -31,6 +33,7 @@ from trtspec.errors import GenerationError
 from trtspec.runtimes.inflight.contract import job_from_row, parse_request
 from trtspec.triton_repo.control import ModelControl
 from trtspec.triton_repo.orchestrator import Deployment, plan_request
+from trtspec.triton_repo.responder import Responder
 from trtspec.triton_repo.runtime_utils import as_bool, error_message, model_params, request_inputs
 from trtspec.triton_repo.spec_metrics import SpeculationMetrics
 from trtspec.triton_repo.stream_output import RowsOutput
@@ -42,9 +45,10 @@ class _Request:
     """One Triton request's rows: their tokens accumulate on the engine thread; answered through ``tracked``
     (trtspec.triton_repo.control.Tracked: drops what is due after a cancellation or a drain cut)."""
 
-    def __init__(self, tracked, rows, context, metrics=None):
+    def __init__(self, tracked, rows, context, metrics=None, responder=None):
         self.tracked = tracked
         self.metrics = metrics  # trtspec.triton_repo.spec_metrics: every finished row's statistics
+        self.responder = responder  # trtspec.triton_repo.responder: sends off the engine thread (None: here)
         self.done = threading.Event()
         self.state = RowsOutput(rows, context)
         self.streaming = any(r.stream for r in rows)
@@ -67,16 +71,23 @@ class _Request:
             if final:
                 self.pending -= 1
             last = self.pending == 0
+            # The arrays are built here, from the engine's state now; the IPC (tensors, send, counters) is posted.
             if self.streaming and new and not last:
-                self._send(self.state.tensors(True, False), 0)
+                self._post(self.state.tensors(True, False), 0)
             if last:
-                # Counted before the final response: a client that scrapes /metrics once answered sees its request.
-                if self.metrics is not None:
-                    for stats in self.state.stats:
-                        self.metrics.record(stats)
-                self._send(self.state.tensors(self.streaming, True), FINAL)
+                self._post(self.state.tensors(self.streaming, True), FINAL, self.state.stats)
 
-    def _send(self, tensors, flags):
+    def _post(self, tensors, flags, stats=()):
+        if self.responder is None:
+            self._send(tensors, flags, stats)
+        else:
+            self.responder.post(lambda: self._send(tensors, flags, stats), self.error)
+
+    def _send(self, tensors, flags, stats):
+        # Counted before the final response: a client that scrapes /metrics once answered sees its request.
+        if self.metrics is not None:
+            for row_stats in stats:
+                self.metrics.record(row_stats)
         out = [pb_utils.Tensor(k, v) for k, v in tensors.items()]
         self._answer(pb_utils.InferenceResponse(output_tensors=out), flags)
 
@@ -159,6 +170,7 @@ class TritonPythonModel:
         ).start()
         self.control = ModelControl(pb_utils, args["model_name"])  # drain, cancellation (trtspec.triton_repo.control)
         self.metrics = SpeculationMetrics(pb_utils, args["model_name"], kind)  # on Triton's /metrics
+        self.responder = Responder(args["model_name"])  # responses and counters sent off the engine thread
         source = (
             f"{kind} drafter (draft {p['draft_model_dir'] if draft is not None else 'none'}, pool {pool or 'none'})"
         )
@@ -188,7 +200,7 @@ class TritonPythonModel:
                         "streaming needs the decoupled transaction policy",
                         hint="set triton.decoupled: true in the spec and rewrite the repository",
                     )
-                state = _Request(tracked, rows, self.context, self.metrics)
+                state = _Request(tracked, rows, self.context, self.metrics, self.responder)
                 for b, (row, plan) in enumerate(zip(rows, plans)):
                     job = job_from_row(
                         row,
@@ -218,3 +230,4 @@ class TritonPythonModel:
     def finalize(self):
         self.control.close()
         self.engine.stop()
+        self.responder.close()  # what the engine answered last is sent before the model goes
