@@ -265,6 +265,40 @@ def test_in_a_batch_speculation_must_beat_the_plain_step_by_the_margin():
     assert alone.plan([SequenceArms()], [asks[0]])[0].speculates
 
 
+def test_a_step_that_prefills_a_prompt_prices_speculation_at_the_decode_step_s_rate():
+    """8 sequences on a compute-bound pass (every token 12.5 ms, as at batch 8 on this CPU): a 0.3-acceptance draft
+    token costs as much as a plain one and never pays in a decode step. In a step where one sequence also feeds a
+    64-token prompt the step's own rate is 9 tokens/s against the decode step's 80, and priced against it the same
+    draft looked worth taking; the prefill is paid whatever the choice, so the choice is the decode step's. Where a
+    draft token is cheap (a memory-bound pass) it pays in both."""
+    asks = [Ask(4, [5, 6, 7, 8], ngram_match=2)] * 8
+    prefill = [Ask(4, [], base_tokens=64)] + asks[1:]
+    for per_token, fixed, pays in ((0.0125, 0.0, False), (0.0005, 0.1, True)):
+        policy = _policy(explore=0.0, priors={(NGRAM, 2): 0.3})
+        for n in (8, 9, 10, 12, 16, 40, 71, 72, 75, 80, 110):
+            policy.observe_target(n, fixed + per_token * n, seqs=8)
+        decode = policy.plan([SequenceArms() for _ in asks], asks)
+        with_prompt = policy.plan([SequenceArms() for _ in prefill], prefill)
+        assert any(c.speculates for c in decode) is pays, decode
+        assert any(c.speculates for c in with_prompt) is pays, with_prompt
+
+
+def test_in_a_batch_a_sequence_s_estimate_carries_no_exploration_bonus():
+    """Alone, an arm a sequence has no evidence of is estimated above its prior (the exploration bonus); in a batch
+    an exploring draft would cost every sequence of the pass, so there the estimate is the prior. A seeded sequence
+    keeps the bonus in both (its choices must not depend on the batch)."""
+    policy = _policy()
+    arm = (NGRAM, 2)
+    ask = Ask(4, [5, 6, 7, 8], ngram_match=2)
+    fresh, seeded = SequenceArms(), SequenceArms(reproducible=True)
+    policy.plan([fresh], [ask])
+    alone = policy.acceptance(fresh, arm)
+    seeded_alone = policy.acceptance(seeded, arm)
+    policy.plan([SequenceArms() for _ in range(8)], [ask] * 8)
+    assert alone == pytest.approx(policy.acceptance(fresh, arm) + policy.explore)
+    assert policy.acceptance(seeded, arm) == pytest.approx(seeded_alone)
+
+
 def test_a_batch_s_plain_pass_is_timed_before_speculation_is_priced_against_it():
     """8 sequences whose passes were all speculative (16-24 tokens, 70-74 ms): the plain 8-token pass is not
     measured, and estimated from those it would look as dear as they are, making speculation look free. The policy
@@ -376,7 +410,7 @@ def test_verifying_rows_is_charged_for_the_head_rows_it_computes():
 
 
 def test_the_policy_counts_what_it_chose():
-    policy = _policy()
+    policy = _policy(priors={(NGRAM, 4): 0.9})  # a quote: it pays in a batch of two
     policy.plan([SequenceArms(), SequenceArms()], [Ask(4, [1, 2, 3, 4], ngram_match=4), Ask(0)])
     snap = policy.snapshot()
     assert snap["steps"] == {NGRAM: 1, MODEL: 0, "none": 1}

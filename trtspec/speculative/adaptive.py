@@ -8,9 +8,10 @@ Two things are learned online, from the decoding loop itself:
   starts right is usually inside a quote), as counts per sequence weighted toward its recent
   steps (each observation of an arm shrinks its older evidence by ``recency``) over a prior shared by every sequence
   of the server (``AcceptanceTracker``). Evidence also fades slowly while an arm is not used (``idle_decay`` per
-  step), and an estimate carries an exploration bonus that grows as its evidence fades, so a sequence that switched
-  an arm off tries it again some tens of steps later; a long n-gram match (a quote, a repeat) has its own arm and
-  its own prior, so such text is speculated on at once.
+  step), and alone a sequence's estimate carries an exploration bonus that grows as its evidence fades, so a sequence
+  that switched an arm off tries it again some tens of steps later (in a batch there is no bonus: an exploring draft
+  would cost every sequence of the pass; a faded estimate returns to the shared prior); a long n-gram match (a quote,
+  a repeat) has its own arm and its own prior, so such text is speculated on at once.
 - **Costs**: seconds of one packed target pass as a function of the tokens it feeds, of verifying it (the vocabulary
   head and the acceptance routine, per head row computed; a draft's later rows are charged with its first
   proposal's acceptance) and of one draft-model round as a function of its rows (``PassCosts``: the machine's drift
@@ -18,14 +19,15 @@ Two things are learned online, from the decoding loop itself:
   size has not been seen they follow a prior curve (``c`` and ``v`` from ``trtspec tune`` / ``--costs``, or CPU-like
   defaults) anchored at the nearest measured size.
 
-The choice (``AdaptivePolicy.plan``) is marginal analysis over the whole batch: the step without speculation yields one
-token per sequence in T(n) seconds (n: the tokens the step feeds anyway), a rate R = b / T(n). A sequence's option (arm,
-k) gains E(a, k) = a + a^2 + ... + a^k expected extra tokens for its extra cost (the target pass over k more tokens and
-their verification, plus k draft rounds for the model); each sequence takes its option of best net gain E - R * extra,
-if any beats the rate. R is then raised to the rate those choices achieve, (b + sum E) / (T(n) + extra), and the choice
-made again until R holds (Dinkelbach's iteration for the best ratio: choosing at the plain step's rate alone takes K
-that add tokens but lower the step's rate). At concurrency 1 this maximizes the request's own speed; at high concurrency
-T(n) is shared by many sequences, R is high, and speculation backs off by itself.
+The choice (``AdaptivePolicy.plan``) is marginal analysis over the whole batch: a decode step without speculation yields
+one token per sequence in T(b) seconds, a rate R = b / T(b) (in a step that also prefills a prompt, still this rate: the
+prefill is paid whatever the choice, and a draft's extra cost is the growth of that step's larger pass). A sequence's
+option (arm, k) gains E(a, k) = a + a^2 + ... + a^k expected extra tokens for its extra cost (the target pass over k
+more tokens and their verification, plus k draft rounds for the model); each sequence takes its option of best net gain
+E - R * extra, if any beats the rate. R is then raised to the rate those choices achieve, (b + sum E) / (T(b) + extra),
+and the choice made again until R holds (Dinkelbach's iteration for the best ratio: choosing at the plain step's rate
+alone takes K that add tokens but lower the step's rate). At concurrency 1 this maximizes the request's own speed; at
+high concurrency T(b) is shared by many sequences, R is high, and speculation backs off by itself.
 
 Exactness: the choice depends only on committed tokens, earlier verdicts and the n-gram's proposal (a function of the
 committed tokens), never on this step's target logits, so greedy output stays the target's and rejection sampling
@@ -238,7 +240,12 @@ class AdaptivePolicy:
         self.verify = PassCosts(self.prior.verify, scale_from=self.target)  # by rows verified
         self.recency = recency  # an arm's evidence in a sequence shrinks by this at each new observation of it
         self.idle_decay = idle_decay  # ... and by this every step, so that an arm left long ago is tried again
+        # The bonus is for a sequence alone (or seeded, whose choices must not depend on the batch). In a batch an
+        # exploring draft costs every sequence of the step its extra pass time, and the long matches that pay there
+        # are found without it: in process, 8 workload conversations at a time, adaptive read 1.016-1.072x
+        # target-only without the bonus in a batch, 1.001-1.007x with it (three runs and two, 2 rounds each).
         self.explore = explore
+        self._in_batch = False  # the plan being made is for a pass of several sequences
         self.min_gain = min_gain
         # In a pass of several sequences, speculate only if the step's expected rate beats the plain step's by this
         # share: there the gain is a few per cent at best, the estimates' error is as large, and a plain step lets
@@ -261,7 +268,8 @@ class AdaptivePolicy:
         first = rate.trials if rate is not None else 0.0  # the bonus follows the arm's evidence, not the position's
         weight = 3.0
         mean = (prior * weight + succ) / (weight + trials)
-        return min(0.99, mean + self.explore / (1.0 + first))
+        explore = 0.0 if self._in_batch and not seq.reproducible else self.explore
+        return min(0.99, mean + explore / (1.0 + first))
 
     def continuation(self, seq: SequenceArms, arm: Arm) -> float:
         return self.acceptance(seq, arm, later=True)
@@ -278,6 +286,7 @@ class AdaptivePolicy:
         out: list[Choice] = [NO_SPECULATION] * len(seqs)
         n_base = sum(max(1, a.base_tokens) for a in asks)
         b = max(len(seqs), batch_seqs or 0)
+        self._in_batch = b > 1
         chosen = self._ratio_best([seqs[i] for i in shared], [asks[i] for i in shared], n_base, batch_seqs=b)
         for i, choice in zip(shared, chosen):
             out[i] = choice
@@ -317,7 +326,15 @@ class AdaptivePolicy:
         )
         if not seqs:
             return []
-        if not prior and batch_seqs > 1 and n_base == batch_seqs and not self.target.measured(n_base, batch_seqs):
+        # What speculation is priced against: the rate of a plain decode step (one token per sequence of the pass),
+        # not this step's own when it also feeds a prompt. A prefill's tokens give no output yet, so such a step's
+        # own rate is low, and against it a draft token that costs as many milliseconds as in any other step looked
+        # worth taking at almost any acceptance. The prefill is paid whatever the choice: the time a draft adds is
+        # worth what the engine makes of time in decode steps (the long-run rate). At 8 sequences a prefill step
+        # that plans is rare (the engine drafter skips most: 3 of 72 planned steps through Triton in one run, 21
+        # sequences speculating in them), so this corrects the price more than it moves a benchmark.
+        n_ref = min(n_base, max(batch_seqs, len(seqs)))
+        if not prior and batch_seqs > 1 and not self.target.measured(n_ref, batch_seqs):
             # A batch's plain decode pass not timed yet: every choice below is priced against it, and estimated from
             # the passes it has seen (all speculative, so larger) it looks dearer than it is and speculation cheaper
             # (measured, 8 sequences, bfloat16: its curve knew 12-16 tokens only, and the policy kept speculating at
@@ -326,8 +343,9 @@ class AdaptivePolicy:
         # The curves do not change within a plan: each size is priced once (at 8 sequences the choice asks the
         # same few dozen sizes some 1,200 times, 0.8 ms of a 37 ms step when each went through the interpolation).
         costs = _Costs(*(_memo(f) for f in (costs.target, costs.draft, costs.verify, costs.alone)))
-        # A plain step: the target's pass over the tokens the step feeds anyway, one row verified per sequence.
-        t_base = costs.target(n_base) + costs.verify(len(seqs))
+        # A plain decode step: the target's pass over one token per sequence, one row verified per sequence; a draft's
+        # extra cost is the pass's growth from the tokens this step feeds anyway (n_base, prompts included).
+        t_base = costs.target(n_ref) + costs.verify(len(seqs))
         if t_base <= 0:
             return [NO_SPECULATION] * len(seqs)
         choices = self._dinkelbach(seqs, asks, costs, t_base, n_base)
