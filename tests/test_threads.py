@@ -35,3 +35,22 @@ def test_the_timed_thread_count_is_the_faster_and_decodes_the_same_tokens(tiny_p
         assert texts[1] == texts[cores] and texts[1][0] == texts[1][1]
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_served_model_leaves_cores_to_the_server_and_with_none_left_takes_one_thread_untimed(tiny_pair):
+    """The served torch models pass ``reserve=SERVED_RESERVE``: the many-thread candidate is one per core less the
+    reserve, and where that leaves one core (the 2-core machines here) the choice is one thread, without timing."""
+    import torch
+
+    from trtspec.runtimes.torch.costs import SERVED_RESERVE, fastest_threads
+    from trtspec.runtimes.torch.loading import load_model
+
+    target = load_model(tiny_pair[0])
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(max(1, os.cpu_count() or 1))
+        best, medians = fastest_threads(target, context=32, reps=1, reserve=(os.cpu_count() or 1) - 1)
+        assert (best, medians) == (1, {}) and torch.get_num_threads() == 1
+        assert SERVED_RESERVE >= 1
+    finally:
+        torch.set_num_threads(before)

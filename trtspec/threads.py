@@ -21,8 +21,12 @@ Whether all cores beat one depends on the machine. On the EPYC above they did; o
 (two vCPUs that share a physical core's units, most likely). So: ``OMP_WAIT_POLICY=PASSIVE`` unless the user set it,
 and the intra-op thread count timed once when a process loads its model (``trtspec generate`` and the served torch
 models; ``trtspec.runtimes.torch.costs.fastest_threads``: a few one-token passes at 1 and at one per core,
-alternating, the faster taken) unless ``--threads`` (or the model's ``torch_threads``) names it. The choice is made
-once per process, before it decodes, so target-only and speculative decoding in it run the same numeric path.
+alternating, the faster taken) unless ``--threads`` (or the model's ``torch_threads``) names it. A served model
+leaves one core to the server (``SERVED_RESERVE``: Triton's frontends, the stubs' IPC, the response threads): on 2
+cores it takes one thread untimed. Timed idle at start, two threads had looked as fast and were taken in 4 of 10
+server starts, and through Triton they then decoded 37.6 tok/s against 51.6 at concurrency 1 (214 against 237 at 8).
+The choice is made once per process, before it decodes, so target-only and speculative decoding in it run the same
+numeric path.
 A passive wait has a price where the step runs many short parallel regions: each wakes the sleeping thread again,
 and on a VM a sleeping vCPU's wake-up goes through the hypervisor. ``benchmarks/wait_policy.py`` (2026-12-04, a
 2-vCPU AMD EPYC with AVX512-BF16, the example in bfloat16 through trtspec's kernels, ms/token target-only / n-gram K 4,

@@ -21,18 +21,34 @@ from trtspec.runtimes.inflight.kv_pool import device_of, synchronize
 from trtspec.runtimes.inflight.packed import packed_forward
 from trtspec.runtimes.inflight.timing import TimedPasses, medians
 
+# Cores a served torch model leaves to the rest of the server: Triton's frontends, the Python stubs' IPC and the
+# response threads, and (on a developer's machine) the clients. Timed on an idle machine at start, one thread per core
+# looked as fast as one thread and was chosen in 4 of 10 starts of the example's server on the 2-core VM, where
+# through Triton it then decoded 37.6 tok/s against 51.6 with one thread at concurrency 1 and 214 against 237 at 8
+# (target-only, two server starts each, alternated; benchmarks: README, "Serving with Triton").
+SERVED_RESERVE = 1
 
-def fastest_threads(model: Any, context: int = 128, reps: int = 3, fast_step: bool = True) -> tuple[int, dict]:
+
+def fastest_threads(
+    model: Any, context: int = 128, reps: int = 3, fast_step: bool = True, reserve: int = 0
+) -> tuple[int, dict]:
     """The torch intra-op thread count (1 or one per core) under which ``model``'s decode step runs fastest on this
     machine now, and the median seconds of each: one-token passes after ``context`` cached tokens through the
     engine's own pass, the counts alternating. Leaves torch set to the choice. Measured (bfloat16, SmolLM2-135M):
     on a 2-vCPU Intel Xeon VM one thread decoded 17.1 tok/s against 9.8 with two, idle, and the same busy, where a
-    2-core AMD EPYC decoded faster on both cores (see trtspec.threads)."""
+    2-core AMD EPYC decoded faster on both cores (see trtspec.threads).
+
+    ``reserve``: cores left to other threads of this machine's serving (the served models pass
+    :data:`SERVED_RESERVE`): the many-thread candidate is one per core less these, and with none left the choice is
+    one thread, untimed."""
     import os
 
-    cores = os.cpu_count() or 1
-    if cores <= 1 or device_of(model).type != "cpu":
+    cores = (os.cpu_count() or 1) - max(0, reserve)
+    if device_of(model).type != "cpu":
         return torch.get_num_threads(), {}
+    if cores <= 1:
+        torch.set_num_threads(1)
+        return 1, {}
     passes = TimedPasses(model, context, fast_step)
     step = passes.forward(1)
     times: dict[int, list[float]] = {1: [], cores: []}

@@ -114,10 +114,10 @@ class TritonPythonModel:
         self.exclude_default = as_bool(p.get("exclude_input_in_output"), False)
         self.log = logging.getLogger(args["model_name"])
         model = load_model(p["model_dir"], p.get("dtype") or "float32")
-        if threads <= 0:  # one thread or every core, whichever decodes faster on this machine (trtspec.threads)
-            from trtspec.runtimes.torch.costs import fastest_threads
+        if threads <= 0:  # one thread or every core but the server's, whichever decodes faster here (trtspec.threads)
+            from trtspec.runtimes.torch.costs import SERVED_RESERVE, fastest_threads
 
-            fastest_threads(model)
+            fastest_threads(model, reserve=SERVED_RESERVE)
         self.engine = InflightEngine(
             model,
             max_batch_size=int(p["max_batch_size"]),
