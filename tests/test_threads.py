@@ -51,6 +51,9 @@ def test_a_served_model_leaves_cores_to_the_server_and_with_none_left_takes_one_
         torch.set_num_threads(max(1, os.cpu_count() or 1))
         best, medians = fastest_threads(target, context=32, reps=1, reserve=(os.cpu_count() or 1) - 1)
         assert (best, medians) == (1, {}) and torch.get_num_threads() == 1
-        assert SERVED_RESERVE >= 1
+        if (os.cpu_count() or 1) <= 1 + SERVED_RESERVE:  # these machines: what the served models get
+            torch.set_num_threads(max(1, os.cpu_count() or 1))
+            assert fastest_threads(target, context=32, reps=1, reserve=SERVED_RESERVE) == (1, {})
+            assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)

@@ -12,8 +12,8 @@ same rules (trtspec.triton_repo.orchestrator.plan_request); routed requests deco
 Decoupled (the default): execute() parses, checks and queues; the engine thread builds each request's responses
 (streamed: one per step with new tokens; else one) and the responder thread sends them through the request's
 response sender, with the speculation counters, in order (trtspec.triton_repo.responder: each send is an IPC round
-trip the next step would otherwise wait for). Not decoupled: execute()
-waits for its requests and returns their responses (no streaming).
+trip the next step would otherwise wait for). Not decoupled: execute() waits for its requests and returns their
+responses (no streaming).
 """
 
 import os
@@ -48,7 +48,7 @@ class _Request:
     def __init__(self, tracked, rows, context, metrics=None, responder=None):
         self.tracked = tracked
         self.metrics = metrics  # trtspec.triton_repo.spec_metrics: every finished row's statistics
-        self.responder = responder  # trtspec.triton_repo.responder: sends off the engine thread (None: here)
+        self.responder = responder  # trtspec.triton_repo.responder (None: a request answered only by error())
         self.done = threading.Event()
         self.state = RowsOutput(rows, context)
         self.streaming = any(r.stream for r in rows)
@@ -78,10 +78,7 @@ class _Request:
                 self._post(self.state.tensors(self.streaming, True), FINAL, self.state.stats)
 
     def _post(self, tensors, flags, stats=()):
-        if self.responder is None:
-            self._send(tensors, flags, stats)
-        else:
-            self.responder.post(lambda: self._send(tensors, flags, stats), self.error)
+        self.responder.post(lambda: self._send(tensors, flags, stats), self.error)
 
     def _send(self, tensors, flags, stats):
         # Counted before the final response: a client that scrapes /metrics once answered sees its request.
