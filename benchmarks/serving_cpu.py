@@ -8,8 +8,9 @@ and target-only (num_draft_tokens 0), streamed gRPC requests through the ensembl
 Repositories: the torch runtime's in-process draft-target model (orchestration in_process, the default), the BLS
 orchestrator over two torch engine models (orchestration bls: the path runtime trtllm-engine takes), and, with
 ``--old-root`` (a checkout of an older trtspec, e.g. ``git worktree add ../old db558e7``), that checkout's repository
-served by that checkout's code. Then Triton's overhead at concurrency 1: the in-process model through Triton against
-the same engine in this process (``trtspec generate``'s decoder), same prompts and settings.
+served by that checkout's code, with the first of ``--orchestrations`` and of ``--drafters``. Then Triton's
+overhead at concurrency 1: the in-process model through Triton against the same engine in this process
+(``trtspec generate``'s decoder), same prompts and settings.
 
 ``--drafters`` serves each orchestration once per drafter (``speculative.drafter``: adaptive, the draft model,
 n-grams from prompt lookup and the example's pool, or the hybrid), so that the drafters are compared through Triton
@@ -189,7 +190,11 @@ def main() -> None:
         (o if d == "model" else f"{o} {d}", o, None, d) for d in drafters for o in args.orchestrations.split(",")
     ]
     if args.old_root:
-        configs.append((f"old BLS ({args.old_root.name})", "default", args.old_root.resolve(), "model"))
+        # the same orchestration and drafter as the first served here (once "old BLS" over the old checkout's
+        # default orchestration and the model drafter, whatever this run served)
+        orchestration, drafter = args.orchestrations.split(",")[0], drafters[0]
+        old = f"old {orchestration}" + ("" if drafter == "model" else f" {drafter}")
+        configs.append((f"{old} ({args.old_root.name})", orchestration, args.old_root.resolve(), drafter))
     results: dict = {"pair": args.pair, "max_tokens": args.max_tokens, "levels": levels, "servers": {}}
     c1_triton: list[float] = []
     in_proc: list[float] = []
