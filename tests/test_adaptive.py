@@ -320,6 +320,22 @@ def test_a_batch_s_plain_pass_is_timed_before_speculation_is_priced_against_it()
     assert _policy(explore=0.0).target.measured(1) and _policy(explore=0.0).target.measured(8, seqs=8)
 
 
+def test_a_batch_s_plain_pass_is_timed_again_when_its_curve_has_not_seen_one_for_long():
+    """8 sequences speculating on every step: the plain 8-token pass was timed once, long ago, and its estimate keeps
+    the machine's speed of then. After ``retime_plain`` passes without one the policy takes one plain step, which
+    times it again; then it speculates."""
+    policy = _policy(explore=0.0, priors={(NGRAM, 2): 0.6}, retime_plain=16)
+    policy.observe_target(8, 0.050, seqs=8)
+    asks = [Ask(4, [5, 6, 7, 8], ngram_match=2)] * 8
+    assert any(c.speculates for c in policy.plan([SequenceArms() for _ in asks], asks))
+    for _ in range(16):
+        policy.observe_target(24, 0.060, seqs=8)
+    assert not policy.target.measured(8, seqs=8, within=16) and policy.target.measured(8, seqs=8)
+    assert not any(c.speculates for c in policy.plan([SequenceArms() for _ in asks], asks))
+    policy.observe_target(8, 0.050, seqs=8)
+    assert any(c.speculates for c in policy.plan([SequenceArms() for _ in asks], asks))
+
+
 def test_target_costs_are_learned_per_number_of_sequences():
     """8 tokens of 8 sequences cost more than 8 tokens of 2 (each sequence attends on its own), and the slope of a
     full batch is its own: the policy prices a batch's draft tokens on the curve of that batch size (or of the
@@ -407,6 +423,61 @@ def test_verifying_rows_is_charged_for_the_head_rows_it_computes():
     cheap_k = [c.k for c in _policy(explore=0.0).plan(pair, [ask, ask])]
     dear_k = [c.k for c in _policy(explore=0.0, verify_row=0.3).plan([SequenceArms(), SequenceArms()], [ask, ask])]
     assert sum(dear_k) < sum(cheap_k), (dear_k, cheap_k)
+
+
+def _serve_bls_steps(drafter, requests: int, steps: int, pass_s, accept: float) -> float:
+    """``requests`` BLS requests in lockstep through the adaptive drafter: each step every request plans, the target
+    engine runs them as one pass of ``pass_s(requests, tokens)`` seconds (every call's latency), and each proposal is
+    accepted token by token with probability ``accept``. Returns the share of request steps that speculated after
+    the first ``steps // 4`` (the first feeds the prompt, which teaches no pass cost: its prefix may be cached)."""
+    import random
+
+    rng = random.Random(0)
+    prompt = [7, 8, 9, 10, 11] * 6  # prompt lookup always finds a match
+    states = [drafter.new_state() for _ in range(requests)]
+    speculated = 0
+    for step in range(steps):
+        planned = [drafter.plan(s, prompt, 4) for s in states]
+        fed = sum((len(prompt) if step == 0 else 1) + len(tokens or []) for tokens, _ in planned)
+        seconds = pass_s(requests, fed)
+        for s, (tokens, _) in zip(states, planned):
+            n = len(tokens or [])
+            accepted = 0
+            while accepted < n and rng.random() < accept:
+                accepted += 1
+            drafter.verdict(s, n, accepted, target_s=seconds)
+            speculated += n > 0 and step >= steps // 4
+    for s in states:
+        drafter.finish(s)
+    assert drafter.in_flight == 0
+    return speculated / (requests * (steps - steps // 4))
+
+
+def test_the_bls_drafter_prices_a_draft_at_the_whole_batch_s_step():
+    """The BLS orchestrator plans each request alone, but the target engine runs every request in flight in one pass,
+    so a call's latency is the whole batch's step. A compute-bound pass at 8 requests (each token 4 ms of a 40 ms
+    step) makes a 0.35-acceptance draft a loss there, and a cheap one at 1 request (1 ms of 30) a gain: the drafter
+    speculates alone and steps aside at 8. Learned as each request's own pass over its own tokens (as it once was),
+    the latency hardly moved with a request's draft, every draft looked free, and all 8 speculated (0.56x
+    target-only through Triton)."""
+    from trtspec.speculative.drafters.adaptive import AdaptiveLocalDrafter
+    from trtspec.speculative.drafters.ngram import NgramDrafter
+
+    def pass_s(seqs: int, tokens: int) -> float:
+        return 0.030 + 0.001 * (tokens - 1) if seqs == 1 else 0.040 + 0.004 * (tokens - seqs)
+
+    def drafter() -> AdaptiveLocalDrafter:
+        return AdaptiveLocalDrafter(NgramDrafter(None), has_model=False, policy=_policy(explore=0.0))
+
+    assert _serve_bls_steps(drafter(), 1, 60, pass_s, accept=0.35) > 0.8
+    # at 8, about one request of the eight takes the cheapest draft (K 1) on a step, not all eight: a plain pass's
+    # cost is learned from passes where another request's draft was counted at its last choice, a little above
+    # the truth
+    assert _serve_bls_steps(drafter(), 8, 60, pass_s, accept=0.35) < 0.2
+    # where the batch's pass grows little with its tokens (memory-bound), about half of the 8 requests speculate on
+    # each step (not every one: a pass larger than those timed is priced on the prior's slope until timed, and no
+    # request alone makes the pass grow past the sizes timed; the prompt's step times no large pass any more)
+    assert _serve_bls_steps(drafter(), 8, 60, lambda b, n: 0.040 + 0.0001 * (n - b), accept=0.35) > 0.4
 
 
 def test_the_policy_counts_what_it_chose():

@@ -211,6 +211,54 @@ def test_the_adaptive_drafter_switches_per_step_in_the_orchestrator_losslessly(s
     # the draft engine is called exactly when the policy chose the model
     assert (counting.calls.get("tensorrt_llm_draft", 0) > 0) == (policy.steps["model"] > 0)
     assert no_draft >= policy.steps["none"]  # plus the last step of each answer, which has no room for a draft
+    assert drafter.in_flight == 0  # every request left the shared passes when it ended
+
+
+def test_a_request_the_adaptive_drafter_does_not_speculate_for_steps_aside_in_plain_stretches(setup):
+    """Where the adaptive drafter has nothing worth proposing, the BLS loop does not pay an engine call per token:
+    the target generates 2, 4, 8 ... tokens in one streamed call, each token sent on as it comes. Output stays the
+    target's; a stop word or end_id inside a stretch ends the answer where the target alone ends it; a seeded
+    sampled request stays reproducible."""
+    from trtspec.speculative.drafters.adaptive import AdaptiveLocalDrafter
+    from trtspec.speculative.drafters.ngram import NgramDrafter
+
+    engines, decoder = setup
+
+    def drafter() -> AdaptiveLocalDrafter:  # no pool, no prompt lookup, no draft engine: nothing to propose
+        return AdaptiveLocalDrafter(NgramDrafter(use_prompt=False), has_model=False)
+
+    async def one(req, d, engines=engines):
+        stats, out, chunks = SpecStats(), [], 0
+        async for tokens in generate(req, engines, Deployment(max_draft_len=4), stats, drafter=d):
+            out += tokens
+            chunks += 1
+        return out, stats, chunks
+
+    d = drafter()
+    for p in PROMPTS[:3]:
+        counting = _CountingEngines(engines)
+        out, stats, chunks = asyncio.run(one(RowRequest(p, 24, end_id=EOS, stream=True), d, counting))
+        ref = target_only(decoder, p, 24)
+        assert out == ref and chunks == len(out)  # streamed token by token
+        if len(ref) == 24:
+            assert counting.calls == {"tensorrt_llm": 4}  # 2 + 4 + 8 + 10 tokens, not 24 calls
+        assert stats.target_steps == stats.no_draft_steps == len(out) and stats.total_draft_tokens == 0
+    assert d.policy.steps["none"] == sum(len(target_only(decoder, p, 24)) for p in PROMPTS[:3])
+    assert d.in_flight == 0
+
+    ref = target_only(decoder, PROMPTS[4], 24)
+    stop = ref[9:11]  # inside the third stretch (tokens 7..14)
+    first = next(j for j in range(2, len(ref) + 1) if ref[j - 2 : j] == stop)
+    out, _, _ = asyncio.run(one(RowRequest(PROMPTS[4], 24, end_id=EOS, stop_words=[stop]), drafter()))
+    assert out == ref[:first]
+    j = next(j for j in range(7, len(ref)) if ref[j] not in ref[:j])
+    out, _, _ = asyncio.run(one(RowRequest(PROMPTS[4], 24, end_id=ref[j]), drafter()))
+    assert out == ref[:j]
+
+    sampling = SamplingParams(temperature=0.8, top_k=20, seed=321)
+    a, _, _ = asyncio.run(one(RowRequest(PROMPTS[0], 24, end_id=EOS, sampling=sampling), drafter()))
+    b, _, _ = asyncio.run(one(RowRequest(PROMPTS[0], 24, end_id=EOS, sampling=sampling), drafter()))
+    assert a == b and len(a) == 24
 
 
 class _TensorEngines:

@@ -188,6 +188,15 @@ class _Costs:
 
 
 @dataclass(frozen=True)
+class _Step:
+    """A plain step, as a choice is priced against it: its seconds, the tokens it feeds, the tokens it commits."""
+
+    t_base: float
+    n_base: int
+    base_yield: float
+
+
+@dataclass(frozen=True)
 class Ask:
     """One sequence's situation this step: how many tokens it may propose, the n-gram's proposal (free to compute:
     a lookup), whether the draft model can draft for it, and how many tokens it feeds anyway."""
@@ -218,6 +227,19 @@ class Choice:
 NO_SPECULATION = Choice()
 
 
+@dataclass(frozen=True)
+class OtherSequences:
+    """The sequences that share a pass with the ones being planned but are planned elsewhere (the BLS orchestrator
+    plans each request alone, while the target engine batches every request in flight): how many, the tokens they
+    feed (a prompt's included), the tokens a decode step of theirs feeds (1 + their K: what the plain step is priced
+    on), and the tokens they are expected to commit."""
+
+    seqs: int = 0
+    tokens: int = 0
+    decode_tokens: int = 0
+    expected: float = 0.0
+
+
 class AdaptivePolicy:
     """The choice of drafter and K per sequence and step (see the module docstring). One per engine or orchestrator;
     not thread-safe (the engine thread, or one event loop)."""
@@ -232,6 +254,7 @@ class AdaptivePolicy:
         explore: float = 0.08,
         min_gain: float = 0.0,
         batch_margin: float = 0.03,
+        retime_plain: int = 64,
     ) -> None:
         self.prior = prior or CostPrior()
         self.tracker = AcceptanceTracker(priors=dict(priors or DEFAULT_PRIORS))
@@ -251,6 +274,11 @@ class AdaptivePolicy:
         # share: there the gain is a few per cent at best, the estimates' error is as large, and a plain step lets
         # the engine drafter skip its own work (trtspec.speculative.drafters.adaptive).
         self.batch_margin = batch_margin
+        # A batch's plain decode pass is what every draft is priced against; where the batch speculates on most
+        # steps it is seldom timed, and its estimate keeps the machine's speed of whenever it last was (live curves
+        # move every size by a shared drift, and the plain size's own shape stays). So it is timed again, one plain
+        # step, when its batch size's curve has seen none among its last ``retime_plain`` passes.
+        self.retime_plain = retime_plain
         # Counters for metrics: steps by what they did, and the K chosen.
         self.steps = {NGRAM: 0, MODEL: 0, "none": 0}
         self.k_chosen = [0] * 17
@@ -279,15 +307,24 @@ class AdaptivePolicy:
         return expected_accepted(self.acceptance(seq, arm), k, self.continuation(seq, arm))
 
     # -- the choice --------------------------------------------------------------------------------------------
-    def plan(self, seqs: Sequence[SequenceArms], asks: Sequence[Ask], batch_seqs: int | None = None) -> list[Choice]:
+    def plan(
+        self,
+        seqs: Sequence[SequenceArms],
+        asks: Sequence[Ask],
+        batch_seqs: int | None = None,
+        others: OtherSequences | None = None,
+    ) -> list[Choice]:
         """One choice per sequence for this step (see the module docstring); ``batch_seqs``: the sequences the
-        step's pass feeds (default: these)."""
+        step's pass feeds (default: these); ``others``: the sequences of the pass planned elsewhere, whose choices
+        are taken as they are (their tokens grow the pass, their expected tokens count in the step's rate)."""
         shared = [i for i, s in enumerate(seqs) if not s.reproducible]
         out: list[Choice] = [NO_SPECULATION] * len(seqs)
         n_base = sum(max(1, a.base_tokens) for a in asks)
-        b = max(len(seqs), batch_seqs or 0)
+        b = max(len(seqs) + (others.seqs if others is not None else 0), batch_seqs or 0)
         self._in_batch = b > 1
-        chosen = self._ratio_best([seqs[i] for i in shared], [asks[i] for i in shared], n_base, batch_seqs=b)
+        chosen = self._ratio_best(
+            [seqs[i] for i in shared], [asks[i] for i in shared], n_base, batch_seqs=b, others=others
+        )
         for i, choice in zip(shared, chosen):
             out[i] = choice
         for i, (seq, ask) in enumerate(zip(seqs, asks)):
@@ -300,7 +337,8 @@ class AdaptivePolicy:
         return out
 
     def record_plain(self, n: int) -> None:
-        """Count ``n`` sequences' steps that did not speculate without a plan (the engine drafter skipped it)."""
+        """Count ``n`` sequences' steps that did not speculate without a plan of their own (the engine drafter
+        skipped planning, or they were a BLS plain stretch's steps after its first)."""
         self.steps["none"] += n
         self.k_chosen[0] += n
 
@@ -311,6 +349,7 @@ class AdaptivePolicy:
         n_base: int,
         prior: bool = False,
         batch_seqs: int = 1,
+        others: OtherSequences | None = None,
     ) -> list[Choice]:
         """The choices that maximize the step's expected tokens per second (b + sum E) / (T(n) + extra), by
         Dinkelbach's iteration: choose per sequence at the rate R, then raise R to the rate those choices achieve and
@@ -334,7 +373,20 @@ class AdaptivePolicy:
         # that plans is rare (the engine drafter skips most: 3 of 72 planned steps through Triton in one run, 21
         # sequences speculating in them), so this corrects the price more than it moves a benchmark.
         n_ref = min(n_base, max(batch_seqs, len(seqs)))
-        if not prior and batch_seqs > 1 and not self.target.measured(n_ref, batch_seqs):
+        # What the step commits without these sequences' drafts: a token each, and what the others expect.
+        base_yield = float(len(seqs))
+        margin = self.batch_margin
+        if others is not None and others.seqs > 0 and not prior:
+            # Sequences planned elsewhere share the pass (the BLS orchestrator's requests in one engine step): a
+            # draft here grows the pass they all wait for, so it is priced at the whole step's rate, not at this
+            # sequence's own (measured through Triton, BLS, 8 requests: planned alone on their own calls' latency,
+            # every request found speculation cheap and the server ran at 0.56x target-only). The margin is the
+            # batch's, shared per sequence: the whole step's rate is what it is asked of.
+            n_ref = min(n_base, len(seqs)) + others.decode_tokens
+            n_base += others.tokens
+            base_yield += others.expected
+            margin *= len(seqs) / max(1, batch_seqs)
+        if not prior and batch_seqs > 1 and not self.target.measured(n_ref, batch_seqs, within=self.retime_plain):
             # A batch's plain decode pass not timed yet: every choice below is priced against it, and estimated from
             # the passes it has seen (all speculative, so larger) it looks dearer than it is and speculation cheaper
             # (measured, 8 sequences, bfloat16: its curve knew 12-16 tokens only, and the policy kept speculating at
@@ -348,7 +400,8 @@ class AdaptivePolicy:
         t_base = costs.target(n_ref) + costs.verify(len(seqs))
         if t_base <= 0:
             return [NO_SPECULATION] * len(seqs)
-        choices = self._dinkelbach(seqs, asks, costs, t_base, n_base)
+        step = _Step(t_base, n_base, base_yield)
+        choices = self._dinkelbach(seqs, asks, costs, step)
         if len(seqs) > 1:
             # The pass's cost can step up where a batch first feeds more than its plain tokens (measured, bfloat16, 8
             # sequences: 8 tokens 63 ms, 9 tokens 90): then no single sequence's draft pays for the step, though
@@ -356,34 +409,31 @@ class AdaptivePolicy:
             # them; of the two choices, the one whose expected rate on the real costs is higher is taken.
             top = n_base + sum(max(0, a.k_max) for a in asks)
             hull = dataclasses.replace(costs, target=convex_minorant(costs.target, n_base, top))
-            alt = self._dinkelbach(seqs, asks, hull, t_base, n_base)
-            if alt != choices and self._rate(seqs, alt, costs, t_base, n_base) > self._rate(
-                seqs, choices, costs, t_base, n_base
-            ):
+            alt = self._dinkelbach(seqs, asks, hull, step)
+            if alt != choices and self._rate(seqs, alt, costs, step) > self._rate(seqs, choices, costs, step):
                 choices = alt
         if batch_seqs > 1 and not prior and any(c.speculates for c in choices):
-            plain = len(seqs) / t_base
-            if self._rate(seqs, choices, costs, t_base, n_base) < plain * (1 + self.batch_margin):
+            plain = step.base_yield / t_base
+            if self._rate(seqs, choices, costs, step) < plain * (1 + margin):
                 return [NO_SPECULATION] * len(seqs)
         return choices
 
     def _dinkelbach(
-        self, seqs: Sequence[SequenceArms], asks: Sequence[Ask], costs: _Costs, t_base: float, n_base: int
+        self, seqs: Sequence[SequenceArms], asks: Sequence[Ask], costs: _Costs, step: _Step
     ) -> list[Choice]:
-        rate = len(seqs) / t_base
+        rate = step.base_yield / step.t_base
         choices: list[Choice] = []
         for _ in range(6):
-            choices = self._assign(seqs, asks, costs, rate, n_base)
-            achieved = self._rate(seqs, choices, costs, t_base, n_base)
+            choices = self._assign(seqs, asks, costs, rate, step.n_base)
+            achieved = self._rate(seqs, choices, costs, step)
             if achieved <= rate * (1 + 1e-6):
                 break
             rate = achieved
         return choices
 
-    def _rate(
-        self, seqs: Sequence[SequenceArms], choices: Sequence[Choice], costs: _Costs, t_base: float, n_base: int
-    ) -> float:
+    def _rate(self, seqs: Sequence[SequenceArms], choices: Sequence[Choice], costs: _Costs, step: _Step) -> float:
         """The expected tokens per second of a step that makes ``choices``, on ``costs``."""
+        t_base, n_base = step.t_base, step.n_base
         gain, n_now, rows, verify = 0.0, n_base, len(seqs), 0.0
         draft_rows: list[int] = []
         for seq, c in zip(seqs, choices):
@@ -397,7 +447,7 @@ class AdaptivePolicy:
             if c.source == MODEL:
                 _add_rounds(draft_rows, c.k)
         extra = costs.target(n_now) - costs.target(n_base) + verify + sum(costs.draft(r) for r in draft_rows)
-        return (len(seqs) + gain) / (t_base + extra)
+        return (step.base_yield + gain) / (t_base + extra)
 
     def _assign(
         self, seqs: Sequence[SequenceArms], asks: Sequence[Ask], costs: _Costs, rate: float, n_base: int

@@ -93,6 +93,8 @@ class PassCosts:
         self.scale_from = scale_from  # whose ``scale`` to use before this one has measured anything
         self._log_shape: dict[int, float] = {}  # live, per bucket: log seconds at drift 1
         self._passes: dict[int, int] = {}  # live, per bucket: passes seen
+        self._observed = 0  # live: passes seen, all sizes
+        self._last_seen: dict[int, int] = {}  # live, per bucket: ``_observed`` at its last pass
         self._drift_of = drift if drift is not None else Drift()  # live: the machine's speed (may be shared)
         self._fit: dict[int, float] = {}  # live, per bucket: the isotonic fit of the shape (seconds at drift 1)
         self._sizes: list[int] = []  # the measured buckets, ascending
@@ -150,6 +152,8 @@ class PassCosts:
             self.scale = self.cost(1) / max(1e-12, float(self.prior(1)))
             return
         b = self._bucket(size)
+        self._observed += 1
+        self._last_seen[b] = self._observed
         y = math.log(seconds)
         drift = self._drift_of
         if drift.log is None:  # the first pass sets the scale: shape units are the prior's at first
@@ -174,9 +178,13 @@ class PassCosts:
         ratio = seconds / max(1e-12, float(self.prior(size)))
         self.scale = ratio if self.scale is None else self.scale + self.alpha * (ratio - self.scale)
 
-    def measured(self, size: int) -> bool:
-        """Whether a pass of about ``size`` (its bucket) has been timed, or the curve is anchored."""
-        return bool(self.anchored) or self._bucket(size) in self._log_shape
+    def measured(self, size: int, within: int | None = None) -> bool:
+        """Whether a pass of about ``size`` (its bucket) has been timed (``within``: among the curve's last so many
+        passes), or the curve is anchored."""
+        if self.anchored:
+            return True
+        seen = self._last_seen.get(self._bucket(size))
+        return seen is not None and (within is None or self._observed - seen < within)
 
     @property
     def live_drift(self) -> float:
@@ -351,15 +359,16 @@ class BatchPassCosts:
     def cost(self, tokens: int, seqs: int = 1) -> float:
         return self.curve(seqs).cost(tokens)
 
-    def measured(self, tokens: int, seqs: int = 1) -> bool:
-        """Whether a pass of about ``tokens`` tokens of ``seqs`` sequences has been timed (its batch size's own curve,
-        or an anchored one), not only estimated from another batch size's; True before anything is timed (every cost
-        is then the prior's, consistent with itself)."""
+    def measured(self, tokens: int, seqs: int = 1, within: int | None = None) -> bool:
+        """Whether a pass of about ``tokens`` tokens of ``seqs`` sequences has been timed (``within``: among the last
+        so many passes of its batch size), on its batch size's own curve or an anchored one, not only estimated from
+        another batch size's; True before anything is timed (every cost is then the prior's, consistent with
+        itself)."""
         b = self._bucket(seqs)
         if (self.anchors and b <= max(self.anchors)) or not (self.curves or self.anchors):
             return True
         own = self.curves.get(b)
-        return own is not None and own.measured(tokens)
+        return own is not None and own.measured(tokens, within)
 
     @property
     def scale(self) -> float | None:

@@ -23,10 +23,11 @@ runs the same rules inside one in-flight engine instead (trtspec.runtimes.inflig
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -170,10 +171,31 @@ async def generate(
 
     greedy = row.sampling.greedy
     base_seed = row.sampling.seed if row.sampling.seed is not None else (None if greedy else random.getrandbits(62))
+    state = drafter.new_state(row.sampling) if drafter is not None else None
+    try:
+        # aclosing: a caller that leaves early closes the steps at once, their engine calls' iterators included.
+        async with contextlib.aclosing(_steps(row, engines, deployment, stats, drafter, state, plan, base_seed)) as s:
+            async for tokens in s:
+                yield tokens
+    finally:
+        if drafter is not None:
+            drafter.finish(state)  # it no longer shares the target's passes with the other requests
+
+
+async def _steps(
+    row: RowRequest,
+    engines: EngineClient,
+    deployment: Deployment,
+    stats: SpecStats,
+    drafter: Any,
+    state: Any,
+    plan: Plan,
+    base_seed: int | None,
+) -> AsyncGenerator[list[int], None]:
+    """The draft-target steps of one request (``generate``), each step's committed tokens."""
     seq = list(row.tokens)
     produced = 0
     step = 0
-    state = drafter.new_state(row.sampling) if drafter is not None else None
     while produced < row.max_new:
         k_eff = min(plan.k, row.max_new - produced - 1)
         draft: list[int] = []
@@ -196,17 +218,42 @@ async def generate(
                 if logits is not None:
                     draft_logits = logits if draft_logits is None else _concat(draft_logits, logits)
         t_target = time.perf_counter()
+        # Nothing proposed: the drafter may step aside for a stretch of plain tokens in one streamed call.
+        run = drafter.plain_run(state) if drafter is not None and k_eff > 0 and not draft else 1
+        n_out = min(run, row.max_new - produced) if not draft else len(draft) + 1
+        stretch = n_out > 1 and not draft
         new: list[int] = []
+        stopped = False
         async for tokens, _ in engines.generate(
             deployment.target_model,
             dataclasses.replace(
-                _step_row(row, seq, len(draft) + 1, base_seed, step, 1, produced, stream=False, return_logits=False),
+                _step_row(row, seq, n_out, base_seed, step, 1, produced, stream=stretch, return_logits=False),
                 draft=draft or None,
                 draft_logits=draft_logits if plan.use_draft_logits and draft and local is None else None,
             ),
         ):
+            if not stretch:
+                new += tokens
+                continue
+            tokens = tokens[: row.max_new - produced]  # a stretch's tokens go out as the target streams them
             new += tokens
+            seq += tokens
+            produced += len(tokens)
+            stats.note_tokens(len(tokens))
+            if tokens:
+                yield tokens
+            stopped = produced >= row.sampling.min_tokens and hits_stop_word(seq[len(row.tokens) :], row.stop_words)
+            if stopped:
+                break
         step += 1
+        if stretch:
+            for _ in new:
+                stats.note_step(0, 0)
+            if drafter is not None:
+                drafter.verdict(state, 0, 0, time.perf_counter() - t_target, plain_tokens=len(new))
+            if stopped or len(new) < n_out:  # a stop word, or the target stopped (end_id) before the stretch's end
+                return
+            continue
         accepted = accepted_prefix(draft, new)
         stats.note_step(len(draft), accepted)
         if drafter is not None:

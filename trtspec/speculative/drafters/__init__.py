@@ -14,8 +14,11 @@ Three interfaces, by caller:
   ``observe_pass(tokens, seconds, rows, verify_s, seqs)`` (the step's target pass over ``seqs`` sequences, and the
   verification of its rows);
 - the BLS orchestrator's (``LocalDrafter``): ``new_state(sampling)`` per request,
-  ``plan(state, seq, k) -> (tokens or None, model_k)`` before a step,
-  ``verdict(state, proposed, accepted, target_s, draft_s)`` after it (with the engine calls' seconds).
+  ``plan(state, seq, k) -> (tokens or None, model_k)`` before a step, ``plain_run(state)`` after a plan that
+  proposed nothing (how many tokens the target then generates in one call, streamed: a plain stretch),
+  ``verdict(state, proposed, accepted, target_s, draft_s, plain_tokens)`` after it (with the engine calls'
+  seconds; ``plain_tokens``: what a plain stretch produced), ``finish(state)`` when the request ends (its steps no
+  longer share the target's passes with the others).
 
 Light to import (no torch): the Triton models and the CLI load it.
 """
@@ -117,6 +120,16 @@ class LocalDrafter(Protocol):
 
     def plan(self, state: Any, seq: Sequence[int], k: int) -> tuple[list[int] | None, int]: ...
 
+    def plain_run(self, state: Any) -> int: ...
+
     def verdict(
-        self, state: Any, proposed: int, accepted: int, target_s: float = 0.0, draft_s: float = 0.0
+        self,
+        state: Any,
+        proposed: int,
+        accepted: int,
+        target_s: float = 0.0,
+        draft_s: float = 0.0,
+        plain_tokens: int = 0,
     ) -> None: ...
+
+    def finish(self, state: Any) -> None: ...

@@ -20,6 +20,13 @@ the choice still depends only on committed tokens and earlier steps, so exactnes
 Two forms: ``AdaptiveEngineDrafter`` for the in-flight engine (in process and the in-process Triton model) and
 ``AdaptiveLocalDrafter`` for the BLS orchestrator, which asks the draft engine for the model's tokens and learns the
 costs from its own engine calls.
+
+In the BLS orchestrator a step is an engine call, and a plain step one call per token: measured at concurrency 8
+on the example pair, never speculating cost 0.68x the target's own streamed decoding (each call waits for a step
+boundary, goes through Triton and is admitted anew). So a plan that speculates for nobody steps aside for a stretch:
+the target generates ``plain_run`` tokens in one streamed call, 2 after the first such plan in a row, doubling up to
+``plain_run_max``, and the policy learns what a plain token cost in it (the call's seconds over its tokens). The
+stretch depends only on the sequence's own plans, so a reproducible sequence stays reproducible.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from trtspec.speculative.adaptive import MODEL, NGRAM, AdaptivePolicy, Ask, SequenceArms
+from trtspec.speculative.adaptive import MODEL, NGRAM, AdaptivePolicy, Ask, OtherSequences, SequenceArms
 from trtspec.speculative.drafters import UNLIMITED, DrafterKind, Proposal, finish_proposals
 from trtspec.speculative.drafters.ngram import NgramDrafter, NgramEngineDrafter
 
@@ -149,34 +156,133 @@ class AdaptiveEngineDrafter:
             self.policy.observe_verify(rows, verify_s)
 
 
+@dataclasses.dataclass
+class LocalSequence(SequenceArms):
+    """One BLS request's evidence per arm (SequenceArms) and what its step asks of the shared target pass: the tokens
+    its target call feeds (its prompt on the first step), of which a decode step's (1 + K), and the tokens it is
+    expected to commit; and the pass it was planned in (tokens and sequences of every request in flight then)."""
+
+    feed: int = 1
+    decode_feed: int = 1
+    expected: float = 1.0
+    pass_tokens: int = 0
+    pass_seqs: int = 1
+    planned: bool = False  # this step was planned (the last step of an answer has no room for a draft: not)
+    quiet: int = 0  # plans in a row that did not speculate
+    run: int = 1  # the tokens this step's target call generates when it does not speculate (a plain stretch)
+    verdict_at: float = 0.0  # perf_counter at its last verdict (0: none yet)
+
+
 class AdaptiveLocalDrafter:
     """The BLS orchestrator's adaptive drafter (trtspec.speculative.drafters.LocalDrafter): n-gram tokens from this
-    process, or a number of tokens to ask the draft engine for (``has_model``), or none. The costs are learned from
-    the orchestrator's own timings of its engine calls (``verdict``'s ``target_s`` and ``draft_s``)."""
+    process, or a number of tokens to ask the draft engine for (``has_model``), or none.
+
+    The orchestrator runs each request's loop on its own, but the target engine batches the calls of every request
+    in flight into one pass, so a request's draft slows the others' steps too. Each request is planned with the
+    others in flight as they last chose (``OtherSequences``: their tokens grow the pass, their expected tokens count
+    in the step's rate), and a step's seconds (from the request's last verdict, less the draft engine's call) are
+    learned as a pass over every in-flight request's tokens (the batch's curve), not over this request's alone: at
+    concurrency 8 a call's latency is the whole batched step, and learned as one sequence's it made every draft look
+    free. A plan that speculates for nobody steps aside for a plain stretch (module docstring). The draft engine's
+    seconds per round are learned from its calls' latency (``verdict``'s ``draft_s``)."""
 
     kind = DrafterKind.ADAPTIVE
 
-    def __init__(self, ngram: NgramDrafter, *, has_model: bool, policy: AdaptivePolicy | None = None) -> None:
+    def __init__(
+        self,
+        ngram: NgramDrafter,
+        *,
+        has_model: bool,
+        policy: AdaptivePolicy | None = None,
+        plain_run_max: int = 16,
+    ) -> None:
         self.ngram = ngram
         self.has_model = has_model
         self.policy = policy or AdaptivePolicy()
+        self.plain_run_max = max(1, plain_run_max)
+        self._live: dict[int, LocalSequence] = {}  # the requests in flight (new_state .. finish)
 
-    def new_state(self, sampling: Any = None) -> SequenceArms:
-        return SequenceArms(reproducible=_reproducible(sampling))
+    @property
+    def in_flight(self) -> int:
+        return len(self._live)
 
-    def plan(self, state: SequenceArms, seq: Sequence[int], k: int) -> tuple[list[int] | None, int]:
+    def new_state(self, sampling: Any = None) -> LocalSequence:
+        state = LocalSequence(reproducible=_reproducible(sampling), feed=0)
+        self._live[id(state)] = state
+        return state
+
+    def finish(self, state: Any) -> None:
+        """The request ended (or failed): it no longer shares the target's passes."""
+        self._live.pop(id(state), None)
+
+    def _others(self, state: LocalSequence) -> OtherSequences:
+        others = [s for s in self._live.values() if s is not state]
+        return OtherSequences(
+            seqs=len(others),
+            tokens=sum(max(1, s.feed) for s in others),
+            decode_tokens=sum(s.decode_feed for s in others),
+            expected=sum(s.expected for s in others),
+        )
+
+    def plan(self, state: LocalSequence, seq: Sequence[int], k: int) -> tuple[list[int] | None, int]:
         p = self.ngram.propose(seq, k)
-        (choice,) = self.policy.plan([state], [Ask(k, p.tokens[:k], p.match_len, self.has_model, 1)])
+        own = len(seq) if state.feed == 0 else 1  # the first call feeds the prompt (the engine caches it after)
+        others = self._others(state)
+        ask = Ask(k, p.tokens[:k], p.match_len, self.has_model, own)
+        (choice,) = self.policy.plan([state], [ask], batch_seqs=others.seqs + 1, others=others)
+        chosen = choice.k if choice.speculates else 0
+        state.feed, state.decode_feed = own + chosen, 1 + chosen
+        state.expected = 1.0 + (self.policy.expected(state, choice.arm, chosen) if choice.arm and chosen else 0.0)
+        state.pass_tokens, state.pass_seqs = state.feed + others.tokens, others.seqs + 1
+        state.planned = True
+        if choice.speculates:
+            state.quiet, state.run = 0, 1
+        else:  # step aside for a stretch (module docstring): 2, 4, 8 ... plain tokens in one call
+            state.run = min(2 << min(state.quiet, 16), self.plain_run_max)
+            state.quiet += 1
         if choice.source == MODEL:
             return None, choice.k
         return (list(p.tokens[: choice.k]) if choice.source == NGRAM else []), 0
 
+    def plain_run(self, state: LocalSequence) -> int:
+        """Tokens the target generates in this step's call, the plan having proposed nothing (module docstring)."""
+        return state.run if state.planned else 1
+
     def verdict(
-        self, state: SequenceArms, proposed: int, accepted: int, target_s: float = 0.0, draft_s: float = 0.0
+        self,
+        state: LocalSequence,
+        proposed: int,
+        accepted: int,
+        target_s: float = 0.0,
+        draft_s: float = 0.0,
+        plain_tokens: int = 0,
     ) -> None:
         model_k = state.last[1] if state.last is not None and state.last[0][0] == MODEL else 0
         self.policy.verdict(state, proposed, accepted)
-        if target_s > 0:
-            self.policy.observe_target(proposed + 1, target_s)  # one target call verifying `proposed` tokens
+        # What the step cost this request: from its last verdict to this one, less the draft engine's call. The
+        # target call's latency alone leaves out the loop's turnaround (sending the tokens on, planning, sending
+        # the next call), which every step pays and a plain stretch pays once for all its tokens.
+        now = time.perf_counter()
+        if target_s > 0 and state.verdict_at > 0:
+            target_s = max(target_s, now - state.verdict_at - draft_s)
+        state.verdict_at = now
+        if state.feed > state.decode_feed:  # it fed the prompt, whose cost is unknown here (the engine may reuse
+            target_s = 0.0  # its prefix from another request's cache): not a pass of state.pass_tokens
+        if plain_tokens > 1:  # a plain stretch: one plan, ``plain_tokens`` target steps
+            self.policy.record_plain(plain_tokens - 1)
+            if target_s > 0 and state.feed == 1:  # a plain token's cost there (not a prompt's prefill)
+                self.policy.observe_target(state.pass_tokens, target_s / plain_tokens, seqs=state.pass_seqs)
+            state.feed = state.decode_feed
+            state.planned = False
+            return
+        if not state.planned:  # a step without a plan: the target alone, its own token in the pass of the others
+            others = self._others(state)
+            state.feed = state.decode_feed = 1
+            state.pass_tokens, state.pass_seqs = 1 + others.tokens, others.seqs + 1
+        if target_s > 0:  # one target call verifying ``proposed`` tokens, in a pass with the others in flight
+            self.policy.observe_target(max(state.pass_tokens, proposed + 1), target_s, seqs=state.pass_seqs)
         if draft_s > 0 and model_k:
             self.policy.observe_draft(1, draft_s / model_k)  # one draft engine call of model_k tokens
+        # Until its next plan the others take it as choosing as it just did, without its prompt.
+        state.feed = state.decode_feed
+        state.planned = False

@@ -56,7 +56,21 @@ class HybridRule:
             return choice.proposal.tokens[:k], 0
         return None, min(choice.k, k)
 
-    def verdict(self, state: Any, proposed: int, accepted: int, target_s: float = 0.0, draft_s: float = 0.0) -> None:
+    def plain_run(self, state: Any) -> int:
+        return 1  # one plain step, then choose again
+
+    def verdict(
+        self,
+        state: Any,
+        proposed: int,
+        accepted: int,
+        target_s: float = 0.0,
+        draft_s: float = 0.0,
+        plain_tokens: int = 0,
+    ) -> None:
+        pass
+
+    def finish(self, state: Any) -> None:
         pass
 
 

@@ -285,7 +285,21 @@ class NgramDrafter:
         """This step's n-gram tokens (possibly none: the target steps alone); the draft engine is never asked."""
         return self.propose(seq, k).tokens[:k], 0
 
-    def verdict(self, state: Any, proposed: int, accepted: int, target_s: float = 0.0, draft_s: float = 0.0) -> None:
+    def plain_run(self, state: Any) -> int:
+        return 1  # no match: one plain step, then look again
+
+    def verdict(
+        self,
+        state: Any,
+        proposed: int,
+        accepted: int,
+        target_s: float = 0.0,
+        draft_s: float = 0.0,
+        plain_tokens: int = 0,
+    ) -> None:
+        pass
+
+    def finish(self, state: Any) -> None:
         pass
 
 
