@@ -29,7 +29,16 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol, Sequence
 
-__all__ = ["Drafter", "DrafterKind", "EngineDrafter", "LocalDrafter", "Proposal", "UNLIMITED", "in_vocab"]
+__all__ = [
+    "Drafter",
+    "DrafterKind",
+    "EngineDrafter",
+    "LocalDrafter",
+    "Proposal",
+    "StatelessLocalDrafter",
+    "UNLIMITED",
+    "in_vocab",
+]
 
 
 class DrafterKind(str, Enum):
@@ -133,3 +142,28 @@ class LocalDrafter(Protocol):
     ) -> None: ...
 
     def finish(self, state: Any) -> None: ...
+
+
+class StatelessLocalDrafter:
+    """A ``LocalDrafter`` that keeps nothing per request and learns nothing (n-grams, the hybrid's rule): only
+    ``plan`` is its own; a step it proposes nothing for is one plain target step, then it looks again."""
+
+    def new_state(self, sampling: Any = None) -> None:
+        return None
+
+    def plain_run(self, state: Any) -> int:
+        return 1
+
+    def verdict(
+        self,
+        state: Any,
+        proposed: int,
+        accepted: int,
+        target_s: float = 0.0,
+        draft_s: float = 0.0,
+        plain_tokens: int = 0,
+    ) -> None:
+        pass
+
+    def finish(self, state: Any) -> None:
+        pass

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trtspec.speculative.drafters import DrafterKind, Proposal, finish_proposals, in_vocab
+from trtspec.speculative.drafters import DrafterKind, Proposal, StatelessLocalDrafter, finish_proposals, in_vocab
 from trtspec.speculative.drafters.ngram import NgramDrafter
 
 HYBRID_MIN_MATCH = 2
@@ -29,7 +29,7 @@ class Choice:
     proposal: Proposal | None = None  # the n-gram's proposal when kind is NGRAM
 
 
-class HybridRule:
+class HybridRule(StatelessLocalDrafter):
     """n-gram on a match of >= ``min_match`` tokens, else the draft model at ``min(k, model_k)``."""
 
     def __init__(self, ngram: NgramDrafter, min_match: int = HYBRID_MIN_MATCH, model_k: int = HYBRID_MODEL_K) -> None:
@@ -46,32 +46,12 @@ class HybridRule:
         return Choice(DrafterKind.MODEL, min(k, self.model_k))
 
     # -- as the BLS orchestrator's drafter (trtspec.speculative.drafters.LocalDrafter) ---------------------------
-    def new_state(self, sampling: Any = None) -> None:
-        return None
-
     def plan(self, state: Any, seq: Sequence[int], k: int) -> tuple[list[int] | None, int]:
         """(n-gram tokens, 0) on a confident match, else (None, how many tokens to ask the draft engine for)."""
         choice = self.choose(seq, k)
         if choice.kind is DrafterKind.NGRAM and choice.proposal is not None:
             return choice.proposal.tokens[:k], 0
         return None, min(choice.k, k)
-
-    def plain_run(self, state: Any) -> int:
-        return 1  # one plain step, then choose again
-
-    def verdict(
-        self,
-        state: Any,
-        proposed: int,
-        accepted: int,
-        target_s: float = 0.0,
-        draft_s: float = 0.0,
-        plain_tokens: int = 0,
-    ) -> None:
-        pass
-
-    def finish(self, state: Any) -> None:
-        pass
 
 
 class HybridEngineDrafter:

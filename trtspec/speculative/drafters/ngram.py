@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from trtspec.speculative.drafters import UNLIMITED, DrafterKind, Proposal, in_vocab
+from trtspec.speculative.drafters import UNLIMITED, DrafterKind, Proposal, StatelessLocalDrafter, in_vocab
 
 POOL_FILE = "ngram_pool.npz"
 MAX_MATCH = 4  # longest n-gram looked up (TensorRT-LLM: max_matching_ngram_size)
@@ -246,7 +246,7 @@ def prompt_lookup(context: Sequence[int], k: int, max_match: int = MAX_MATCH, mi
     return Proposal([int(t) for t in ctx[end + 1 : end + 1 + k]], n, "prompt")
 
 
-class NgramDrafter:
+class NgramDrafter(StatelessLocalDrafter):
     """Prompt lookup over the request's tokens, else (or for a longer match) the pool; the pool extends a short
     prompt-lookup continuation to ``k`` tokens. Draft cost: a few array lookups per step."""
 
@@ -278,29 +278,9 @@ class NgramDrafter:
         return local if local.tokens else pooled
 
     # -- as the BLS orchestrator's drafter (trtspec.speculative.drafters.LocalDrafter) ---------------------------
-    def new_state(self, sampling: Any = None) -> None:
-        return None
-
     def plan(self, state: Any, seq: Sequence[int], k: int) -> tuple[list[int] | None, int]:
         """This step's n-gram tokens (possibly none: the target steps alone); the draft engine is never asked."""
         return self.propose(seq, k).tokens[:k], 0
-
-    def plain_run(self, state: Any) -> int:
-        return 1  # no match: one plain step, then look again
-
-    def verdict(
-        self,
-        state: Any,
-        proposed: int,
-        accepted: int,
-        target_s: float = 0.0,
-        draft_s: float = 0.0,
-        plain_tokens: int = 0,
-    ) -> None:
-        pass
-
-    def finish(self, state: Any) -> None:
-        pass
 
 
 class NgramEngineDrafter:
