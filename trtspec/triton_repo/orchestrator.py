@@ -246,11 +246,10 @@ async def _steps(
             if stopped:
                 break
         step += 1
-        if stretch:
+        if stretch:  # only a drafter stretches
             for _ in new:
                 stats.note_step(0, 0)
-            if drafter is not None:
-                drafter.verdict(state, 0, 0, time.perf_counter() - t_target, plain_tokens=len(new))
+            drafter.verdict(state, 0, 0, time.perf_counter() - t_target, plain_tokens=len(new))
             if stopped or len(new) < n_out:  # a stop word, or the target stopped (end_id) before the stretch's end
                 return
             continue

@@ -25,7 +25,7 @@ In the BLS orchestrator a step is an engine call, and a plain step one call per 
 on the example pair, never speculating cost 0.68x the target's own streamed decoding (each call waits for a step
 boundary, goes through Triton and is admitted anew). So a plan that speculates for nobody steps aside for a stretch:
 the target generates ``plain_run`` tokens in one streamed call, 2 after the first such plan in a row, doubling up to
-``plain_run_max``, and the policy learns what a plain token cost in it (the call's seconds over its tokens). The
+``plain_run_max``, and the policy learns what a plain token cost in it (the step's seconds over its tokens). The
 stretch depends only on the sequence's own plans, so a reproducible sequence stays reproducible.
 """
 
@@ -270,7 +270,7 @@ class AdaptiveLocalDrafter:
             target_s = 0.0  # its prefix from another request's cache): not a pass of state.pass_tokens
         if plain_tokens > 1:  # a plain stretch: one plan, ``plain_tokens`` target steps
             self.policy.record_plain(plain_tokens - 1)
-            if target_s > 0 and state.feed == 1:  # a plain token's cost there (not a prompt's prefill)
+            if target_s > 0:  # a plain token's cost there
                 self.policy.observe_target(state.pass_tokens, target_s / plain_tokens, seqs=state.pass_seqs)
             state.feed = state.decode_feed
             state.planned = False
