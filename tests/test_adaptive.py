@@ -480,6 +480,73 @@ def test_the_bls_drafter_prices_a_draft_at_the_whole_batch_s_step():
     assert _serve_bls_steps(drafter(), 8, 60, lambda b, n: 0.040 + 0.0001 * (n - b), accept=0.35) > 0.4
 
 
+def test_the_realized_gate_closes_per_batch_size_where_speculating_did_not_pay_and_probes():
+    from trtspec.speculative.gate import RealizedGate
+
+    gate = RealizedGate(probe_every=4)
+    for _ in range(3):
+        gate.observe(8, False, 32, 32 * 0.040)  # plain stretches: 25 tokens/s
+    for _ in range(5):
+        gate.observe(8, True, 1, 0.060)  # speculative steps: 1 token in 60 ms, 16.7 tokens/s
+    assert gate.allows(8)  # not enough evidence yet
+    gate.observe(8, True, 1, 0.060)
+    allowed = [gate.allows(8) for _ in range(8)]
+    assert allowed == [False, False, False, True] * 2  # closed, one plan in probe_every goes through
+    assert gate.closed_plans == 6 and gate.snapshot()[8]["closed"] is True
+    assert gate.allows(2) and gate.allows(16)  # other batch sizes have their own evidence
+    for _ in range(20):  # the text became predictable: speculative steps now commit 3 tokens in 60 ms
+        gate.observe(8, True, 3, 0.060)
+    assert all(gate.allows(8) for _ in range(8))
+
+
+def test_the_bls_drafter_steps_aside_where_its_speculation_did_not_pay_as_the_requests_saw_it(monkeypatch):
+    """A policy that always speculates (mispriced: the pass model misses what a call costs at a batch) at 8 requests
+    in flight, where a speculative step is an engine call that waits for the batch's step boundary (1.3 tokens in
+    90 ms) and a plain stretch streams a token every 40 ms: the gate stops the drafts at 8 (but for its probes)
+    and the plain stretches grow to gated_run; alone, nothing is gated."""
+    import trtspec.speculative.drafters.adaptive as adaptive_drafters
+    from trtspec.speculative.drafters.adaptive import AdaptiveLocalDrafter
+    from trtspec.speculative.drafters.ngram import NgramDrafter
+
+    class Eager(AdaptivePolicy):
+        def plan(self, seqs, asks, batch_seqs=None, others=None):
+            out = []
+            for seq, ask in zip(seqs, asks):
+                k = min(ask.k_max, len(ask.ngram_tokens))
+                choice = Choice(NGRAM, k, (NGRAM, 4)) if k else Choice()
+                seq.last = (choice.arm, choice.k) if choice.speculates else None
+                out.append(choice)
+            return out
+
+    clock = [0.0]
+    monkeypatch.setattr(adaptive_drafters.time, "perf_counter", lambda: clock[0])
+    prompt = [7, 8, 9, 10, 11] * 6  # prompt lookup always finds a match
+
+    def serve(requests: int, steps: int) -> tuple[int, list[int]]:
+        d = AdaptiveLocalDrafter(NgramDrafter(None), has_model=False, policy=Eager())
+        states = [d.new_state() for _ in range(requests)]
+        drafted, runs = 0, []
+        for step in range(steps):
+            for s in states:  # each request's loop on its own clock offset; the others in flight as they chose
+                tokens, _ = d.plan(s, prompt, 4)
+                if tokens:
+                    clock[0] += 0.090
+                    d.verdict(s, len(tokens), 0 if step % 3 else 1, target_s=0.090)
+                    drafted += step >= steps // 2
+                else:
+                    run = d.plain_run(s)
+                    clock[0] += 0.040 * run
+                    d.verdict(s, 0, 0, target_s=0.040 * run, plain_tokens=run)
+                    runs.append(run)
+        return drafted, runs
+
+    drafted, runs = serve(8, 40)
+    assert drafted <= 8 * 20 / 8 + 8  # about one plan in probe_every, after the evidence closed the gate
+    assert max(runs) == AdaptiveLocalDrafter(NgramDrafter(None), has_model=False).gated_run
+    drafted, runs = serve(1, 40)
+    assert drafted == 20 and not runs  # alone: the pass model prices a call as it is, nothing is gated
+
+
 def test_the_policy_counts_what_it_chose():
     policy = _policy(priors={(NGRAM, 4): 0.9})  # a quote: it pays in a batch of two
     policy.plan([SequenceArms(), SequenceArms()], [Ask(4, [1, 2, 3, 4], ngram_match=4), Ask(0)])

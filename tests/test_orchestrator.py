@@ -260,6 +260,23 @@ def test_a_request_the_adaptive_drafter_does_not_speculate_for_steps_aside_in_pl
     b, _, _ = asyncio.run(one(RowRequest(PROMPTS[0], 24, end_id=EOS, sampling=sampling), drafter()))
     assert a == b and len(a) == 24
 
+    # With other requests in flight a stretch is batch_run tokens at once (each call costs a step of the batch):
+    # three requests at a time, each request after the first joins a batch and makes 1 + 1 calls, not 4.
+    async def together(reqs, d, engines):
+        return await asyncio.gather(*(one(r, d, engines) for r in reqs))
+
+    counting = _CountingEngines(engines)
+    reqs = [RowRequest(p, 24, end_id=EOS, stream=True) for p in PROMPTS[:3]]
+    results = asyncio.run(together(reqs, drafter(), counting))
+    assert [out for out, _, _ in results] == [target_only(decoder, p, 24) for p in PROMPTS[:3]]
+    full = sum(len(out) == 24 for out, _, _ in results[1:])
+    assert counting.calls["tensorrt_llm"] <= 4 + 2 * (len(results) - 1) and full > 0
+    assert counting.calls["tensorrt_llm"] < 4 * len(results)
+    # a seeded sampled request ramps as if alone in a batch too: the same text as alone
+    seeded = RowRequest(PROMPTS[0], 24, end_id=EOS, sampling=sampling)
+    c = asyncio.run(together([RowRequest(PROMPTS[1], 24, end_id=EOS), seeded], drafter(), engines))[1][0]
+    assert c == a
+
 
 class _TensorEngines:
     """The BLS model's path to the engines: each engine request becomes the tensors tensorrt_llm_bls sends

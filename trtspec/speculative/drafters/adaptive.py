@@ -25,8 +25,15 @@ In the BLS orchestrator a step is an engine call, and a plain step one call per 
 on the example pair, never speculating cost 0.68x the target's own streamed decoding (each call waits for a step
 boundary, goes through Triton and is admitted anew). So a plan that speculates for nobody steps aside for a stretch:
 the target generates ``plain_run`` tokens in one streamed call, 2 after the first such plan in a row, doubling up to
-``plain_run_max``, and the policy learns what a plain token cost in it (the step's seconds over its tokens). The
-stretch depends only on the sequence's own plans, so a reproducible sequence stays reproducible.
+``plain_run_max``, and the policy learns what a plain token cost in it (the step's seconds over its tokens). With
+other requests in flight a stretch is ``batch_run`` tokens at once: there every call costs the request a step boundary
+of the whole batch (the ramp's calls, 5 per 48-token answer, read 0.91x target-only at concurrency 8 with no draft at
+all), speculation rarely pays, and coming back every ``batch_run`` tokens is soon enough. Where speculating has not
+paid at the batch's size as realized (``trtspec.speculative.gate``: a request's tokens per second on its speculative
+steps against its plain ones), the plan does not speculate and its stretch is ``gated_run`` tokens, most answers in
+one call as target-only decoding makes them; one plan in the gate's ``probe_every`` still goes to the policy. A
+reproducible (seeded sampled) sequence is never gated and always ramps as if alone: its stretches depend only on its
+own plans, so it stays reproducible.
 """
 
 from __future__ import annotations
@@ -36,9 +43,18 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from trtspec.speculative.adaptive import MODEL, NGRAM, AdaptivePolicy, Ask, OtherSequences, SequenceArms
+from trtspec.speculative.adaptive import (
+    MODEL,
+    NGRAM,
+    NO_SPECULATION,
+    AdaptivePolicy,
+    Ask,
+    OtherSequences,
+    SequenceArms,
+)
 from trtspec.speculative.drafters import UNLIMITED, DrafterKind, Proposal, finish_proposals
 from trtspec.speculative.drafters.ngram import NgramDrafter, NgramEngineDrafter
+from trtspec.speculative.gate import RealizedGate
 
 
 def _reproducible(sampling: Any) -> bool:
@@ -171,6 +187,7 @@ class LocalSequence(SequenceArms):
     quiet: int = 0  # plans in a row that did not speculate
     run: int = 1  # the tokens this step's target call generates when it does not speculate (a plain stretch)
     verdict_at: float = 0.0  # perf_counter at its last verdict (0: none yet)
+    speculated: bool = False  # this step's plan proposed a draft
 
 
 class AdaptiveLocalDrafter:
@@ -195,11 +212,19 @@ class AdaptiveLocalDrafter:
         has_model: bool,
         policy: AdaptivePolicy | None = None,
         plain_run_max: int = 16,
+        batch_run: int = 32,
+        gated_run: int = 128,
+        gate: bool = True,
     ) -> None:
         self.ngram = ngram
         self.has_model = has_model
         self.policy = policy or AdaptivePolicy()
         self.plain_run_max = max(1, plain_run_max)
+        self.batch_run = max(1, batch_run)
+        self.gated_run = max(1, gated_run)
+        # What speculating realized per batch size, a request's own time from verdict to verdict: the policy's pass
+        # model does not see a BLS call's wait for the batch's step boundary (trtspec.speculative.gate).
+        self.gate = RealizedGate() if gate else None
         self._live: dict[int, LocalSequence] = {}  # the requests in flight (new_state .. finish)
 
     @property
@@ -225,24 +250,36 @@ class AdaptiveLocalDrafter:
         )
 
     def plan(self, state: LocalSequence, seq: Sequence[int], k: int) -> tuple[list[int] | None, int]:
-        p = self.ngram.propose(seq, k)
         own = len(seq) if state.feed == 0 else 1  # the first call feeds the prompt (the engine caches it after)
         others = self._others(state)
-        ask = Ask(k, p.tokens[:k], p.match_len, self.has_model, own)
-        (choice,) = self.policy.plan([state], [ask], batch_seqs=others.seqs + 1, others=others)
+        # at a batch only: alone, a call waits for no other request's step, and the pass model prices it as it is
+        gate = self.gate if others.seqs and not state.reproducible else None
+        gated = gate is not None and not gate.allows(others.seqs + 1)
+        if gated:
+            self.policy.record_plain(1)  # speculating has not paid at this batch size, as realized: a plain step
+            tokens: list[int] = []
+            choice = NO_SPECULATION
+        else:
+            p = self.ngram.propose(seq, k)
+            tokens = list(p.tokens[:k])
+            ask = Ask(k, tokens, p.match_len, self.has_model, own)
+            (choice,) = self.policy.plan([state], [ask], batch_seqs=others.seqs + 1, others=others)
         chosen = choice.k if choice.speculates else 0
+        state.speculated = choice.speculates
         state.feed, state.decode_feed = own + chosen, 1 + chosen
         state.expected = 1.0 + (self.policy.expected(state, choice.arm, chosen) if choice.arm and chosen else 0.0)
         state.pass_tokens, state.pass_seqs = state.feed + others.tokens, others.seqs + 1
         state.planned = True
         if choice.speculates:
             state.quiet, state.run = 0, 1
-        else:  # step aside for a stretch (module docstring): 2, 4, 8 ... plain tokens in one call
-            state.run = min(2 << min(state.quiet, 16), self.plain_run_max)
+        else:  # step aside for a stretch (module docstring): 2, 4, 8 ... plain tokens in one call, at a batch more
+            alone = others.seqs == 0 or state.reproducible
+            ramp = min(2 << min(state.quiet, 16), self.plain_run_max)
+            state.run = self.gated_run if gated else ramp if alone else self.batch_run
             state.quiet += 1
         if choice.source == MODEL:
             return None, choice.k
-        return (list(p.tokens[: choice.k]) if choice.source == NGRAM else []), 0
+        return (tokens[: choice.k] if choice.source == NGRAM else []), 0
 
     def plain_run(self, state: LocalSequence) -> int:
         """Tokens the target generates in this step's call, the plan having proposed nothing (module docstring)."""
@@ -263,11 +300,15 @@ class AdaptiveLocalDrafter:
         # target call's latency alone leaves out the loop's turnaround (sending the tokens on, planning, sending
         # the next call), which every step pays and a plain stretch pays once for all its tokens.
         now = time.perf_counter()
-        if target_s > 0 and state.verdict_at > 0:
-            target_s = max(target_s, now - state.verdict_at - draft_s)
+        since = now - state.verdict_at if state.verdict_at > 0 else 0.0
+        if target_s > 0 and since > 0:
+            target_s = max(target_s, since - draft_s)
         state.verdict_at = now
         if state.feed > state.decode_feed:  # it fed the prompt, whose cost is unknown here (the engine may reuse
-            target_s = 0.0  # its prefix from another request's cache): not a pass of state.pass_tokens
+            target_s = since = 0.0  # its prefix from another request's cache): not a pass of state.pass_tokens
+        if self.gate is not None and state.planned and since > 0 and state.pass_seqs > 1 and not state.reproducible:
+            committed = plain_tokens if plain_tokens > 1 else (accepted + 1 if proposed > 0 else 1)
+            self.gate.observe(state.pass_seqs, state.speculated and proposed > 0, committed, since)
         if plain_tokens > 1:  # a plain stretch: one plan, ``plain_tokens`` target steps
             self.policy.record_plain(plain_tokens - 1)
             if target_s > 0:  # a plain token's cost there
