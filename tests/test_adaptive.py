@@ -434,12 +434,15 @@ def _serve_bls_steps(drafter, requests: int, steps: int, pass_s, accept: float) 
 
     rng = random.Random(0)
     prompt = [7, 8, 9, 10, 11] * 6  # prompt lookup always finds a match
+    clock = [0.0]
+    drafter.clock = lambda: clock[0]  # every request's step takes the pass's seconds
     states = [drafter.new_state() for _ in range(requests)]
     speculated = 0
     for step in range(steps):
         planned = [drafter.plan(s, prompt, 4) for s in states]
         fed = sum((len(prompt) if step == 0 else 1) + len(tokens or []) for tokens, _ in planned)
         seconds = pass_s(requests, fed)
+        clock[0] += seconds
         for s, (tokens, _) in zip(states, planned):
             n = len(tokens or [])
             accepted = 0
@@ -499,12 +502,11 @@ def test_the_realized_gate_closes_per_batch_size_where_speculating_did_not_pay_a
     assert all(gate.allows(8) for _ in range(8))
 
 
-def test_the_bls_drafter_steps_aside_where_its_speculation_did_not_pay_as_the_requests_saw_it(monkeypatch):
+def test_the_bls_drafter_steps_aside_where_its_speculation_did_not_pay_as_the_requests_saw_it():
     """A policy that always speculates (mispriced: the pass model misses what a call costs at a batch) at 8 requests
     in flight, where a speculative step is an engine call that waits for the batch's step boundary (1.3 tokens in
     90 ms) and a plain stretch streams a token every 40 ms: the gate stops the drafts at 8 (but for its probes)
     and the plain stretches grow to gated_run; alone, nothing is gated."""
-    import trtspec.speculative.drafters.adaptive as adaptive_drafters
     from trtspec.speculative.drafters.adaptive import AdaptiveLocalDrafter
     from trtspec.speculative.drafters.ngram import NgramDrafter
 
@@ -519,11 +521,11 @@ def test_the_bls_drafter_steps_aside_where_its_speculation_did_not_pay_as_the_re
             return out
 
     clock = [0.0]
-    monkeypatch.setattr(adaptive_drafters.time, "perf_counter", lambda: clock[0])
     prompt = [7, 8, 9, 10, 11] * 6  # prompt lookup always finds a match
 
     def serve(requests: int, steps: int) -> tuple[int, list[int]]:
         d = AdaptiveLocalDrafter(NgramDrafter(None), has_model=False, policy=Eager())
+        d.clock = lambda: clock[0]
         states = [d.new_state() for _ in range(requests)]
         drafted, runs = 0, []
         for step in range(steps):

@@ -261,7 +261,7 @@ def test_a_request_the_adaptive_drafter_does_not_speculate_for_steps_aside_in_pl
     assert a == b and len(a) == 24
 
     # With other requests in flight a stretch is batch_run tokens at once (each call costs a step of the batch):
-    # three requests at a time, each request after the first joins a batch and makes 1 + 1 calls, not 4.
+    # three requests at a time, each request after the first joins a batch and makes one or two calls, not 4.
     async def together(reqs, d, engines):
         return await asyncio.gather(*(one(r, d, engines) for r in reqs))
 

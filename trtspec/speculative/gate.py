@@ -5,7 +5,7 @@ its wait for a step boundary of the batch, the loop's turnaround).
 Why, in the BLS orchestrator (trtspec.speculative.drafters.adaptive.AdaptiveLocalDrafter): the policy prices a draft
 on a model of the target's pass (its seconds by tokens fed), and a BLS step is more than a pass. At concurrency 8 on
 the 2-core CPU a speculative step is its own engine call, which waits for the batch's next step boundary and is
-admitted anew, while a request that does not speculate streams a plain stretch of 32 tokens from one call. Measured
+admitted anew, while a request that does not speculate streams a plain stretch of tokens from one call. Measured
 through Triton (example pair, 16 requests of 48 tokens, metrics scraped around each run): the drafter speculated on
 22 then 56 of some 745 steps at acceptance 0.12-0.46, and read 0.97x then 0.84x target-only; the policy's pass
 model did not see the call's cost. The gate closes where the speculative steps' realized rate is below the plain

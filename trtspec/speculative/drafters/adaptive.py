@@ -26,9 +26,10 @@ on the example pair, never speculating cost 0.68x the target's own streamed deco
 boundary, goes through Triton and is admitted anew). So a plan that speculates for nobody steps aside for a stretch:
 the target generates ``plain_run`` tokens in one streamed call, 2 after the first such plan in a row, doubling up to
 ``plain_run_max``, and the policy learns what a plain token cost in it (the step's seconds over its tokens). With
-other requests in flight a stretch is ``batch_run`` tokens at once: there every call costs the request a step boundary
-of the whole batch (the ramp's calls, 5 per 48-token answer, read 0.91x target-only at concurrency 8 with no draft at
-all), speculation rarely pays, and coming back every ``batch_run`` tokens is soon enough. Where speculating has not
+other requests in flight a stretch is ``batch_run`` tokens at once: there every call costs the request about a step
+of the batch (it waits for a step boundary; the ramp's calls, 5 per 48-token answer, read 0.91x target-only at
+concurrency 8 with no draft at all, some 0.9 of a token's step per call), so a stretch of 64 keeps the calls under 2 %
+of the time, and a request comes back to speculating after at most that many tokens. Where speculating has not
 paid at the batch's size as realized (``trtspec.speculative.gate``: a request's tokens per second on its speculative
 steps against its plain ones), the plan does not speculate and its stretch is ``gated_run`` tokens, most answers in
 one call as target-only decoding makes them; one plan in the gate's ``probe_every`` still goes to the policy. A
@@ -212,7 +213,7 @@ class AdaptiveLocalDrafter:
         has_model: bool,
         policy: AdaptivePolicy | None = None,
         plain_run_max: int = 16,
-        batch_run: int = 32,
+        batch_run: int = 64,
         gated_run: int = 128,
         gate: bool = True,
     ) -> None:
@@ -225,6 +226,7 @@ class AdaptiveLocalDrafter:
         # What speculating realized per batch size, a request's own time from verdict to verdict: the policy's pass
         # model does not see a BLS call's wait for the batch's step boundary (trtspec.speculative.gate).
         self.gate = RealizedGate() if gate else None
+        self.clock = time.perf_counter  # what a step's seconds are read from (simulations give their own)
         self._live: dict[int, LocalSequence] = {}  # the requests in flight (new_state .. finish)
 
     @property
@@ -299,7 +301,7 @@ class AdaptiveLocalDrafter:
         # What the step cost this request: from its last verdict to this one, less the draft engine's call. The
         # target call's latency alone leaves out the loop's turnaround (sending the tokens on, planning, sending
         # the next call), which every step pays and a plain stretch pays once for all its tokens.
-        now = time.perf_counter()
+        now = self.clock()
         since = now - state.verdict_at if state.verdict_at > 0 else 0.0
         if target_s > 0 and since > 0:
             target_s = max(target_s, since - draft_s)
