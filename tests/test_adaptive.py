@@ -228,7 +228,11 @@ def test_pass_costs_between_measured_sizes_are_interpolated():
     assert costs.cost(12) == pytest.approx(0.106)
     assert costs.cost(17) == pytest.approx(0.112 + 0.022 / 8)
     assert costs.cost(4) == pytest.approx(0.100 * 1.3 / 1.7)  # below: the prior's shape from 8
-    assert costs.cost(32) == pytest.approx(0.134 * 4.1 / 3.3)  # above: from 24
+    # above: from 24 on the measured slope (the last segment's 0.022 / 8, steeper than the range's 0.034 / 16), not
+    # the prior's (which priced a pass beyond the sizes timed as if every token cost a one-token pass's slope: at 8
+    # sequences on a memory-bound step about half the requests speculated where all should)
+    assert costs.cost(32) == pytest.approx(0.134 + 8 * 0.022 / 8)
+    assert costs.cost(32) < 0.134 * 4.1 / 3.3
     costs.observe(41, 0.150)  # nearest bucket: 40
     assert costs.seconds[40] == pytest.approx(0.150) and costs.cost(36) == pytest.approx(0.134 + 0.016 * 12 / 16)
 
@@ -477,10 +481,11 @@ def test_the_bls_drafter_prices_a_draft_at_the_whole_batch_s_step():
     # cost is learned from passes where another request's draft was counted at its last choice, a little above
     # the truth
     assert _serve_bls_steps(drafter(), 8, 60, pass_s, accept=0.35) < 0.2
-    # where the batch's pass grows little with its tokens (memory-bound), about half of the 8 requests speculate on
-    # each step (not every one: a pass larger than those timed is priced on the prior's slope until timed, and no
-    # request alone makes the pass grow past the sizes timed; the prompt's step times no large pass any more)
-    assert _serve_bls_steps(drafter(), 8, 60, lambda b, n: 0.040 + 0.0001 * (n - b), accept=0.35) > 0.4
+    # where the batch's pass grows little with its tokens (memory-bound), nearly every request speculates on each
+    # step: a pass larger than those timed is priced on the measured slope (on the prior's, as it once was, no
+    # request alone made the pass grow past the sizes timed, and about half of them speculated: 0.44)
+    assert _serve_bls_steps(drafter(), 8, 60, lambda b, n: 0.040 + 0.0001 * (n - b), accept=0.35) > 0.8
+    assert _serve_bls_steps(drafter(), 8, 60, lambda b, n: 0.040 + 0.0001 * (n - b), accept=0.6) > 0.8
 
 
 def test_the_realized_gate_closes_per_batch_size_where_speculating_did_not_pay_and_probes():
@@ -637,7 +642,7 @@ def test_an_anchored_curve_keeps_the_measured_shape_and_takes_the_live_scale():
     costs = PassCosts(CostPrior(target_slope=0.1).target)
     costs.anchor({1: 0.040, 2: 0.041, 3: 0.044, 5: 0.048})
     assert costs.cost(4) == pytest.approx(0.046)  # interpolated between measured sizes
-    assert costs.cost(7) == pytest.approx(0.048 * 1.6 / 1.4)  # the prior's shape beyond them
+    assert costs.cost(7) == pytest.approx(0.048 + 2 * 0.002)  # the measured slope beyond them
     for _ in range(5):
         costs.observe(2, 0.041 * 1.5)  # a slow stretch: the 2-token passes run 1.5x the measurement
     costs.observe(1, 0.040 * 1.5)

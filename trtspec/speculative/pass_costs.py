@@ -74,9 +74,15 @@ class PassCosts:
     policy prefer 3 tokens to 2 and 5 to 4). Between two measured buckets the cost is interpolated linearly: a batch
     of 8 sequences feeds 8 to 40 tokens a step, and rounding a size up to the next bucket (as this class once did)
     priced 17 tokens as 24 and made the step after a few sequences' drafts look far dearer than it is, so speculation
-    backed off at concurrency where it paid. Outside the measured sizes the cost follows ``prior(size)`` (relative
-    units) anchored at the nearest measured bucket (before anything is measured: scaled by ``scale_from``'s seconds
-    per unit, or in relative units), so the curve keeps its shape until it is measured where it is used.
+    backed off at concurrency where it paid. Above the measured sizes the cost grows at the measured slope (the
+    steeper of the last segment's and the whole measured range's): priced on the prior's shape there (as it once
+    was), a pass larger than any timed looked as dear per token as a one-token pass's slope makes it, and where the
+    step is memory-bound (8 requests through the BLS orchestrator, a pass of 8-40 tokens costing about one of 8) no
+    request alone grew the pass past the sizes timed, so about half of them speculated where all should (a lockstep
+    simulation: 0.44 of the requests' steps, 0.88 on the measured slope; compute-bound, 0.11 either way). Below the
+    measured sizes, or with one size measured, the cost follows ``prior(size)`` (relative units) anchored at the
+    nearest measured bucket (before anything is measured: scaled by ``scale_from``'s seconds per unit, or in
+    relative units).
 
     Anchored (``anchor``): the shape is a controlled measurement's (its isotonic fit, interpolated between its sizes,
     the prior's shape beyond them) and a live pass only moves the scale: the curve is the shape times the median of
@@ -217,13 +223,18 @@ class PassCosts:
 
 def _interpolated(fitted: dict[int, float], sizes: list[int], prior: Any, size: int) -> float:
     """``fitted`` (measured sizes ``sizes``, ascending, not empty) at ``size``: exact, linear between two measured
-    sizes, and outside them the prior's shape from the nearest."""
+    sizes, above them on the measured slope (the steeper of the last segment's and the whole range's; one size
+    measured: the prior's shape from it), below them the prior's shape from the nearest."""
     i = bisect.bisect_left(sizes, size)
     if i < len(sizes) and sizes[i] == size:
         return fitted[size]
     if 0 < i < len(sizes):  # between two measured sizes
         lo, hi = sizes[i - 1], sizes[i]
         return fitted[lo] + (fitted[hi] - fitted[lo]) * (size - lo) / (hi - lo)
+    if i == len(sizes) and len(sizes) >= 2:  # above them: the measured slope (module docstring)
+        lo, below, hi = sizes[0], sizes[-2], sizes[-1]
+        slope = max((fitted[hi] - fitted[below]) / (hi - below), (fitted[hi] - fitted[lo]) / (hi - lo))
+        return fitted[hi] + slope * (size - hi)
     anchor = sizes[0] if i == 0 else sizes[-1]  # outside them: the prior's shape from the nearest
     return fitted[anchor] * float(prior(size)) / max(1e-12, float(prior(anchor)))
 
