@@ -31,29 +31,37 @@ GATE_MIN_PLAIN = 2.0  # plain observations (a stretch is one) before the gate ma
 
 
 @dataclass
-class _Realized:
-    """Decayed sums for one batch size: tokens and seconds of speculative steps, and of plain ones."""
+class _Sums:
+    """One kind of step's decayed tokens, seconds and observations."""
 
-    spec: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # tokens, seconds, observations
-    plain: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
+    tokens: float = 0.0
+    seconds: float = 0.0
+    n: float = 0.0
+
+    def add(self, tokens: int, seconds: float) -> None:
+        self.tokens = self.tokens * GATE_DECAY + tokens
+        self.seconds = self.seconds * GATE_DECAY + seconds
+        self.n = self.n * GATE_DECAY + 1.0
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class _Realized:
+    """One batch size's evidence: its speculative steps and its plain ones."""
+
+    spec: _Sums = field(default_factory=_Sums)
+    plain: _Sums = field(default_factory=_Sums)
     gated: int = 0  # plans the closed gate has seen (every ``probe_every``-th goes through)
     unweighed: int = 0  # plans seen while only speculative steps were measured (every ``probe_every``-th is plain)
 
-    def add(self, speculated: bool, tokens: int, seconds: float) -> None:
-        sums = self.spec if speculated else self.plain
-        for i in range(3):
-            sums[i] *= GATE_DECAY
-        sums[0] += tokens
-        sums[1] += seconds
-        sums[2] += 1.0
-
     @property
     def closed(self) -> bool:
-        spec_t, spec_s, spec_n = self.spec
-        plain_t, plain_s, plain_n = self.plain
-        if spec_n < GATE_MIN_SPEC or plain_n < GATE_MIN_PLAIN or spec_s <= 0 or plain_s <= 0:
+        if self.spec.n < GATE_MIN_SPEC or self.plain.n < GATE_MIN_PLAIN:
             return False
-        return spec_t / spec_s < plain_t / plain_s
+        return self.spec.rate < self.plain.rate
 
 
 class RealizedGate:
@@ -65,14 +73,14 @@ class RealizedGate:
         self.closed_plans = 0  # plans the gate kept from speculating
 
     def _at(self, seqs: int) -> _Realized:
-        return self._by_batch.setdefault(BatchPassCosts._bucket(seqs), _Realized())
+        return self._by_batch.setdefault(BatchPassCosts.bucket(seqs), _Realized())
 
     def allows(self, seqs: int) -> bool:
         """Whether a plan in a pass of ``seqs`` sequences may speculate (a closed gate passes every
         ``probe_every``-th plan, so that its evidence stays current; with speculative steps measured and no plain
         ones, every ``probe_every``-th plan is kept plain, so that there is something to weigh them against)."""
         r = self._at(seqs)
-        if r.spec[2] >= GATE_MIN_SPEC and r.plain[2] < GATE_MIN_PLAIN:
+        if r.spec.n >= GATE_MIN_SPEC and r.plain.n < GATE_MIN_PLAIN:
             # a policy that always speculates here leaves nothing to weigh its steps against: a plain probe
             r.unweighed += 1
             return r.unweighed % self.probe_every != 0
@@ -87,15 +95,12 @@ class RealizedGate:
     def observe(self, seqs: int, speculated: bool, tokens: int, seconds: float) -> None:
         """A step planned at ``seqs`` sequences committed ``tokens`` in ``seconds`` of the request's time."""
         if tokens > 0 and seconds > 0:
-            self._at(seqs).add(speculated, tokens, seconds)
+            r = self._at(seqs)
+            (r.spec if speculated else r.plain).add(tokens, seconds)
 
     def snapshot(self) -> dict[int, dict[str, float | bool]]:
         """Per batch size: the realized rates (tokens/s) and whether the gate is closed."""
         out: dict[int, dict[str, float | bool]] = {}
         for b, r in sorted(self._by_batch.items()):
-            out[b] = {
-                "spec_tok_s": round(r.spec[0] / r.spec[1], 2) if r.spec[1] else 0.0,
-                "plain_tok_s": round(r.plain[0] / r.plain[1], 2) if r.plain[1] else 0.0,
-                "closed": r.closed,
-            }
+            out[b] = {"spec_tok_s": round(r.spec.rate, 2), "plain_tok_s": round(r.plain.rate, 2), "closed": r.closed}
         return out

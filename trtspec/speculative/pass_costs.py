@@ -85,7 +85,7 @@ class PassCosts:
     relative units).
 
     Anchored (``anchor``): the shape is a controlled measurement's (its isotonic fit, interpolated between its sizes,
-    the prior's shape beyond them) and a live pass only moves the scale: the curve is the shape times the median of
+    beyond them as above) and a live pass only moves the scale: the curve is the shape times the median of
     the last ``DRIFT_WINDOW`` ratios of a measured pass to the shape at its size."""
 
     BUCKETS = (
@@ -313,7 +313,7 @@ class BatchPassCosts:
             c = PassCosts(self.prior)
             c.anchor(seconds)
             if c.anchored:
-                measured[self._bucket(seqs)] = c
+                measured[self.bucket(seqs)] = c
         if not measured:
             return
         self.anchors = dict(measured)
@@ -334,12 +334,12 @@ class BatchPassCosts:
         return statistics.median(self._ratios) if self._ratios else 1.0
 
     @classmethod
-    def _bucket(cls, seqs: int) -> int:
+    def bucket(cls, seqs: int) -> int:
         seqs = max(1, seqs)
         return min(cls.SEQS, key=lambda b: (abs(b - seqs), b))
 
     def curve(self, seqs: int = 1) -> PassCosts:
-        b = self._bucket(seqs)
+        b = self.bucket(seqs)
         if self.anchors:
             top = max(self.anchors)
             if b <= top:
@@ -353,7 +353,7 @@ class BatchPassCosts:
         return self.curves[min(self.curves, key=lambda m: (abs(m - b), m))]
 
     def observe(self, tokens: int, seconds: float, seqs: int = 1) -> None:
-        b = self._bucket(seqs)
+        b = self.bucket(seqs)
         if self.anchors and b <= max(self.anchors):
             if tokens <= 0 or seconds <= 0 or not math.isfinite(seconds):
                 return
@@ -362,7 +362,7 @@ class BatchPassCosts:
             for c in self.anchors.values():  # one drift for every anchored batch size
                 c.set_drift(drift)
             return
-        b = self._bucket(seqs)
+        b = self.bucket(seqs)
         if b not in self.curves:
             self.curves[b] = PassCosts(self.prior, drift=self.live_drift)
         self.curves[b].observe(tokens, seconds)
@@ -375,7 +375,7 @@ class BatchPassCosts:
         so many passes of its batch size), on its batch size's own curve or an anchored one, not only estimated from
         another batch size's; True before anything is timed (every cost is then the prior's, consistent with
         itself)."""
-        b = self._bucket(seqs)
+        b = self.bucket(seqs)
         if (self.anchors and b <= max(self.anchors)) or not (self.curves or self.anchors):
             return True
         own = self.curves.get(b)

@@ -188,7 +188,6 @@ class LocalSequence(SequenceArms):
     quiet: int = 0  # plans in a row that did not speculate
     run: int = 1  # the tokens this step's target call generates when it does not speculate (a plain stretch)
     verdict_at: float = 0.0  # perf_counter at its last verdict (0: none yet)
-    speculated: bool = False  # this step's plan proposed a draft
 
 
 class AdaptiveLocalDrafter:
@@ -215,7 +214,6 @@ class AdaptiveLocalDrafter:
         plain_run_max: int = 16,
         batch_run: int = 64,
         gated_run: int = 128,
-        gate: bool = True,
     ) -> None:
         self.ngram = ngram
         self.has_model = has_model
@@ -225,7 +223,7 @@ class AdaptiveLocalDrafter:
         self.gated_run = max(1, gated_run)
         # What speculating realized per batch size, a request's own time from verdict to verdict: the policy's pass
         # model does not see a BLS call's wait for the batch's step boundary (trtspec.speculative.gate).
-        self.gate = RealizedGate() if gate else None
+        self.gate = RealizedGate()
         self.clock = time.perf_counter  # what a step's seconds are read from (simulations give their own)
         self._live: dict[int, LocalSequence] = {}  # the requests in flight (new_state .. finish)
 
@@ -255,8 +253,7 @@ class AdaptiveLocalDrafter:
         own = len(seq) if state.feed == 0 else 1  # the first call feeds the prompt (the engine caches it after)
         others = self._others(state)
         # at a batch only: alone, a call waits for no other request's step, and the pass model prices it as it is
-        gate = self.gate if others.seqs and not state.reproducible else None
-        gated = gate is not None and not gate.allows(others.seqs + 1)
+        gated = bool(others.seqs) and not state.reproducible and not self.gate.allows(others.seqs + 1)
         if gated:
             self.policy.record_plain(1)  # speculating has not paid at this batch size, as realized: a plain step
             tokens: list[int] = []
@@ -267,7 +264,6 @@ class AdaptiveLocalDrafter:
             ask = Ask(k, tokens, p.match_len, self.has_model, own)
             (choice,) = self.policy.plan([state], [ask], batch_seqs=others.seqs + 1, others=others)
         chosen = choice.k if choice.speculates else 0
-        state.speculated = choice.speculates
         state.feed, state.decode_feed = own + chosen, 1 + chosen
         state.expected = 1.0 + (self.policy.expected(state, choice.arm, chosen) if choice.arm and chosen else 0.0)
         state.pass_tokens, state.pass_seqs = state.feed + others.tokens, others.seqs + 1
@@ -308,9 +304,8 @@ class AdaptiveLocalDrafter:
         state.verdict_at = now
         if state.feed > state.decode_feed:  # it fed the prompt, whose cost is unknown here (the engine may reuse
             target_s = since = 0.0  # its prefix from another request's cache): not a pass of state.pass_tokens
-        if self.gate is not None and state.planned and since > 0 and state.pass_seqs > 1 and not state.reproducible:
-            committed = plain_tokens if plain_tokens > 1 else (accepted + 1 if proposed > 0 else 1)
-            self.gate.observe(state.pass_seqs, state.speculated and proposed > 0, committed, since)
+        if state.planned and since > 0 and state.pass_seqs > 1 and not state.reproducible:  # the gate's evidence
+            self.gate.observe(state.pass_seqs, proposed > 0, plain_tokens if plain_tokens > 1 else accepted + 1, since)
         if plain_tokens > 1:  # a plain stretch: one plan, ``plain_tokens`` target steps
             self.policy.record_plain(plain_tokens - 1)
             if target_s > 0:  # a plain token's cost there
