@@ -2,10 +2,12 @@
 
 For a new distillation against the one it would replace: the embedded example's target answers every workload prompt
 (``trtspec/data/workloads.jsonl``) greedily once, the step costs are measured once (bfloat16 or float32, with the
-first draft: drafts of one shape cost the same), and each draft directory (a `trtspec distill` output, or an unpacked
-example draft) with its own n-gram pool is replayed on those answers (``workloads_cpu.replay_categories``: fixed
-drafters simulated exactly, the adaptive policy replayed, the least-cost decode). Deterministic given the costs: no
-timing noise between the drafts, so it shows what a new draft changes; the timed figures are workloads_cpu.py's.
+first draft; a draft of another shape, depth, MLP or head width, gets its own draft step cost c measured beside the
+same target and keeps the first measurement's target costs), and each draft directory (a `trtspec distill` output, or
+an unpacked example draft) with its own n-gram pool is replayed on those answers (``workloads_cpu.replay_categories``:
+fixed drafters simulated exactly, the adaptive policy replayed, the least-cost decode). Deterministic given the costs:
+no timing noise between drafts of one shape, so it shows what a new draft changes; the timed figures are
+workloads_cpu.py's.
 
     python benchmarks/drafts_replayed.py OLD_DRAFT NEW_DRAFT [--configs model:4,ngram:4,hybrid:4,adaptive:4] \
         [--dtype bfloat16] [--max-tokens 96] [--json F]
@@ -16,9 +18,11 @@ About 3 minutes for two drafts on the 2-core machine.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -48,7 +52,8 @@ def compare(drafts: list[Path], configs, dtype: str, max_tokens: int) -> dict:
     k_max = max(k for _, k in configs)
     refs: dict[str, list] = {}
     costs = None
-    out: dict = {"drafts": {}, "dtype": dtype, "max_tokens": max_tokens}
+    by_shape: dict[tuple, Any] = {}  # draft shape -> its costs (the first measurement's target costs)
+    out: dict = {"drafts": {}, "dtype": dtype, "max_tokens": max_tokens, "draft_costs": {}}
     with Progress(transient=True) as progress:
         task = progress.add_task("drafts", total=len(drafts))
         for d in drafts:
@@ -64,10 +69,23 @@ def compare(drafts: list[Path], configs, dtype: str, max_tokens: int) -> dict:
                 prompt = int(statistics.mean(len(r.prompt) for r in every))
                 costs = measure_step_costs(session.target, session.draft, prompt + max_tokens // 2, k_max, prompt)
                 out["costs"] = costs.to_dict()
+                by_shape[_shape(d)] = costs
+            if _shape(d) not in by_shape:
+                own = measure_step_costs(session.target, session.draft, prompt + max_tokens // 2, k_max, prompt)
+                by_shape[_shape(d)] = dataclasses.replace(costs, c=own.c, draft_prefill=own.draft_prefill)
+            draft_costs = by_shape[_shape(d)]
+            out["draft_costs"][str(d)] = draft_costs.c
             pool = NgramPool.load(d / POOL_FILE) if (d / POOL_FILE).is_file() else None
-            out["drafts"][str(d)] = replay_categories(session, pool, refs, configs, costs=costs)["categories"]
+            out["drafts"][str(d)] = replay_categories(session, pool, refs, configs, costs=draft_costs)["categories"]
             progress.advance(task)
     return out
+
+
+def _shape(draft_dir: Path) -> tuple:
+    """What a draft step's cost depends on: depth, MLP width and the frequent head's width."""
+    cfg = json.loads((draft_dir / "config.json").read_text())
+    head = (cfg.get("trtspec_frequent_head") or {}).get("tokens", cfg.get("vocab_size"))
+    return (cfg.get("num_hidden_layers"), cfg.get("intermediate_size"), cfg.get("hidden_size"), head)
 
 
 def render(result: dict) -> None:
@@ -78,9 +96,9 @@ def render(result: dict) -> None:
     first = result["drafts"][drafts[0]]
     names = list(next(iter(first.values())))
     cats = list(first)
-    c = result["costs"]
+    cs = ", ".join(f"{Path(d).name} {c:.3f}" for d, c in result.get("draft_costs", {}).items())
     table = Table(
-        title=f"drafts replayed on the target's workload answers ({result['dtype']}, draft step c {c['c']:.3f}): "
+        title=f"drafts replayed on the target's workload answers ({result['dtype']}, draft step c {cs}): "
         "speedup over target-only (tokens per target step), one row per draft"
     )
     table.add_column("category")
