@@ -22,7 +22,6 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -41,6 +40,7 @@ from trtspec.runtimes.torch.decoder import SpeculativeDecoder  # noqa: E402
 from trtspec.runtimes.torch.profiling import Reference  # noqa: E402
 from trtspec.runtimes.torch.session import TorchSession  # noqa: E402
 from trtspec.speculative.drafters.ngram import POOL_FILE, NgramPool  # noqa: E402
+from trtspec.speculative.speedup import StepCosts  # noqa: E402
 
 
 def compare(drafts: list[Path], configs, dtype: str, max_tokens: int) -> dict:
@@ -51,29 +51,29 @@ def compare(drafts: list[Path], configs, dtype: str, max_tokens: int) -> dict:
     target = example_models().target
     k_max = max(k for _, k in configs)
     refs: dict[str, list] = {}
-    costs = None
-    by_shape: dict[tuple, Any] = {}  # draft shape -> its costs (the first measurement's target costs)
+    costs: StepCosts | None = None  # the first measurement: its target costs price every draft
+    by_shape: dict[tuple, StepCosts] = {}  # draft shape -> the first target costs with that shape's draft costs
     out: dict = {"drafts": {}, "dtype": dtype, "max_tokens": max_tokens, "draft_costs": {}}
     with Progress(transient=True) as progress:
         task = progress.add_task("drafts", total=len(drafts))
         for d in drafts:
             session = TorchSession(target, d, dtype=dtype, max_draft_len=k_max)
-            if costs is None:
+            if not refs:
                 base = SpeculativeDecoder(session.target, None, eos_ids=list(session.decoder.eos_ids))
                 for cat, convs in workloads().items():
                     for messages in convs:
                         ids = encode_messages(session.tokenizer, messages)
                         r = base.generate([ids], max_tokens, use_draft=False)[0]
                         refs.setdefault(cat, []).append(Reference(list(ids), list(r.token_ids), max_tokens))
-                every = [r for rs in refs.values() for r in rs]
-                prompt = int(statistics.mean(len(r.prompt) for r in every))
-                costs = measure_step_costs(session.target, session.draft, prompt + max_tokens // 2, k_max, prompt)
-                out["costs"] = costs.to_dict()
-                by_shape[_shape(d)] = costs
-            if _shape(d) not in by_shape:
+                prompt = int(statistics.mean(len(r.prompt) for rs in refs.values() for r in rs))
+            shape = _shape(d)
+            if shape not in by_shape:
                 own = measure_step_costs(session.target, session.draft, prompt + max_tokens // 2, k_max, prompt)
-                by_shape[_shape(d)] = dataclasses.replace(costs, c=own.c, draft_prefill=own.draft_prefill)
-            draft_costs = by_shape[_shape(d)]
+                if costs is None:
+                    costs = own
+                    out["costs"] = own.to_dict()
+                by_shape[shape] = dataclasses.replace(costs, c=own.c, draft_prefill=own.draft_prefill)
+            draft_costs = by_shape[shape]
             out["draft_costs"][str(d)] = draft_costs.c
             pool = NgramPool.load(d / POOL_FILE) if (d / POOL_FILE).is_file() else None
             out["drafts"][str(d)] = replay_categories(session, pool, refs, configs, costs=draft_costs)["categories"]
