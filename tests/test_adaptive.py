@@ -1,6 +1,6 @@
-"""Adaptive speculation (trtspec.speculative.adaptive and the adaptive drafter): the policy's choices from acceptance
-and costs, and exactness through the decoder whatever it chooses (greedy identity batched and not; the sampled
-distribution by chi-square in test_sampling_distribution.py)."""
+"""Adaptive speculation (trtspec.speculative.adaptive, its arms and the adaptive drafter): the policy's choices from
+acceptance and costs, and exactness through the decoder whatever it chooses (greedy identity batched and not; the
+sampled distribution by chi-square in test_sampling_distribution.py)."""
 
 from __future__ import annotations
 
@@ -8,15 +8,8 @@ import types
 
 import pytest
 
-from trtspec.speculative.adaptive import (
-    MODEL,
-    NGRAM,
-    AdaptivePolicy,
-    Ask,
-    Choice,
-    SequenceArms,
-    expected_accepted,
-)
+from trtspec.speculative.adaptive import AdaptivePolicy, Ask, Choice
+from trtspec.speculative.arms import MODEL, NGRAM, SequenceArms, expected_accepted
 from trtspec.speculative.pass_costs import CostPrior, PassCosts, isotonic
 
 

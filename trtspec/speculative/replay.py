@@ -25,7 +25,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from trtspec.speculative.adaptive import MODEL, NGRAM, AdaptivePolicy, Ask, SequenceArms
+from trtspec.speculative.adaptive import AdaptivePolicy, Ask
+from trtspec.speculative.arms import MODEL, NGRAM, SequenceArms
 from trtspec.speculative.speedup import MatchProfile, Simulated, StepCosts
 
 

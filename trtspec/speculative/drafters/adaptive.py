@@ -44,15 +44,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from trtspec.speculative.adaptive import (
-    MODEL,
-    NGRAM,
-    NO_SPECULATION,
-    AdaptivePolicy,
-    Ask,
-    OtherSequences,
-    SequenceArms,
-)
+from trtspec.speculative.adaptive import NO_SPECULATION, AdaptivePolicy, Ask, OtherSequences
+from trtspec.speculative.arms import MODEL, NGRAM, SequenceArms
 from trtspec.speculative.drafters import UNLIMITED, DrafterKind, Proposal, finish_proposals
 from trtspec.speculative.drafters.ngram import NgramDrafter, NgramEngineDrafter
 from trtspec.speculative.gate import RealizedGate
