@@ -8,7 +8,8 @@ import torch
 
 from tests.tiny import make_llama, make_tokenizer, one_per_pass, pool_with_two_cached
 from trtspec.runtimes.inflight.kv_pool import KVGeometry, SlotKVPool
-from trtspec.runtimes.inflight.llama_step import LlamaStep, onednn_bf16, step_of, supports
+from trtspec.runtimes.inflight.linear import onednn_bf16
+from trtspec.runtimes.inflight.llama_step import LlamaStep, step_of, supports
 from trtspec.runtimes.inflight.packed import packed_forward, prepare_model
 from trtspec.runtimes.torch.costs import batch_step_costs, measure_step_costs, step_cost_ratios
 
@@ -108,7 +109,7 @@ def test_bfloat16_rows_get_the_same_bits_whatever_else_is_in_the_pass(bf16_pair,
     trtspec's bfloat16 multiply and without it (TRTSPEC_CPU_KERNELS=0: oneDNN on split reductions). Without the split
     multiplies, or with scaled_dot_product_attention, this fails here (checked)."""
     from trtspec.runtimes.inflight import cpu_kernels
-    from trtspec.runtimes.inflight.llama_step import INVARIANT_REDUCTION, row_invariant
+    from trtspec.runtimes.inflight.linear import INVARIANT_REDUCTION, row_invariant
 
     if multiply == "oneDNN pieces":
         monkeypatch.setenv("TRTSPEC_CPU_KERNELS", "0")
@@ -150,9 +151,9 @@ def test_bfloat16_without_onednn_takes_the_plain_path(bf16_pair, monkeypatch):
     """On a CPU where oneDNN has no bfloat16 kernel (AVX2 only) the step must not ask for one (it raised there:
     "bf16 path needs the cpu support avx_ne_convert or avx512bw ..."): trtspec's kernels where they run, else
     torch's plain multiplies and attention, the same logits as transformers' own forward within bfloat16 rounding."""
-    from trtspec.runtimes.inflight import llama_step
+    from trtspec.runtimes.inflight import linear
 
-    monkeypatch.setattr(llama_step, "_ONEDNN_BF16", False)
+    monkeypatch.setattr(linear, "_ONEDNN_BF16", False)
     target = bf16_pair[0]
     step = LlamaStep(target)
     assert not step.invariant and not any(layer.down.pieces or layer.down.packed for layer in step.layers)
@@ -182,7 +183,7 @@ def test_float32_decode_and_verification_rows_of_several_sequences_attend_in_one
     """Short segments of several slots (decoding, verification) go through one batched attention call per layer and
     give what each segment gives alone, also when the pool's memory past the sequences holds NaN (never-written
     memory can: a masked position is still multiplied by its zero weight); a prefill keeps its own call."""
-    from trtspec.runtimes.inflight import llama_step
+    from trtspec.runtimes.inflight import row_attention
 
     step = step_of(model)
     assert step is not None
@@ -205,11 +206,11 @@ def test_float32_decode_and_verification_rows_of_several_sequences_attend_in_one
                 ids += f
                 pos += list(range(len(p), len(p) + len(f)))
                 a += len(f)
-            plan = llama_step._Batched.of(segs, "cpu")
+            plan = row_attention.BatchedSegments.of(segs, "cpu")
             assert plan is not None and set(plan.members) == {0, 1, 2, 3}
             if not batched:
-                monkeypatch.setattr(llama_step, "BATCHED_QUERIES", 0)
-                assert llama_step._Batched.of(segs, "cpu") is None
+                monkeypatch.setattr(row_attention, "BATCHED_QUERIES", 0)
+                assert row_attention.BatchedSegments.of(segs, "cpu") is None
             results.append(step.body(pool, segs, torch.tensor(ids), torch.tensor(pos)))
     assert not results[0].isnan().any()
     torch.testing.assert_close(results[0], results[1], atol=1e-5, rtol=1e-5)
@@ -220,7 +221,7 @@ def test_bfloat16_verification_rows_across_1024_keys_equal_decoding_them():
     """A verification whose rows see 1013 to 1028 keys (SmolLM2-135M's heads: 9 of 64, 3 kv heads) gives each row the
     bits of decoding it alone. With the keys in one piece (one bmm over all 1028) 21 outputs differed here over these
     8 draws (sharp attention weights make the rounding show); in INVARIANT_REDUCTION pieces none do."""
-    from trtspec.runtimes.inflight.llama_step import _row_attention
+    from trtspec.runtimes.inflight.row_attention import row_attention
 
     hq, hk, d, scaling, past, n = 9, 3, 64, 64**-0.5, 1012, 16
     gen = torch.Generator().manual_seed(0)
@@ -232,10 +233,10 @@ def test_bfloat16_verification_rows_across_1024_keys_equal_decoding_them():
                 keys = torch.randn(hk, past + n, d, generator=gen).to(torch.bfloat16)
                 values = torch.randn(hk, past + n, d, generator=gen).to(torch.bfloat16)
                 q = (torch.randn(n, hq, d, generator=gen) * 3.0).to(torch.bfloat16)
-                together = _row_attention(q, keys, values, past, scaling)
+                together = row_attention(q, keys, values, past, scaling)
                 for i in range(n):
                     end = past + i + 1
-                    alone = _row_attention(q[i : i + 1], keys[:, :end], values[:, :end], past + i, scaling)
+                    alone = row_attention(q[i : i + 1], keys[:, :end], values[:, :end], past + i, scaling)
                     assert torch.equal(together[i : i + 1], alone), f"row {i} ({end} keys)"
     finally:
         torch.set_num_threads(threads)
@@ -248,7 +249,7 @@ def test_bfloat16_short_segments_of_several_sequences_attend_at_once_with_the_bi
     layer, padded to the longest, with never-written memory holding NaN: every row's hidden state equals bit for bit
     what the same sequence gets alone in its pass, and what decoding it one token per pass gives. Without the keys in
     INVARIANT_REDUCTION pieces (_weighted_values) this fails here (checked)."""
-    from trtspec.runtimes.inflight import llama_step
+    from trtspec.runtimes.inflight.row_attention import BatchedSegments
 
     target = bf16_pair[0]
     step = step_of(target)
@@ -287,7 +288,7 @@ def test_bfloat16_short_segments_of_several_sequences_attend_at_once_with_the_bi
             ids.append(feeds[s])
             pos.append(torch.arange(p, p + n))
             a += n
-        batched = llama_step._Batched.of(segs, "cpu", g)
+        batched = BatchedSegments.of(segs, "cpu", g)
         assert batched is not None and len(batched.members) == len(plan) and batched.hidden is not None
         out = step.body(pool, segs, torch.cat(ids), torch.cat(pos))
     assert not out.isnan().any()
@@ -298,13 +299,13 @@ def test_bfloat16_short_segments_of_several_sequences_attend_at_once_with_the_bi
 
 @pytest.mark.skipif(not onednn_bf16(), reason="no oneDNN bfloat16 on this CPU: bfloat16 takes the plain path")
 def test_bfloat16_batched_attention_rows_equal_each_sequence_alone_at_the_examples_geometry():
-    """The batched attention itself (_Batched's plan and mask, _batched_row_attention) at SmolLM2-135M's heads (9 of
-    64, 3 kv heads), over batches of 8 sequences of 17 to 2916 keys, on one thread or two: every row's bits equal
-    _row_attention's for its sequence alone (queries and keys unpadded, one thread). oneDNN's reordered sums show in
-    few bfloat16 outputs (about 1 in 4 000 here, with sharp attention weights, rows of about 1000 keys padded to
-    2916), so this looks at about 400 000: with the keys in one piece instead of INVARIANT_REDUCTION pieces, rows
-    differ here (checked)."""
-    from trtspec.runtimes.inflight.llama_step import _Batched, _batched_row_attention, _row_attention
+    """The batched attention itself (BatchedSegments' plan and mask, batched_row_attention) at SmolLM2-135M's heads (9
+    of 64, 3 kv heads), over batches of 8 sequences of 17 to 2916 keys, on one thread or two: every row's bits equal
+    row_attention's for its sequence alone (queries and keys unpadded, one thread). oneDNN's reordered sums show in few
+    bfloat16 outputs (about 1 in 4 000 here, with sharp attention weights, rows of about 1000 keys padded to 2916), so
+    this looks at about 400 000: with the keys in one piece instead of INVARIANT_REDUCTION pieces, rows differ here
+    (checked)."""
+    from trtspec.runtimes.inflight.row_attention import BatchedSegments, batched_row_attention, row_attention
 
     hq, hk, d, scaling = 9, 3, 64, 64**-0.5
     gen = torch.Generator().manual_seed(0)
@@ -320,17 +321,17 @@ def test_bfloat16_batched_attention_rows_equal_each_sequence_alone_at_the_exampl
                 keys, values = randn(8, hk, 2940, d), randn(8, hk, 2940, d)
                 q = randn(sum(widths), hq, d, scale=3.0)  # sharp weights: rounding shows more often
                 segs = [(s, p, sum(widths[:s]), n) for s, (p, n) in enumerate(zip(lengths, widths))]
-                plan = _Batched.of(segs, "cpu", hq // hk)
+                plan = BatchedSegments.of(segs, "cpu", hq // hk)
                 assert plan is not None and plan.hidden is not None
                 qp = q.new_zeros(plan.rows, plan.width, hq, d)
                 qp[plan.row_i, plan.query_i] = q[plan.src]
                 view = slice(plan.lo, plan.lo + plan.rows), slice(None), slice(None, plan.length)
                 # one thread as a decode or verification pass attends (SMALL_PASS), two as a pass beside a prefill
                 torch.set_num_threads(1 + rnd % 2)
-                o = _batched_row_attention(qp, keys[view], values[view], plan.hidden, scaling)[plan.row_i, plan.query_i]
+                o = batched_row_attention(qp, keys[view], values[view], plan.hidden, scaling)[plan.row_i, plan.query_i]
                 torch.set_num_threads(1)
                 for s, p, a, n in segs:
-                    alone = _row_attention(q[a : a + n], keys[s, :, : p + n], values[s, :, : p + n], p, scaling)
+                    alone = row_attention(q[a : a + n], keys[s, :, : p + n], values[s, :, : p + n], p, scaling)
                     assert torch.equal(o[a : a + n], alone), f"{n} rows after {p} keys"
     finally:
         torch.set_num_threads(threads)
