@@ -10,9 +10,10 @@ no timing noise between drafts of one shape, so it shows what a new draft change
 workloads_cpu.py's.
 
     python benchmarks/drafts_replayed.py OLD_DRAFT NEW_DRAFT [--configs model:4,ngram:4,hybrid:4,adaptive:4] \
-        [--dtype bfloat16] [--max-tokens 96] [--json F]
+        [--dtype bfloat16] [--max-tokens 96] [--target DIR] [--json F]
 
-About 3 minutes for two drafts on the 2-core machine.
+About 3 minutes for two drafts on the 2-core machine (``--target``: another target than the example's, e.g. the tiny
+random models tests/test_drafts_replayed.py runs it on).
 """
 
 from __future__ import annotations
@@ -43,12 +44,13 @@ from trtspec.speculative.drafters.ngram import POOL_FILE, NgramPool  # noqa: E40
 from trtspec.speculative.speedup import StepCosts  # noqa: E402
 
 
-def compare(drafts: list[Path], configs, dtype: str, max_tokens: int) -> dict:
+def compare(drafts: list[Path], configs, dtype: str, max_tokens: int, target: Path | None = None) -> dict:
+    """Every draft replayed per category (module docstring) against ``target`` (default: the example's)."""
     import statistics
 
     from rich.progress import Progress
 
-    target = example_models().target
+    target = target or example_models().target
     k_max = max(k for _, k in configs)
     refs: dict[str, list] = {}
     costs: StepCosts | None = None  # the first measurement: its target costs price every draft
@@ -123,6 +125,7 @@ def main() -> None:
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--target", type=Path, help="the target's directory (default: the example's)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     for d in args.drafts:
@@ -133,7 +136,7 @@ def main() -> None:
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     torch.set_num_threads(args.threads)
-    result = compare(args.drafts, parse_configs(args.configs), args.dtype, args.max_tokens)
+    result = compare(args.drafts, parse_configs(args.configs), args.dtype, args.max_tokens, args.target)
     render(result)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
