@@ -117,10 +117,10 @@ def fuse(modules: Sequence[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor
 
 def row_invariant(weight: torch.Tensor) -> bool:
     """Whether the step computes with ``weight`` so that every row of a pass gets the bits it would get alone: the
-    bfloat16 path on a CPU (multiplies split at INVARIANT_REDUCTION inputs, attention by :func:`row_attention`). Then
-    a verification of K + 1 tokens, batched with other sequences or not, computes exactly what K + 1 decode steps
-    would, and greedy speculative output is the target-only output bit for bit. (The float32 path is not: MKL's
-    sgemm and scaled_dot_product_attention round differently by row count, rarely enough to flip a greedy token.)"""
+    bfloat16 path on a CPU (multiplies split at INVARIANT_REDUCTION inputs, attention by row_attention.row_attention).
+    Then a verification of K + 1 tokens, batched with other sequences or not, computes exactly what K + 1 decode steps
+    would, and greedy speculative output is the target-only output bit for bit. (The float32 path is not: MKL's sgemm
+    and scaled_dot_product_attention round differently by row count, rarely enough to flip a greedy token.)"""
     return weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and onednn_bf16()
 
 

@@ -84,7 +84,7 @@ BATCHED_QUERIES = 16
 
 class BatchedSegments:
     """The short segments of a pass (decoding and verification rows of several sequences), attended with one call per
-    layer instead of one per sequence (float32: scaled_dot_product_attention; bfloat16 with :func:`row_invariant`:
+    layer instead of one per sequence (float32: scaled_dot_product_attention; bfloat16 with linear.row_invariant:
     :func:`batched_row_attention`, each row's bits as alone): their slots as one view of the cache
     (``lo`` .. ``lo + rows``, a range that may hold slots of no segment: their rows attend to key 0 and are dropped),
     queries padded to the longest segment, a mask for each one's causal window; keys/values written with one indexed
