@@ -118,10 +118,9 @@ def run(
         turn = 0
         for cat in categories:
             acc = {
-                name: {"s": 0.0, "tokens": 0, "steps": 0, "drafted": 0, "accepted": 0, "same": True}
-                for name in decoders
+                name: {"s": 0.0, "tokens": 0, "steps": 0, "drafted": 0, "accepted": 0, "same": True, "passes": []}
+                for name in [*decoders, "target-only"]
             }
-            acc["target-only"] = {"s": 0.0, "tokens": 0, "steps": 0, "drafted": 0, "accepted": 0, "same": True}
             for _ in range(repeats):
                 for messages in sets[cat]:
                     ids = encode_messages(session.tokenizer, messages)
@@ -130,6 +129,7 @@ def run(
                         refs[cat].append(Reference(list(ids), list(ref.token_ids), max_tokens))
                     a = acc["target-only"]
                     a["s"] += dt
+                    a["passes"].append(dt)
                     a["tokens"] += len(ref.token_ids)
                     a["steps"] += ref.stats.target_steps
                     order = list(decoders.items())
@@ -139,6 +139,7 @@ def run(
                         dt, r = _timed(dec, ids, max_tokens, True)
                         a = acc[name]
                         a["s"] += dt
+                        a["passes"].append(dt)
                         a["tokens"] += len(r.token_ids)
                         a["steps"] += r.stats.target_steps
                         a["drafted"] += r.stats.total_draft_tokens
@@ -153,6 +154,7 @@ def run(
                     "acceptance": round(a["accepted"] / a["drafted"], 3) if a["drafted"] else 0.0,
                     "draft_tokens": a["drafted"],
                     "seconds": round(a["s"], 3),
+                    "pass_seconds": [round(x, 4) for x in a["passes"]],  # per prompt and repeat, in run order
                     "identical_greedy": a["same"],
                 }
                 for name, a in acc.items()
@@ -243,8 +245,43 @@ def _geo(xs) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else 0.0
 
 
+def paired_ratio(
+    base: list[float], other: list[float], resamples: int = 4000, level: float = 0.95, seed: int = 0
+) -> dict:
+    """How much faster ``other`` ran than ``base`` over the same passes (seconds per prompt, paired by index):
+    sum(base) / sum(other), with a percentile bootstrap interval at ``level`` that resamples the prompts (a pair
+    stays a pair: both ran the prompt on the same machine within seconds of each other, so the prompt's length and
+    the machine's speed of the moment cancel). Seeded: the same figures give the same interval."""
+    import random
+
+    if len(base) != len(other) or not base:
+        raise ValueError(f"paired_ratio: {len(base)} against {len(other)} passes")
+    rng = random.Random(seed)
+    n = len(base)
+    ratios = []
+    for _ in range(resamples):
+        idx = [rng.randrange(n) for _ in range(n)]
+        ratios.append(sum(base[i] for i in idx) / sum(other[i] for i in idx))
+    ratios.sort()
+    tail = (1.0 - level) / 2
+    lo, hi = ratios[int(tail * (resamples - 1))], ratios[int((1.0 - tail) * (resamples - 1))]
+    return {"ratio": round(sum(base) / sum(other), 4), "lo": round(lo, 4), "hi": round(hi, 4), "level": level}
+
+
+def verdict(interval: dict) -> str:
+    """``at least``: the point estimate is >= 1; ``within noise``: below 1 but the interval reaches 1; ``below``: the
+    whole interval is under 1."""
+    if interval["ratio"] >= 1.0:
+        return "at least"
+    return "within noise" if interval["hi"] >= 1.0 else "below"
+
+
 def summary(result: dict) -> dict:
-    """Per configuration: geometric mean and worst speedup over the categories; per category the best fixed one."""
+    """Per configuration: geometric mean and worst speedup over the categories; per category the best fixed one and,
+    for each adaptive configuration, how it ran against that one prompt by prompt (``paired_ratio``: adaptive's
+    speedup over the best fixed configuration's, > 1 faster, with its 95 % interval and ``verdict``). The best fixed
+    one is chosen on the same timings, which favours it: with six fixed configurations of about equal speed the
+    fastest of them is partly the luckiest."""
     cats = result["categories"]
     names = result["configs"]
     out = {
@@ -256,7 +293,14 @@ def summary(result: dict) -> dict:
     }
     fixed = [n for n in names if not n.startswith("adaptive")]
     best = {c: max(fixed, key=lambda n: cats[c][n]["speedup"]) for c in cats} if fixed else {}
-    return {"per_config": out, "best_fixed": best}
+    versus: dict[str, dict[str, dict]] = {}
+    for name in (n for n in names if n.startswith("adaptive")):
+        for c, b in best.items():
+            base, mine = cats[c][b].get("pass_seconds"), cats[c][name].get("pass_seconds")
+            if base and mine:
+                interval = paired_ratio(base, mine)
+                versus.setdefault(name, {})[c] = {"best_fixed": b, **interval, "verdict": verdict(interval)}
+    return {"per_config": out, "best_fixed": best, "versus_best_fixed": versus}
 
 
 def render(result: dict, console=None) -> None:
@@ -285,6 +329,13 @@ def render(result: dict, console=None) -> None:
         "",
     )
     (console or Console(width=max(120, 24 * (len(names) + 2)))).print(table)
+    for name, per_cat in summ["versus_best_fixed"].items():
+        versus = Table(title=f"{name} against the best fixed configuration, prompt by prompt (95 % bootstrap interval)")
+        for col in ("category", "best fixed", f"{name} / best fixed", "interval", "verdict"):
+            versus.add_column(col, justify="left" if col in ("category", "best fixed", "verdict") else "right")
+        for c, v in per_cat.items():
+            versus.add_row(c, v["best_fixed"], f"{v['ratio']:.3f}x", f"{v['lo']:.3f}-{v['hi']:.3f}", v["verdict"])
+        (console or Console(width=120)).print(versus)
     if result.get("replay"):
         render_replay(result["replay"], console)
     if result.get("adaptive_policy"):

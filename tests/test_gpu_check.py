@@ -64,6 +64,12 @@ def test_workloads_keep_greedy_identity_for_every_drafter_and_category(check):
     for name in ("model:4", "hybrid:4"):
         assert sum(c[name]["draft_tokens"] for c in wl["categories"].values()) > 0
     assert set(wl["summary"]["per_config"]) == set(wl["configs"])
+    # every pass timed on its own, so that adaptive is compared with each category's best fixed one prompt by prompt
+    for c, cat in wl["categories"].items():
+        assert {len(cat[n]["pass_seconds"]) for n in cat} == {wl["prompts_per_category"][c]}
+    versus = wl["summary"]["versus_best_fixed"]["adaptive:4"]
+    assert set(versus) == set(wl["categories"])
+    assert all(v["lo"] <= v["ratio"] <= v["hi"] and v["best_fixed"] != "adaptive:4" for v in versus.values())
     # the same answers replayed on the measured costs: every configuration, and the least-cost decode above them all
     replay = wl["replay"]
     assert set(replay["categories"]) == set(wl["categories"]) and replay["costs"]["c"] > 0
