@@ -6,9 +6,11 @@ reasoning), greedy. For every prompt, interleaved so that every configuration me
 then each configuration on its own decoder (``--configs``, e.g. ``model:4,ngram:4,hybrid:4,adaptive:4``), their order
 rotated from prompt to prompt. Per category and configuration: tokens per target step, acceptance, and speedup =
 target-only seconds / configuration seconds over the category's prompts; greedy output must equal target-only for
-every prompt (checked). The adaptive decoder keeps one policy for the whole run, as a server does (it learns from
-every request before); ``adaptive-ngram:K`` is the adaptive drafter without a draft model (n-grams or no draft per
-sequence and step).
+every prompt (checked). Every pass is timed on its own (``pass_seconds``), and ``summary`` compares each adaptive
+configuration with each category's best fixed one prompt by prompt (``paired_ratio``: a paired bootstrap interval,
+so that a difference of a few per cent can be told from the machine's noise). The adaptive decoder keeps one
+policy for the whole run, as a server does (it learns from every request before); ``adaptive-ngram:K`` is the
+adaptive drafter without a draft model (n-grams or no draft per sequence and step).
 
     python benchmarks/workloads_cpu.py [--configs ...] [--max-tokens 96] [--repeats 1] [--threads 2] \
         [--dtype float32|bfloat16] [--json F] [--plot F]
