@@ -239,9 +239,17 @@ def test_bfloat16_attention_matches_float64_and_each_row_is_its_own_at_any_lengt
 
 
 @needs_kernel
-def test_attention_over_the_slot_cache_matches_sdpa_and_each_row_is_its_own() -> None:
+@pytest.mark.parametrize(
+    ("hq", "hk", "d"),
+    [(9, 3, 64), (4, 4, 64), (8, 2, 128), (12, 1, 32), (6, 2, 256)],
+    ids=["gqa3-d64", "mha-d64", "gqa4-d128", "gqa12-d32", "gqa3-d256"],
+)
+def test_attention_over_the_slot_cache_matches_sdpa_and_each_row_is_its_own(hq: int, hk: int, d: int) -> None:
+    """Every query head of a row over its KV head's keys (the kernel takes a KV head's query heads together, in
+    turns of at most 8, with code specialised for some group and head sizes): as sdpa, and each row's bits the same
+    in the pass as alone."""
     g = torch.Generator().manual_seed(2)
-    slots, hq, hk, cap, d = 4, 9, 3, 64, 64
+    slots, cap = 4, 64
     keys, values = torch.zeros(slots, hk, cap, d), torch.zeros(slots, hk, cap, d)
     for t in (keys, values):  # cached history of every slot
         t[:, :, :40] = torch.randn(slots, hk, 40, d, generator=g)

@@ -150,6 +150,7 @@ def silu_mul(gate_up: torch.Tensor, intermediate: int) -> torch.Tensor:
 
 
 ATTEND_ROWS = 16  # segments of at most this many tokens (decoding, verification) attend through the kernel
+ATTEND_DIM = 256  # head_dim at most (cpu_kernels_layer.c's ATT_DIM: its scratch rows)
 
 
 def attend(
@@ -163,11 +164,18 @@ def attend(
 ) -> torch.Tensor:
     """Write every segment's ``k``/``v`` rows into its slot of ``keys``/``values`` [slots, hk, capacity, d] and attend
     its ``q`` rows causally over the slot: [T, hq, d] (rows outside the segments are left unwritten). ``segments`` [S,
-    4] int64: (slot, past, start, count); float32 or bfloat16 contiguous tensors, d a multiple of 8. Each row's result
-    depends only on its position and cache (bfloat16: float32 sums, each output rounded once)."""
+    4] int64: (slot, past, start, count); float32 or bfloat16 contiguous tensors, d a multiple of 8 and at most
+    :data:`ATTEND_DIM`. Each row's result depends only on its position and cache (bfloat16: float32 sums, each output
+    rounded once); the query heads that share a KV head go over its keys and values together."""
     t, hq, d = q.shape
     slots, hk, capacity, _ = keys.shape
-    assert d % 8 == 0 and keys.is_contiguous() and values.is_contiguous() and segments.dtype == torch.int64
+    assert (
+        d % 8 == 0
+        and d <= ATTEND_DIM
+        and keys.is_contiguous()
+        and values.is_contiguous()
+        and segments.dtype == torch.int64
+    )
     q, k, v, segments = q.contiguous(), k.contiguous(), v.contiguous(), segments.contiguous()
     out = torch.empty_like(q)
     _typed("trtspec_attend", q)(

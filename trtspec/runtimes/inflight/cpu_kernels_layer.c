@@ -111,7 +111,15 @@ void trtspec_silu_mul_bf16(const uint16_t *gu, uint16_t *out, int M, int I) {
    ([T, hq, d], [T, hk, d], [T, hk, d], contiguous rows) at positions past .. past + count - 1. Their keys and values
    are first written into the cache (keys/values [slots, hk, cap, d]); then every (row, query head) attends over its
    slot's keys 0 .. position: scores in order of the keys, a max-subtracted softmax, the values summed in the same
-   order. Each row's result depends on its own position and cache only, not on the rows beside it. */
+   order. Each row's result depends on its own position and cache only, not on the rows beside it.
+   The work items are (row, KV head): the query heads that share a KV head (grouped-query attention) go over its keys
+   and values together, each key and value row read and converted to float32 once for all of them (before, once per
+   query head). Each (row, query head) still computes exactly the sums it computed alone, in the same order, so its
+   bits are unchanged (checked against the kernel before on float32 and bfloat16, 1-12 query heads per KV head, head
+   sizes 16-256, decodes, verifications and prefills). Measured on a 2-core AMD EPYC (AVX512-BF16), bfloat16,
+   SmolLM2-135M's 9 query / 3 KV heads of 64, 30 layers, 300 cached tokens, both kernels in one process: one row
+   2.91 -> 2.53 ms, a verification of 5 rows 5.17 -> 3.97, 8 sequences x 1 row 7.83 -> 6.30, 8 x 5 rows 28.5 -> 21.0,
+   a 300-token prefill 146 -> 103 ms. */
 static inline __m256 load8_f32(const float *p) { return _mm256_loadu_ps(p); }
 static inline void store8_f32(float *p, __m256 v) { _mm256_storeu_ps(p, v); }
 static inline void store8_bf16(uint16_t *p, __m256 v) {
@@ -121,7 +129,65 @@ static inline void store8_bf16(uint16_t *p, __m256 v) {
 }
 static inline float to_f32_f32(float v) { return v; }
 
+#define ATT_GROUP 8   /* query heads per work item at most (more per KV head: in turns of this many) */
+#define ATT_DIM 256   /* head_dim at most (the scratch rows below) */
+
+/* One work item: query heads h0 .. h0 + gh - 1 of one row (sharing KV head K/V), L keys. q rows at qrow (hq x d),
+   out rows likewise; scores: gh x stride floats of scratch. Inlined with constant gh and d where the model's are
+   common, so the per-head loops unroll and the accumulators stay in registers. */
+#define ATTEND_ITEM(NAME, T, LOAD8, STORE8, TO_F32)                                                                 \
+    static inline __attribute__((always_inline)) void NAME(const T *qrow, T *orow, const T *K, const T *V, int L,  \
+                                                           int h0, int gh, int d, float scale, float *scores,      \
+                                                           int stride) {                                           \
+        float qf[ATT_GROUP * ATT_DIM] __attribute__((aligned(32)));                                               \
+        float xf[ATT_DIM] __attribute__((aligned(32)));                                                           \
+        float m[ATT_GROUP], sum[ATT_GROUP];                                                                       \
+        for (int e = 0; e < gh; e++) {                                                                            \
+            for (int i = 0; i < d; i++) qf[e * d + i] = TO_F32(qrow[(h0 + e) * d + i]);                          \
+            m[e] = -INFINITY;                                                                                     \
+        }                                                                                                         \
+        for (int j = 0; j < L; j++) {                                                                             \
+            for (int i = 0; i < d; i += 8) _mm256_store_ps(xf + i, LOAD8(K + (int64_t)j * d + i));               \
+            for (int e = 0; e < gh; e++) {                                                                        \
+                __m256 acc = _mm256_setzero_ps();                                                                 \
+                for (int i = 0; i < d; i += 8)                                                                    \
+                    acc = _mm256_fmadd_ps(_mm256_load_ps(qf + e * d + i), _mm256_load_ps(xf + i), acc);          \
+                float sc = hsum(acc) * scale;                                                                     \
+                scores[e * stride + j] = sc;                                                                      \
+                if (sc > m[e]) m[e] = sc;                                                                         \
+            }                                                                                                     \
+        }                                                                                                         \
+        for (int e = 0; e < gh; e++) {                                                                            \
+            float *sc = scores + e * stride, s = 0.0f;                                                            \
+            for (int j = 0; j < L; j++) {                                                                         \
+                sc[j] = expf(sc[j] - m[e]);                                                                       \
+                s += sc[j];                                                                                       \
+            }                                                                                                     \
+            sum[e] = s;                                                                                           \
+        }                                                                                                         \
+        for (int i0 = 0; i0 < d; i0 += 64) { /* per head 8 accumulators: one pass over the values per 64 */       \
+            int nv = (d - i0 < 64 ? d - i0 : 64) / 8;                                                             \
+            __m256 acc[ATT_GROUP][8];                                                                             \
+            for (int e = 0; e < gh; e++)                                                                          \
+                for (int i = 0; i < nv; i++) acc[e][i] = _mm256_setzero_ps();                                     \
+            for (int j = 0; j < L; j++) {                                                                         \
+                const T *vr = V + (int64_t)j * d + i0;                                                            \
+                __m256 vv[8];                                                                                     \
+                for (int i = 0; i < nv; i++) vv[i] = LOAD8(vr + 8 * i);                                           \
+                for (int e = 0; e < gh; e++) {                                                                    \
+                    __m256 p = _mm256_set1_ps(scores[e * stride + j]);                                            \
+                    for (int i = 0; i < nv; i++) acc[e][i] = _mm256_fmadd_ps(p, vv[i], acc[e][i]);                \
+                }                                                                                                 \
+            }                                                                                                     \
+            for (int e = 0; e < gh; e++) {                                                                        \
+                __m256 inv = _mm256_set1_ps(1.0f / sum[e]);                                                       \
+                for (int i = 0; i < nv; i++) STORE8(orow + (h0 + e) * d + i0 + 8 * i, _mm256_mul_ps(acc[e][i], inv)); \
+            }                                                                                                     \
+        }                                                                                                         \
+    }
+
 #define ATTEND(NAME, T, LOAD8, STORE8, TO_F32)                                                                      \
+    ATTEND_ITEM(NAME##_item, T, LOAD8, STORE8, TO_F32)                                                            \
     void NAME(const T *q, const T *k, const T *v, T *keys, T *values, T *out, const int64_t *segs, int S, int hq,  \
               int hk, int cap, int d, float scale, int threads) {                                                \
         int g = hq / hk;                                                                                          \
@@ -139,7 +205,7 @@ static inline float to_f32_f32(float v) { return v; }
             total += (int)count;                                                                                  \
             if (past + count > longest) longest = (int)(past + count);                                            \
         }                                                                                                         \
-        /* work items: (segment row, query head), in row order */                                                 \
+        /* work items: (segment row, KV head), in row order */                                                    \
         int64_t *rows = (int64_t *)__builtin_alloca(sizeof(int64_t) * 2 * (total > 0 ? total : 1));               \
         int n = 0;                                                                                                \
         for (int s = 0; s < S; s++)                                                                               \
@@ -148,45 +214,28 @@ static inline float to_f32_f32(float v) { return v; }
                 rows[2 * n + 1] = r;                                                                              \
                 n++;                                                                                              \
             }                                                                                                     \
-        int items = n * hq;                                                                                       \
+        int items = n * hk, stride = longest > 0 ? longest : 1;                                                   \
         _Pragma("omp parallel num_threads(threads)") {                                                            \
-            float *scores = (float *)__builtin_alloca(sizeof(float) * (longest > 0 ? longest : 1));               \
-            float *qf = (float *)__builtin_alloca(sizeof(float) * d);                                             \
+            float *scores = (float *)__builtin_alloca(sizeof(float) * ATT_GROUP * stride);                        \
             _Pragma("omp for schedule(static)") for (int it = 0; it < items; it++) {                              \
-                int row = it / hq, h = it % hq, kvh = h / g;                                                      \
+                int row = it / hk, kvh = it % hk;                                                                 \
                 int64_t s = rows[2 * row], r = rows[2 * row + 1];                                                 \
                 int64_t slot = segs[4 * s], past = segs[4 * s + 1], start = segs[4 * s + 2];                      \
                 int L = (int)(past + r + 1);                                                                      \
-                const T *qv = q + ((start + r) * hq + h) * d;                                                     \
-                for (int i = 0; i < d; i++) qf[i] = TO_F32(qv[i]);                                                \
+                const T *qrow = q + ((start + r) * hq + kvh * g) * d;                                             \
+                T *orow = out + ((start + r) * hq + kvh * g) * d;                                                 \
                 const T *K = keys + (slot * hk + kvh) * (int64_t)cap * d;                                         \
                 const T *V = values + (slot * hk + kvh) * (int64_t)cap * d;                                       \
-                float m = -INFINITY;                                                                              \
-                for (int j = 0; j < L; j++) {                                                                     \
-                    __m256 acc = _mm256_setzero_ps();                                                             \
-                    for (int i = 0; i < d; i += 8)                                                                \
-                        acc = _mm256_fmadd_ps(_mm256_loadu_ps(qf + i), LOAD8(K + (int64_t)j * d + i), acc);       \
-                    float sc = hsum(acc) * scale;                                                                 \
-                    scores[j] = sc;                                                                               \
-                    if (sc > m) m = sc;                                                                           \
-                }                                                                                                 \
-                float sum = 0.0f;                                                                                 \
-                for (int j = 0; j < L; j++) {                                                                     \
-                    scores[j] = expf(scores[j] - m);                                                              \
-                    sum += scores[j];                                                                             \
-                }                                                                                                 \
-                T *o = out + ((start + r) * hq + h) * d;                                                          \
-                __m256 inv = _mm256_set1_ps(1.0f / sum);                                                          \
-                for (int i0 = 0; i0 < d; i0 += 128) { /* up to 16 accumulators: one pass over the values per 128 */ \
-                    int nv = (d - i0 < 128 ? d - i0 : 128) / 8;                                                   \
-                    __m256 acc[16];                                                                               \
-                    for (int i = 0; i < nv; i++) acc[i] = _mm256_setzero_ps();                                    \
-                    for (int j = 0; j < L; j++) {                                                                 \
-                        __m256 p = _mm256_set1_ps(scores[j]);                                                     \
-                        const T *vr = V + (int64_t)j * d + i0;                                                    \
-                        for (int i = 0; i < nv; i++) acc[i] = _mm256_fmadd_ps(p, LOAD8(vr + 8 * i), acc[i]);      \
-                    }                                                                                             \
-                    for (int i = 0; i < nv; i++) STORE8(o + i0 + 8 * i, _mm256_mul_ps(acc[i], inv));              \
+                for (int h0 = 0; h0 < g; h0 += ATT_GROUP) {                                                       \
+                    int gh = g - h0 < ATT_GROUP ? g - h0 : ATT_GROUP;                                             \
+                    if (d == 64 && gh == 3) /* SmolLM2-135M and the tests' models */                              \
+                        NAME##_item(qrow, orow, K, V, L, h0, 3, 64, scale, scores, stride);                       \
+                    else if (d == 64 && gh == 4)                                                                  \
+                        NAME##_item(qrow, orow, K, V, L, h0, 4, 64, scale, scores, stride);                       \
+                    else if (d == 128 && gh == 4)                                                                 \
+                        NAME##_item(qrow, orow, K, V, L, h0, 4, 128, scale, scores, stride);                      \
+                    else                                                                                          \
+                        NAME##_item(qrow, orow, K, V, L, h0, gh, d, scale, scores, stride);                       \
                 }                                                                                                 \
             }                                                                                                     \
         }                                                                                                         \

@@ -118,7 +118,7 @@ class LlamaStep:
         # and the short segments' attention (decoding, verification) in one kernel call per layer; in bfloat16 every
         # segment's (faster than row_attention at every length measured, 16-1000 tokens, and one path for every
         # row: a draft token verified in the prefill's pass gets the bits a decode pass would give it)
-        self.attend_kernel = self.elementwise and self.head_dim % 8 == 0
+        self.attend_kernel = self.elementwise and self.head_dim % 8 == 0 and self.head_dim <= cpu_kernels.ATTEND_DIM
         self.attend_every = self.attend_kernel and self.embed.dtype == torch.bfloat16
         self._segs: tuple[Sequence[tuple[int, int, int, int]], torch.Tensor] | None = None
         self.final_norm = model.model.norm.weight.detach()
