@@ -4,7 +4,9 @@
         [--orchestrations in_process,bls] [--drafters adaptive,model,ngram,hybrid] [--old-root DIR] [--json out.json]
 
 For each served repository, in turn (one server at a time): output tok/s at each concurrency level, with the draft
-and target-only (num_draft_tokens 0), streamed gRPC requests through the ensemble, and the acceptance rate.
+and target-only (num_draft_tokens 0), streamed gRPC requests through the ensemble, and the acceptance rate. With
+``--rounds`` R, the two modes alternate R times per level and are pooled; the speedup comes with a 95 % interval over
+the rounds' pairs (benchmarks/paired.py).
 Repositories: the torch runtime's in-process draft-target model (orchestration in_process, the default), the BLS
 orchestrator over two torch engine models (orchestration bls: the path runtime trtllm-engine takes), and, with
 ``--old-root`` (a checkout of an older trtspec, e.g. ``git worktree add ../old db558e7``), that checkout's repository
@@ -38,6 +40,9 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # paired.py, next to this script
+
+from paired import paired_ratio  # noqa: E402
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -225,10 +230,20 @@ def main() -> None:
                             measure(server.grpc_url, QUESTIONS, c, args.requests, args.max_tokens, target_only)
                         )
                 spec_r, base_r = pooled(runs[False]), pooled(runs[True])
+                pairs = [(b, sp) for b, sp in zip(runs[True], runs[False]) if b["tok_s"] and sp["tok_s"]]
                 rows[c] = {
                     "speculative": spec_r,
                     "target_only": base_r,
                     "speedup": round(spec_r["tok_s"] / base_r["tok_s"], 3) if base_r["tok_s"] else None,
+                    # round r's two runs ran back to back: the interval resamples those pairs (benchmarks/paired.py)
+                    "speedup_interval": paired_ratio(
+                        [b["tokens"] / b["tok_s"] for b, _ in pairs],
+                        [sp["tokens"] / sp["tok_s"] for _, sp in pairs],
+                        [b["tokens"] for b, _ in pairs],
+                        [sp["tokens"] for _, sp in pairs],
+                    )
+                    if len(pairs) >= 2
+                    else None,
                     "first": {"speculative": first[False], "target_only": first[True]},
                     "first_speedup": round(first[False]["tok_s"] / first[True]["tok_s"], 3)
                     if first[True]["tok_s"]
@@ -266,16 +281,19 @@ def main() -> None:
     t = Table(
         title=f"output tok/s through Triton ({args.pair}, max_tokens {args.max_tokens}, load {os.getloadavg()[0]:.2f})"
     )
-    for col in ("server", "conc.", "speculative", "target-only", "speedup", "first run", "acceptance", "errors"):
+    columns = ("server", "conc.", "speculative", "target-only", "speedup", "95 % (pairs)", "first run", "acceptance")
+    for col in (*columns, "errors"):
         t.add_column(col, justify="right")
     for name, r in results["servers"].items():
         for c, row in r["levels"].items():
+            ci = row["speedup_interval"]
             t.add_row(
                 name,
                 str(c),
                 f"{row['speculative']['tok_s']:.1f}",
                 f"{row['target_only']['tok_s']:.1f}",
                 f"{row['speedup']:.2f}x" if row["speedup"] else "-",
+                f"{ci['lo']:.2f}-{ci['hi']:.2f} ({ci['pairs']})" if ci else "-",
                 f"{row['first_speedup']:.2f}x" if row["first_speedup"] else "-",
                 f"{row['speculative']['acceptance']:.2f}",
                 str(row["speculative"]["errors"] + row["target_only"]["errors"]),

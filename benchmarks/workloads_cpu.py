@@ -7,9 +7,9 @@ then each configuration on its own decoder (``--configs``, e.g. ``model:4,ngram:
 rotated from prompt to prompt. Per category and configuration: tokens per target step, acceptance, and speedup =
 target-only seconds / configuration seconds over the category's prompts; greedy output must equal target-only for
 every prompt (checked). Every pass is timed on its own (``pass_seconds``), and ``summary`` compares each adaptive
-configuration with each category's best fixed one prompt by prompt (``paired_ratio``: a paired bootstrap interval,
-so that a difference of a few per cent can be told from the machine's noise). The adaptive decoder keeps one
-policy for the whole run, as a server does (it learns from every request before); ``adaptive-ngram:K`` is the
+configuration with each category's best fixed one prompt by prompt (``paired.paired_ratio``: a paired bootstrap
+interval, so that a difference of a few per cent can be told from the machine's noise). The adaptive decoder keeps
+one policy for the whole run, as a server does (it learns from every request before); ``adaptive-ngram:K`` is the
 adaptive drafter without a draft model (n-grams or no draft per sequence and step).
 
     python benchmarks/workloads_cpu.py [--configs ...] [--max-tokens 96] [--repeats 1] [--threads 2] \
@@ -29,12 +29,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # paired.py, next to this script
 
 from trtspec.threads import set_wait_policy  # noqa: E402
 
 set_wait_policy()  # before torch loads: OpenMP waits passively, as in every process trtspec runs torch in
 
 import torch  # noqa: E402
+from paired import paired_ratio, verdict  # noqa: E402
 
 from trtspec.prompts import WORKLOAD_CATEGORIES, encode_messages, workloads  # noqa: E402
 from trtspec.runtimes.torch.decoder import SpeculativeDecoder  # noqa: E402
@@ -247,40 +249,9 @@ def _geo(xs) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else 0.0
 
 
-def paired_ratio(
-    base: list[float], other: list[float], resamples: int = 4000, level: float = 0.95, seed: int = 0
-) -> dict:
-    """How much faster ``other`` ran than ``base`` over the same passes (seconds per prompt, paired by index):
-    sum(base) / sum(other), with a percentile bootstrap interval at ``level`` that resamples the prompts (a pair
-    stays a pair: both ran the prompt on the same machine within seconds of each other, so the prompt's length and
-    the machine's speed of the moment cancel). Seeded: the same figures give the same interval."""
-    import random
-
-    if len(base) != len(other) or not base:
-        raise ValueError(f"paired_ratio: {len(base)} against {len(other)} passes")
-    rng = random.Random(seed)
-    n = len(base)
-    ratios = []
-    for _ in range(resamples):
-        idx = [rng.randrange(n) for _ in range(n)]
-        ratios.append(sum(base[i] for i in idx) / sum(other[i] for i in idx))
-    ratios.sort()
-    tail = (1.0 - level) / 2
-    lo, hi = ratios[int(tail * (resamples - 1))], ratios[int((1.0 - tail) * (resamples - 1))]
-    return {"ratio": round(sum(base) / sum(other), 4), "lo": round(lo, 4), "hi": round(hi, 4), "level": level}
-
-
-def verdict(interval: dict) -> str:
-    """``at least``: the point estimate is >= 1; ``within noise``: below 1 but the interval reaches 1; ``below``: the
-    whole interval is under 1."""
-    if interval["ratio"] >= 1.0:
-        return "at least"
-    return "within noise" if interval["hi"] >= 1.0 else "below"
-
-
 def summary(result: dict) -> dict:
     """Per configuration: geometric mean and worst speedup over the categories; per category the best fixed one and,
-    for each adaptive configuration, how it ran against that one prompt by prompt (``paired_ratio``: adaptive's
+    for each adaptive configuration, how it ran against that one prompt by prompt (``paired.paired_ratio``: adaptive's
     speedup over the best fixed configuration's, > 1 faster, with its 95 % interval and ``verdict``). The best fixed
     one is chosen on the same timings, which favours it: with six fixed configurations of about equal speed the
     fastest of them is partly the luckiest."""
