@@ -253,7 +253,7 @@ def summary(result: dict) -> dict:
     """Per configuration: geometric mean and worst speedup over the categories; per category the best fixed one and,
     for each adaptive configuration, how it ran against that one prompt by prompt (``paired.paired_ratio``: adaptive's
     speedup over the best fixed configuration's, > 1 faster, with its 95 % interval and ``verdict``). The best fixed
-    one is chosen on the same timings, which favours it: with six fixed configurations of about equal speed the
+    one is chosen on the same timings, which favours it: with several fixed configurations of about equal speed the
     fastest of them is partly the luckiest."""
     cats = result["categories"]
     names = result["configs"]

@@ -1,6 +1,7 @@
 /* trtspec's per-layer CPU kernels besides the multiplies: the elementwise work (float32 and bfloat16) and the attention
    over the slot KV cache. Built with cpu_kernels_multiply.c into one library (trtspec.runtimes.inflight.cpu_kernels). */
 #include "cpu_kernels.h"
+#include <stdlib.h>
 
 /* The step's elementwise work, row by row (each row's bits independent of the others), one call where eager torch
    dispatches four to six ops per layer: about 9 ms of a 58 ms float32 decode step on SmolLM2-135M's 30 layers. */
@@ -214,9 +215,10 @@ static inline float to_f32_f32(float v) { return v; }
                 rows[2 * n + 1] = r;                                                                              \
                 n++;                                                                                              \
             }                                                                                                     \
-        int items = n * hk, stride = longest > 0 ? longest : 1;                                                   \
+        int items = n * hk, stride = longest > 0 ? longest : 1, heads = g < ATT_GROUP ? g : ATT_GROUP;          \
         _Pragma("omp parallel num_threads(threads)") {                                                            \
-            float *scores = (float *)__builtin_alloca(sizeof(float) * ATT_GROUP * stride);                        \
+            /* on the heap: a long context's scores for several heads outgrow a worker thread's stack */          \
+            float *scores = (float *)malloc(sizeof(float) * (size_t)heads * stride);                              \
             _Pragma("omp for schedule(static)") for (int it = 0; it < items; it++) {                              \
                 int row = it / hk, kvh = it % hk;                                                                 \
                 int64_t s = rows[2 * row], r = rows[2 * row + 1];                                                 \
@@ -238,6 +240,7 @@ static inline float to_f32_f32(float v) { return v; }
                         NAME##_item(qrow, orow, K, V, L, h0, gh, d, scale, scores, stride);                       \
                 }                                                                                                 \
             }                                                                                                     \
+            free(scores);                                                                                         \
         }                                                                                                         \
     }
 ATTEND(trtspec_attend_f32, float, load8_f32, store8_f32, to_f32_f32)
