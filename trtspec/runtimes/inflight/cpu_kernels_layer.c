@@ -120,8 +120,8 @@ void trtspec_silu_mul_bf16(const uint16_t *gu, uint16_t *out, int M, int I) {
    sizes 16-256, decodes, verifications and prefills). Measured on a 2-core AMD EPYC (AVX512-BF16), bfloat16,
    SmolLM2-135M's 9 query / 3 KV heads of 64, 30 layers, 300 cached tokens, both kernels in one process: a
    verification of 5 rows 5.17 -> 3.97 ms, 8 sequences x 1 row 7.83 -> 6.30, 8 x 5 rows 28.5 -> 21.0, a 300-token
-   prefill 146 -> 103 ms. A pass with fewer than two (row, KV head) items per thread (a decode row: 3 for 2 threads)
-   keeps the per-head items (ATTEND_HEADS below): grouped, one row read 2.4-3.0 ms against 2.0-2.4. */
+   prefill 146 -> 103 ms. A pass with fewer than two (row, KV head) items per thread (a decode row) keeps the per-head
+   items (ATTEND_HEADS below). */
 static inline __m256 load8_f32(const float *p) { return _mm256_loadu_ps(p); }
 static inline void store8_f32(float *p, __m256 v) { _mm256_storeu_ps(p, v); }
 static inline void store8_bf16(uint16_t *p, __m256 v) {
@@ -188,36 +188,12 @@ static inline float to_f32_f32(float v) { return v; }
         }                                                                                                         \
     }
 
-/* The kernel before the grouping, one work item per (row, query head), each key and value converted as it is used:
-   where a pass has few rows (a decode row: 3 KV heads for 2 threads), grouped items would leave a thread idle and
-   this is faster (measured, one row of SmolLM2-135M after 300 tokens, 30 layers: 2.0-2.2 ms against 2.4-2.8). */
-#define ATTEND_HEADS(NAME, T, LOAD8, STORE8, TO_F32)                                                                \
-    static void NAME(const T *q, const T *k, const T *v, T *keys, T *values, T *out, const int64_t *segs, int S,  \
-                     int hq, int hk, int cap, int d, float scale, int threads) {                                  \
-        int g = hq / hk;                                                                                          \
-        int total = 0, longest = 0;                                                                               \
-        for (int s = 0; s < S; s++) {                                                                             \
-            int64_t slot = segs[4 * s], past = segs[4 * s + 1], start = segs[4 * s + 2], count = segs[4 * s + 3]; \
-            for (int r = 0; r < count; r++)                                                                       \
-                for (int h = 0; h < hk; h++) {                                                                    \
-                    int64_t dst = ((slot * hk + h) * cap + past + r) * d, src = ((start + r) * hk + h) * d;       \
-                    for (int i = 0; i < d; i++) {                                                                 \
-                        keys[dst + i] = k[src + i];                                                               \
-                        values[dst + i] = v[src + i];                                                             \
-                    }                                                                                             \
-                }                                                                                                 \
-            total += (int)count;                                                                                  \
-            if (past + count > longest) longest = (int)(past + count);                                            \
-        }                                                                                                         \
-        /* work items: (segment row, query head), in row order */                                                 \
-        int64_t *rows = (int64_t *)__builtin_alloca(sizeof(int64_t) * 2 * (total > 0 ? total : 1));               \
-        int n = 0;                                                                                                \
-        for (int s = 0; s < S; s++)                                                                               \
-            for (int r = 0; r < segs[4 * s + 3]; r++) {                                                           \
-                rows[2 * n] = s;                                                                                  \
-                rows[2 * n + 1] = r;                                                                              \
-                n++;                                                                                              \
-            }                                                                                                     \
+/* Per (row, query head) work items, each key and value converted as it is used (the kernel before the grouping):
+   where a pass has fewer than two (row, KV head) items per thread (a decode row: 3 for 2 threads), grouped items
+   leave a thread idle and this is faster (one row of SmolLM2-135M after 300 tokens, 30 layers, measured
+   alternately: 2.0-2.4 ms against 2.4-3.0 grouped). A statement inside ATTEND (its locals: n, rows, longest). */
+#define ATTEND_HEADS(T, LOAD8, STORE8, TO_F32)                                                                      \
+    {                                                                                                             \
         int items = n * hq;                                                                                       \
         _Pragma("omp parallel num_threads(threads)") {                                                            \
             float *scores = (float *)__builtin_alloca(sizeof(float) * (longest > 0 ? longest : 1));               \
@@ -261,18 +237,12 @@ static inline float to_f32_f32(float v) { return v; }
             }                                                                                                     \
         }                                                                                                         \
     }
+
 #define ATTEND(NAME, T, LOAD8, STORE8, TO_F32)                                                                      \
     ATTEND_ITEM(NAME##_item, T, LOAD8, STORE8, TO_F32)                                                            \
-    ATTEND_HEADS(NAME##_heads, T, LOAD8, STORE8, TO_F32)                                                          \
     void NAME(const T *q, const T *k, const T *v, T *keys, T *values, T *out, const int64_t *segs, int S, int hq,  \
               int hk, int cap, int d, float scale, int threads) {                                                \
         int g = hq / hk;                                                                                          \
-        int rows_in = 0;                                                                                          \
-        for (int s = 0; s < S; s++) rows_in += (int)segs[4 * s + 3];                                              \
-        if (rows_in * hk < 2 * threads) {                                                                         \
-            NAME##_heads(q, k, v, keys, values, out, segs, S, hq, hk, cap, d, scale, threads);                    \
-            return;                                                                                               \
-        }                                                                                                         \
         int total = 0, longest = 0;                                                                               \
         for (int s = 0; s < S; s++) {                                                                             \
             int64_t slot = segs[4 * s], past = segs[4 * s + 1], start = segs[4 * s + 2], count = segs[4 * s + 3]; \
@@ -296,6 +266,10 @@ static inline float to_f32_f32(float v) { return v; }
                 rows[2 * n + 1] = r;                                                                              \
                 n++;                                                                                              \
             }                                                                                                     \
+        if (n * hk < 2 * threads) {                                                                               \
+            ATTEND_HEADS(T, LOAD8, STORE8, TO_F32)                                                                \
+            return;                                                                                               \
+        }                                                                                                         \
         /* a KV head's query heads together, in turns of at most ATT_GROUP */                                     \
         int per = g < ATT_GROUP ? g : ATT_GROUP;                                                                  \
         int chunks = (g + per - 1) / per, items = n * hk * chunks, stride = longest > 0 ? longest : 1;            \
@@ -312,7 +286,7 @@ static inline float to_f32_f32(float v) { return v; }
                 T *orow = out + ((start + r) * hq + kvh * g) * d;                                                 \
                 const T *K = keys + (slot * hk + kvh) * (int64_t)cap * d;                                         \
                 const T *V = values + (slot * hk + kvh) * (int64_t)cap * d;                                       \
-                if (d == 64 && gh == 3) /* SmolLM2-135M and the tests' models */                             \
+                if (d == 64 && gh == 3) /* SmolLM2-135M and the tests' models */                                  \
                     NAME##_item(qrow, orow, K, V, L, h0, 3, 64, scale, scores, stride);                           \
                 else if (d == 64 && gh == 4)                                                                      \
                     NAME##_item(qrow, orow, K, V, L, h0, 4, 64, scale, scores, stride);                           \
