@@ -323,3 +323,25 @@ def test_float32_rows_of_short_passes_get_the_same_bits_whatever_else_is_in_the_
     for hidden, logits in results[1:]:
         assert torch.equal(results[0][0], hidden)
         assert torch.equal(results[0][1], logits)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_per_head_and_grouped_work_items_give_the_same_bits(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype
+) -> None:
+    """The kernel takes a pass with fewer than two (row, KV head) items per thread one query head per item, else a
+    KV head's query heads together: the same sums in the same order, so the same bits, whichever it takes."""
+    g = torch.Generator().manual_seed(5)
+    slots, hq, hk, cap, d = 2, 9, 3, 64, 64
+    cached = [(torch.randn(slots, hk, cap, d, generator=g) * 2).to(dtype) for _ in range(2)]
+    for rows in (1, 2, 5):
+        q = torch.randn(rows, hq, d, generator=g).to(dtype)
+        k, v = (torch.randn(rows, hk, d, generator=g).to(dtype) for _ in range(2))
+        segs = torch.tensor([[1, 40, 0, rows]])
+        outs = []
+        for threads in (8, 1):  # 8: rows x 3 KV heads < 16, per head; 1: grouped
+            monkeypatch.setattr(cpu_kernels, "_threads", lambda t=threads: t)
+            keys, values = (c.clone() for c in cached)
+            outs.append(cpu_kernels.attend(q, k, v, keys, values, segs, d**-0.5))
+        assert torch.equal(outs[0], outs[1]), rows
