@@ -80,7 +80,13 @@ def test_served_drafters_return_the_target_s_greedy_text(served, reference):
             assert r.text == reference[prompt].text
             drafted += r.stats["total_draft_tokens"]
             accepted += r.stats["total_accepted_draft_tokens"]
-        assert drafted > accepted > 0, (drafted, accepted)
+        # Fixed drafters propose past the pooled answer on the other prompts, so some proposals are rejected. The
+        # adaptive policy chooses by measured acceptance and pass times: on this tiny pair it may draft only where the
+        # pool is right (CI once saw 49 of 49 accepted over BLS), so only "it drafted and was accepted" is its due.
+        if served.drafter == "adaptive":
+            assert drafted >= accepted > 0, (drafted, accepted)
+        else:
+            assert drafted > accepted > 0, (drafted, accepted)
         streamed = client.generate(PROMPTS[1], MAX_TOKENS, stream=True)
         assert "".join(streamed.chunks) == reference[PROMPTS[1]].text
         plain = client.generate(PROMPTS[0], MAX_TOKENS, num_draft_tokens=0)
