@@ -210,6 +210,55 @@ def test_the_bfloat16_elementwise_kernels_give_torch_s_bits() -> None:
 
 
 @needs_kernel
+@pytest.mark.parametrize("inter", [1536, 13])
+def test_silu_takes_the_correctly_rounded_exponential_eight_at_a_time_and_in_the_tail(inter: int) -> None:
+    """The vector silu's e^-x is computed in double and rounded once (cpu_kernels.h, exp8_f32): each element gets
+    the float32 expression x / (1 + expf(-x)) * u with expf correctly rounded, in the body of a row and in its
+    padded last I % 8 alike; over the whole float range (overflow to inf, underflow to 0, NaN) too."""
+    import numpy as np
+
+    g = torch.Generator().manual_seed(inter)
+    gu = torch.randn(64, 2 * inter, generator=g) * torch.tensor([0.1, 1.0, 4.0, 30.0]).repeat(16).unsqueeze(1)
+    special = torch.tensor([0.0, -0.0, 1e-30, -1e-30, 88.7, -88.7, 89.0, -89.0, 104.0, -104.0, 1e4, -1e4])
+    gu[0, : len(special)] = special
+    gu[1, : inter - 1 : 2] = float("inf")
+    gu[1, 1 : inter - 1 : 2] = float("-inf")
+    gu[2, 0] = float("nan")
+    x, u = gu[:, :inter].numpy(), gu[:, inter:].numpy()
+    with np.errstate(over="ignore", invalid="ignore"):
+        e = np.exp(-x.astype(np.float64)).astype(np.float32)  # numpy's double exp: accurate far below float32's ulp
+        ref = torch.from_numpy(x / (np.float32(1.0) + e) * u)
+    got = cpu_kernels.silu_mul(gu.contiguous(), inter)
+    assert torch.equal(got.view(torch.int32), ref.view(torch.int32)) or torch.equal(
+        torch.nan_to_num(got), torch.nan_to_num(ref)
+    )
+    bf = gu.bfloat16()
+    xb = bf[:, :inter].float().numpy()
+    with np.errstate(over="ignore", invalid="ignore"):
+        s = torch.from_numpy(xb / (np.float32(1.0) + np.exp(-xb.astype(np.float64)).astype(np.float32)))
+    ref_b = (s.bfloat16().float() * bf[:, inter:].float()).bfloat16()  # silu rounded, then the product rounded
+    got_b = cpu_kernels.silu_mul(bf.contiguous(), inter)
+    assert torch.equal(torch.nan_to_num(got_b.float()), torch.nan_to_num(ref_b.float()))
+
+
+@needs_kernel
+def test_a_bfloat16_norm_row_gets_the_same_bits_in_any_group_of_rows() -> None:
+    """add_rmsnorm takes rows in fours (their sums side by side) and the rest one by one: a row's residual and norm
+    bits are the same whichever way it went."""
+    g = torch.Generator().manual_seed(5)
+    for hidden in (576, 13):
+        h = (torch.randn(9, hidden, generator=g) * 3).bfloat16()
+        delta = torch.randn(9, hidden, generator=g).bfloat16()
+        w = torch.randn(hidden, generator=g).bfloat16()
+        alone = [cpu_kernels.add_rmsnorm(h[i : i + 1].clone(), delta[i : i + 1], w, 1e-5) for i in range(9)]
+        for m in (4, 5, 8, 9):
+            hm = h[:m].clone()
+            out = cpu_kernels.add_rmsnorm(hm, delta[:m].contiguous(), w, 1e-5)
+            assert torch.equal(hm, (h[:m].float() + delta[:m].float()).bfloat16())
+            assert torch.equal(out.view(torch.int16), torch.cat(alone[:m]).view(torch.int16)), (hidden, m)
+
+
+@needs_kernel
 def test_bfloat16_attention_matches_float64_and_each_row_is_its_own_at_any_length() -> None:
     """float32 sums over bfloat16 keys and values, each output rounded once: within a bfloat16 rounding of the float64
     result, and a row's bits the same in a pass of 1, 5 or 40 rows (a prefill takes the same kernel in bfloat16)."""

@@ -46,12 +46,29 @@ void trtspec_rope_f32(float *x, const float *cos_t, const float *sin_t, int M, i
     }
 }
 
-/* out = silu(g) * u for gu = [g | u] of 2 I per row: the MLP's activation. */
+/* silu(x) = x / (1 + e^-x) of eight floats, each operation rounded as the scalar float expression's. */
+static inline __m256 silu8(__m256 x) {
+    const __m256 e = exp8_f32(_mm256_sub_ps(_mm256_setzero_ps(), x));
+    return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+}
+
+/* out = silu(g) * u for gu = [g | u] of 2 I per row: the MLP's activation. Eight at a time (a row's last I % 8
+   through the same vector code, padded), so every element gets the same operations wherever it lies. With libm's
+   expf one element at a time it took 11.4 ms of a 69 ms bfloat16 pass of 8 sequences x 5 tokens (SmolLM2-135M, 2-core
+   AMD EPYC), now 3.9; 8 x 1 tokens 2.2 -> 0.85 ms. */
 void trtspec_silu_mul_f32(const float *gu, float *out, int M, int I) {
     for (int m = 0; m < M; m++) {
         const float *g = gu + (int64_t)m * 2 * I, *u = g + I;
         float *o = out + (int64_t)m * I;
-        for (int i = 0; i < I; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        int i = 0;
+        for (; i + 8 <= I; i += 8)
+            _mm256_storeu_ps(o + i, _mm256_mul_ps(silu8(_mm256_loadu_ps(g + i)), _mm256_loadu_ps(u + i)));
+        if (i < I) {
+            float gt[8] = {0}, ut[8] = {0}, ot[8];
+            for (int t = 0; t < I - i; t++) gt[t] = g[i + t], ut[t] = u[i + t];
+            _mm256_storeu_ps(ot, _mm256_mul_ps(silu8(_mm256_loadu_ps(gt)), _mm256_loadu_ps(ut)));
+            for (int t = 0; t < I - i; t++) o[i + t] = ot[t];
+        }
     }
 }
 
@@ -60,22 +77,63 @@ void trtspec_silu_mul_f32(const float *gu, float *out, int M, int I) {
    add, the norm's two products, each product and the sum of the rotary embedding, silu and its product), so they give
    torch's bits except for the order of the norm's mean and expf's last float32 bit. */
 
+/* The sum of squares of row r, H elements, one float in order (as the rows' sums were always taken). */
+static inline float sum_squares_bf16(const uint16_t *r, int H) {
+    float ss = 0.0f;
+    for (int i = 0; i < H; i++) {
+        float v = bf16_to_f32(r[i]);
+        ss += v * v;
+    }
+    return ss;
+}
+
+/* Rows in fours: their four sums in order side by side (each a chain of dependent adds: alone, a row's sum waited
+   on each add), the residual add and the scaling eight elements at a time, each element's operations those of the
+   scalar expressions (round8_bf16 rounds as f32_to_bf16), so the bits are those of the row-by-row kernel before
+   (compared on 1-40 rows of 13-576). One call of 40 rows x 576: 31.7 -> 20.3 us; 8 rows 7.3 -> 5.2. */
 void trtspec_add_rmsnorm_bf16(uint16_t *h, const uint16_t *delta, const uint16_t *w, uint16_t *out, int M, int H,
                               float eps) {
-    for (int m = 0; m < M; m++) {
-        uint16_t *r = h + (int64_t)m * H;
-        uint16_t *o = out + (int64_t)m * H;
+    for (int m0 = 0; m0 < M; m0 += 4) {
+        int nr = M - m0 < 4 ? M - m0 : 4;
+        uint16_t *r = h + (int64_t)m0 * H;
         if (delta) {
-            const uint16_t *d = delta + (int64_t)m * H;
-            for (int i = 0; i < H; i++) r[i] = f32_to_bf16(bf16_to_f32(r[i]) + bf16_to_f32(d[i]));
+            const uint16_t *d = delta + (int64_t)m0 * H;
+            int64_t n = (int64_t)nr * H, i = 0;
+            for (; i + 8 <= n; i += 8) {
+                __m256 a = widen8_bf16(_mm_loadu_si128((const __m128i *)(r + i)));
+                __m256 b = widen8_bf16(_mm_loadu_si128((const __m128i *)(d + i)));
+                _mm_storeu_si128((__m128i *)(r + i), round8_bf16(_mm256_add_ps(a, b)));
+            }
+            for (; i < n; i++) r[i] = f32_to_bf16(bf16_to_f32(r[i]) + bf16_to_f32(d[i]));
         }
-        float ss = 0.0f;
-        for (int i = 0; i < H; i++) {
-            float v = bf16_to_f32(r[i]);
-            ss += v * v;
+        float ss[4];
+        if (nr == 4) {
+            const uint16_t *r0 = r, *r1 = r + H, *r2 = r + 2 * (int64_t)H, *r3 = r + 3 * (int64_t)H;
+            float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+            for (int i = 0; i < H; i++) {
+                float v0 = bf16_to_f32(r0[i]), v1 = bf16_to_f32(r1[i]), v2 = bf16_to_f32(r2[i]), v3 = bf16_to_f32(r3[i]);
+                s0 += v0 * v0;
+                s1 += v1 * v1;
+                s2 += v2 * v2;
+                s3 += v3 * v3;
+            }
+            ss[0] = s0, ss[1] = s1, ss[2] = s2, ss[3] = s3;
+        } else {
+            for (int q = 0; q < nr; q++) ss[q] = sum_squares_bf16(r + (int64_t)q * H, H);
         }
-        float inv = 1.0f / sqrtf(ss / (float)H + eps);
-        for (int i = 0; i < H; i++) o[i] = f32_to_bf16(bf16_to_f32(w[i]) * r16(bf16_to_f32(r[i]) * inv));
+        for (int q = 0; q < nr; q++) {
+            const uint16_t *rq = r + (int64_t)q * H;
+            uint16_t *o = out + (int64_t)(m0 + q) * H;
+            float inv = 1.0f / sqrtf(ss[q] / (float)H + eps);
+            const __m256 iv = _mm256_set1_ps(inv);
+            int i = 0;
+            for (; i + 8 <= H; i += 8) {
+                __m256 x = r16_8(_mm256_mul_ps(widen8_bf16(_mm_loadu_si128((const __m128i *)(rq + i))), iv));
+                __m256 wv = widen8_bf16(_mm_loadu_si128((const __m128i *)(w + i)));
+                _mm_storeu_si128((__m128i *)(o + i), round8_bf16(_mm256_mul_ps(wv, x)));
+            }
+            for (; i < H; i++) o[i] = f32_to_bf16(bf16_to_f32(w[i]) * r16(bf16_to_f32(rq[i]) * inv));
+        }
     }
 }
 
@@ -95,13 +153,23 @@ void trtspec_rope_bf16(uint16_t *x, const uint16_t *cos_t, const uint16_t *sin_t
     }
 }
 
+/* silu rounded to bfloat16, times up, rounded (as torch's two bfloat16 ops round): eight words. */
+static inline __m128i silu_mul8_bf16(const uint16_t *g, const uint16_t *u) {
+    const __m256 x = widen8_bf16(_mm_loadu_si128((const __m128i *)g));
+    return round8_bf16(_mm256_mul_ps(r16_8(silu8(x)), widen8_bf16(_mm_loadu_si128((const __m128i *)u))));
+}
+
 void trtspec_silu_mul_bf16(const uint16_t *gu, uint16_t *out, int M, int I) {
     for (int m = 0; m < M; m++) {
         const uint16_t *g = gu + (int64_t)m * 2 * I, *u = g + I;
         uint16_t *o = out + (int64_t)m * I;
-        for (int i = 0; i < I; i++) {
-            float x = bf16_to_f32(g[i]);
-            o[i] = f32_to_bf16(r16(x / (1.0f + expf(-x))) * bf16_to_f32(u[i]));
+        int i = 0;
+        for (; i + 8 <= I; i += 8) _mm_storeu_si128((__m128i *)(o + i), silu_mul8_bf16(g + i, u + i));
+        if (i < I) {
+            uint16_t gt[8] = {0}, ut[8] = {0}, ot[8];
+            for (int t = 0; t < I - i; t++) gt[t] = g[i + t], ut[t] = u[i + t];
+            _mm_storeu_si128((__m128i *)ot, silu_mul8_bf16(gt, ut));
+            for (int t = 0; t < I - i; t++) o[i + t] = ot[t];
         }
     }
 }
@@ -130,6 +198,22 @@ static inline void store8_bf16(uint16_t *p, __m256 v) {
     for (int e = 0; e < 8; e++) p[e] = f32_to_bf16(tmp[e]);
 }
 static inline float to_f32_f32(float v) { return v; }
+
+/* sc[j] = e^(sc[j] - m) for j < L, eight at a time (the last L % 8 padded through the same code: every score gets
+   the same operations wherever it lies). With libm's expf one score at a time, attention took 4.4 ms of a bfloat16
+   pass of 8 sequences x 1 token after 256 (SmolLM2-135M, 30 layers, 2-core AMD EPYC), now 3.6; 8 x 5: 13.1 -> 10.5.
+   The sum of the scores stays one float in order. */
+static inline void softmax_exp(float *sc, int L, float m) {
+    const __m256 mv = _mm256_set1_ps(m);
+    int j = 0;
+    for (; j + 8 <= L; j += 8) _mm256_storeu_ps(sc + j, exp8_f32(_mm256_sub_ps(_mm256_loadu_ps(sc + j), mv)));
+    if (j < L) {
+        float t[8] = {0};
+        for (int i = 0; i < L - j; i++) t[i] = sc[j + i];
+        _mm256_storeu_ps(t, exp8_f32(_mm256_sub_ps(_mm256_loadu_ps(t), mv)));
+        for (int i = 0; i < L - j; i++) sc[j + i] = t[i];
+    }
+}
 
 #define ATT_GROUP 8   /* query heads per work item at most (more per KV head: in turns of this many) */
 #define ATT_DIM 256   /* head_dim at most (the scratch rows below) */
@@ -161,10 +245,8 @@ static inline float to_f32_f32(float v) { return v; }
         }                                                                                                         \
         for (int e = 0; e < gh; e++) {                                                                            \
             float *sc = scores + e * stride, s = 0.0f;                                                            \
-            for (int j = 0; j < L; j++) {                                                                         \
-                sc[j] = expf(sc[j] - m[e]);                                                                       \
-                s += sc[j];                                                                                       \
-            }                                                                                                     \
+            softmax_exp(sc, L, m[e]);                                                                             \
+            for (int j = 0; j < L; j++) s += sc[j];                                                               \
             sum[e] = s;                                                                                           \
         }                                                                                                         \
         for (int i0 = 0; i0 < d; i0 += 64) { /* per head 8 accumulators: one pass over the values per 64 */       \
@@ -217,10 +299,8 @@ static inline float to_f32_f32(float v) { return v; }
                     if (sc > m) m = sc;                                                                           \
                 }                                                                                                 \
                 float sum = 0.0f;                                                                                 \
-                for (int j = 0; j < L; j++) {                                                                     \
-                    scores[j] = expf(scores[j] - m);                                                              \
-                    sum += scores[j];                                                                             \
-                }                                                                                                 \
+                softmax_exp(scores, L, m);                                                                        \
+                for (int j = 0; j < L; j++) sum += scores[j];                                                     \
                 T *o = out + ((start + r) * hq + h) * d;                                                          \
                 __m256 inv = _mm256_set1_ps(1.0f / sum);                                                          \
                 for (int i0 = 0; i0 < d; i0 += 128) { /* up to 16 accumulators: one pass over the values per 128 */ \
