@@ -57,3 +57,45 @@ def test_a_served_model_leaves_cores_to_the_server_and_with_none_left_takes_one_
             assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_openmp_waits_passively_only_without_a_spin_count() -> None:
+    from trtspec.threads import waits_passively
+
+    assert waits_passively({"OMP_WAIT_POLICY": "PASSIVE"}) and waits_passively({"OMP_WAIT_POLICY": "passive "})
+    assert not waits_passively({"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "10000"})
+    assert not waits_passively({"OMP_WAIT_POLICY": "ACTIVE"}) and not waits_passively({})
+
+
+@pytest.mark.parametrize(
+    "env, rows",
+    [
+        ({"OMP_WAIT_POLICY": "PASSIVE"}, "passive"),
+        ({"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "10000"}, 1),
+        ({}, 1),
+        ({"OMP_WAIT_POLICY": "PASSIVE", "TRTSPEC_PARALLEL_ROWS": "3"}, 3),
+        ({"TRTSPEC_PARALLEL_ROWS": "16"}, 16),
+    ],
+)
+def test_a_kernel_call_of_few_rows_takes_one_thread_only_where_threads_sleep(monkeypatch, env, rows) -> None:
+    """Under a passive wait each parallel call wakes a sleeping thread (tens of microseconds on a VM): calls of fewer
+    rows than parallel_rows() run on the calling thread; a spinning runtime's calls take every thread."""
+    import torch
+
+    from trtspec.runtimes.inflight import cpu_kernels
+
+    for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "TRTSPEC_PARALLEL_ROWS"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delitem(cpu_kernels._state, "rows", raising=False)
+    expected = cpu_kernels.PASSIVE_PARALLEL_ROWS if rows == "passive" else rows
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert cpu_kernels.parallel_rows() == expected
+        assert cpu_kernels._threads_for(expected) == 2 and cpu_kernels._threads_for(10_000) == 2
+        assert expected == 1 or cpu_kernels._threads_for(expected - 1) == 1
+    finally:
+        torch.set_num_threads(before)
+        cpu_kernels._state.pop("rows", None)
