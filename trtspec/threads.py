@@ -43,8 +43,9 @@ A short spin is 1.5-1.6x faster on an idle machine and 1.2-2.3x slower on a busy
 shared or busy CPU must not stall); on a machine that serves nothing else, set ``GOMP_SPINCOUNT=10000`` in the
 environment of the process (it is kept: only ``OMP_WAIT_POLICY`` is defaulted here, and libgomp lets an explicit spin
 count override the passive policy's zero).
-Under the passive wait trtspec's own kernels (trtspec.runtimes.inflight.cpu_kernels) run a call of fewer than
-``PASSIVE_PARALLEL_ROWS`` (8) rows on the calling thread: such a call's second core gained less than waking it cost.
+Under the passive wait trtspec's own bfloat16 kernels (trtspec.runtimes.inflight.cpu_kernels) run a call of fewer
+than ``PASSIVE_PARALLEL_ROWS`` (8) rows on the calling thread: such a call's second core gained less than waking
+it cost.
 Measured 2026-12-07 on the 2-core EPYC (bfloat16, in process, both variants alternated group by group in one process,
 the same tokens): target-only 1.20x the tok/s at one sequence, adaptive 1.26x, n-grams K 4 1.23x; at 8 sequences 1.02x,
 1.07x, 0.98x (passes of 8 or more rows keep both threads).

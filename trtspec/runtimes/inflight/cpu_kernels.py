@@ -32,8 +32,8 @@ attention; ``cpu_kernels.h``: what they share) are compiled into one library onc
 cache directory (``gcc -O3 -march=native -fopenmp``, about a second; keyed by the sources, the compiler and the CPU's
 flags, written atomically), then loaded
 with ctypes, which releases the GIL for the call. Its OpenMP runtime is torch's own ``libgomp.so.1``, already loaded by
-torch, so the threads are torch's (a call passes ``torch.get_num_threads()``, or one thread for fewer rows than
-:func:`parallel_rows` under a passive wait). Where it cannot be built or loaded
+torch, so the threads are torch's (a call passes ``torch.get_num_threads()``, or one thread for a bfloat16 call of
+fewer rows than :func:`parallel_rows` under a passive wait). Where it cannot be built or loaded
 (no AVX2/FMA, not x86-64, no C compiler, ``TRTSPEC_CPU_KERNELS=0``), :func:`available` is False and the step keeps
 oneDNN and torch's ops.
 """
@@ -115,7 +115,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         raise ValueError(f"cpu_kernels.linear: x {tuple(x.shape)} {x.dtype} against weight {tuple(weight.shape)}")
     y = torch.empty(m, n, dtype=weight.dtype)
     b = None if bias is None else bias.to(weight.dtype).contiguous()
-    fn(x.data_ptr(), weight.data_ptr(), None if b is None else b.data_ptr(), y.data_ptr(), m, n, k, _threads_for(m))
+    threads = _threads_for(m) if bf16 else _threads()
+    fn(x.data_ptr(), weight.data_ptr(), None if b is None else b.data_ptr(), y.data_ptr(), m, n, k, threads)
     return y
 
 
@@ -193,7 +194,7 @@ def attend(
         capacity,
         d,
         scaling,
-        _threads_for(t),
+        _threads_for(t) if q.dtype == torch.bfloat16 else _threads(),
     )
     return out
 
@@ -222,14 +223,15 @@ def _threads() -> int:
 # that goes through the hypervisor: tens of microseconds per call, more than a few rows' multiply gains from a second
 # core. Measured on a 2-core AMD EPYC (AVX512-BF16), the example's bfloat16 target, passes alternated in one process
 # (medians of 10): 1 sequence x 1 token 23.3 ms on two threads, 19.2 on one; 1 x 5 tokens 25.2 / 22.6; but 8 x 1
-# 28.1 / 30.8, 8 x 2 39.2 / 43.6, 8 x 5 74.7 / 107.8. So under a passive wait a call of fewer rows than this runs on
-# one thread (the calling one: nothing to wake); a thread that spins (GOMP_SPINCOUNT, or another wait policy) wakes
-# at once and every call takes all threads. TRTSPEC_PARALLEL_ROWS sets it.
+# 28.1 / 30.8, 8 x 2 39.2 / 43.6, 8 x 5 74.7 / 107.8. So under a passive wait a bfloat16 call of fewer rows than
+# this runs on one thread (the calling one: nothing to wake); a thread that spins (GOMP_SPINCOUNT, or another wait
+# policy) wakes at once and every call takes all threads. TRTSPEC_PARALLEL_ROWS sets it. float32 calls keep every
+# thread: their weights are twice the bytes, and one thread verified 5 tokens 1.08x slower (decoding one 0.90x).
 PASSIVE_PARALLEL_ROWS = 8
 
 
 def parallel_rows() -> int:
-    """The fewest rows a kernel call splits over torch's threads (1: every call; see PASSIVE_PARALLEL_ROWS)."""
+    """The fewest rows a bfloat16 kernel call splits over torch's threads (1: every call; PASSIVE_PARALLEL_ROWS)."""
     if "rows" not in _state:
         from trtspec.threads import waits_passively
 

@@ -34,11 +34,11 @@ def fastest_threads(
 ) -> tuple[int, dict]:
     """The torch intra-op thread count (1 or one per core) under which ``model``'s decode step runs fastest on this
     machine now, and the median seconds of each: one-token passes after ``context`` cached tokens through the
-    engine's own pass (passes of ``cpu_kernels.parallel_rows()`` tokens where the fused step runs on trtspec's kernels:
-    smaller calls take one thread whatever the count), the counts alternating. Leaves torch set to the choice.
-    Measured (bfloat16, SmolLM2-135M):
-    on a 2-vCPU Intel Xeon VM one thread decoded 17.1 tok/s against 9.8 with two, idle, and the same busy, where a
-    2-core AMD EPYC decoded faster on both cores (see trtspec.threads).
+    engine's own pass (passes of ``cpu_kernels.parallel_rows()`` tokens where the fused step runs on trtspec's
+    bfloat16 kernels: smaller calls take one thread whatever the count), the counts alternating. Leaves torch set
+    to the choice. Measured (bfloat16, SmolLM2-135M): on a 2-vCPU Intel Xeon VM one thread decoded 17.1 tok/s
+    against 9.8 with two, idle, and the same busy, where a 2-core AMD EPYC decoded faster on both cores (see
+    trtspec.threads).
 
     ``reserve``: cores left to other threads of this machine's serving (the served models pass
     :data:`SERVED_RESERVE`): the many-thread candidate is one per core less these, and with none left the choice is
@@ -56,7 +56,8 @@ def fastest_threads(
     # passive wait: trtspec.runtimes.inflight.cpu_kernels), so the counts differ from a pass of that many tokens on.
     from trtspec.runtimes.inflight import cpu_kernels
 
-    kernels = passes.fast is not None and cpu_kernels.available()
+    bf16 = next(passes.model.parameters()).dtype == torch.bfloat16
+    kernels = passes.fast is not None and bf16 and cpu_kernels.available()
     step = passes.forward(max(1, cpu_kernels.parallel_rows()) if kernels else 1)
     times: dict[int, list[float]] = {1: [], cores: []}
     with torch.inference_mode():
