@@ -30,10 +30,6 @@ static inline uint16_t f32_to_bf16(float f) {
 
 static inline float r16(float f) { return bf16_to_f32(f32_to_bf16(f)); } /* round to bfloat16 and back */
 
-static inline __m256 load8_bf16(const uint16_t *p) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
-}
-
 /* Eight floats rounded to bfloat16 words as f32_to_bf16 rounds each (nearest even, NaN kept a NaN). */
 static inline __m128i round8_bf16(__m256 v) {
     const __m256i u = _mm256_castps_si256(v);
@@ -49,6 +45,11 @@ static inline __m128i round8_bf16(__m256 v) {
 /* bfloat16 words back to floats (exact). */
 static inline __m256 widen8_bf16(__m128i w) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(w), 16));
+}
+
+/* Eight bfloat16 words from memory as floats. */
+static inline __m256 load8_bf16(const uint16_t *p) {
+    return widen8_bf16(_mm_loadu_si128((const __m128i *)p));
 }
 
 /* r16 of eight floats. */

@@ -115,7 +115,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         raise ValueError(f"cpu_kernels.linear: x {tuple(x.shape)} {x.dtype} against weight {tuple(weight.shape)}")
     y = torch.empty(m, n, dtype=weight.dtype)
     b = None if bias is None else bias.to(weight.dtype).contiguous()
-    threads = _threads_for(m) if bf16 else _threads()
+    threads = _threads_for(m, weight.dtype)
     fn(x.data_ptr(), weight.data_ptr(), None if b is None else b.data_ptr(), y.data_ptr(), m, n, k, threads)
     return y
 
@@ -194,7 +194,7 @@ def attend(
         capacity,
         d,
         scaling,
-        _threads_for(t) if q.dtype == torch.bfloat16 else _threads(),
+        _threads_for(t, q.dtype),
     )
     return out
 
@@ -230,8 +230,11 @@ def _threads() -> int:
 PASSIVE_PARALLEL_ROWS = 8
 
 
-def parallel_rows() -> int:
-    """The fewest rows a bfloat16 kernel call splits over torch's threads (1: every call; PASSIVE_PARALLEL_ROWS)."""
+def parallel_rows(dtype: torch.dtype = torch.bfloat16) -> int:
+    """The fewest rows a kernel call on ``dtype`` splits over torch's threads (1: every call; bfloat16 under a
+    passive wait: PASSIVE_PARALLEL_ROWS)."""
+    if dtype != torch.bfloat16:
+        return 1
     if "rows" not in _state:
         from trtspec.threads import waits_passively
 
@@ -240,8 +243,8 @@ def parallel_rows() -> int:
     return int(_state["rows"])
 
 
-def _threads_for(rows: int) -> int:
-    return _threads() if rows >= parallel_rows() else 1
+def _threads_for(rows: int, dtype: torch.dtype = torch.bfloat16) -> int:
+    return _threads() if rows >= parallel_rows(dtype) else 1
 
 
 def _cpu_flags() -> str:

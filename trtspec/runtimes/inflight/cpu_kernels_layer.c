@@ -100,8 +100,8 @@ void trtspec_add_rmsnorm_bf16(uint16_t *h, const uint16_t *delta, const uint16_t
             const uint16_t *d = delta + (int64_t)m0 * H;
             int64_t n = (int64_t)nr * H, i = 0;
             for (; i + 8 <= n; i += 8) {
-                __m256 a = widen8_bf16(_mm_loadu_si128((const __m128i *)(r + i)));
-                __m256 b = widen8_bf16(_mm_loadu_si128((const __m128i *)(d + i)));
+                __m256 a = load8_bf16(r + i);
+                __m256 b = load8_bf16(d + i);
                 _mm_storeu_si128((__m128i *)(r + i), round8_bf16(_mm256_add_ps(a, b)));
             }
             for (; i < n; i++) r[i] = f32_to_bf16(bf16_to_f32(r[i]) + bf16_to_f32(d[i]));
@@ -128,8 +128,8 @@ void trtspec_add_rmsnorm_bf16(uint16_t *h, const uint16_t *delta, const uint16_t
             const __m256 iv = _mm256_set1_ps(inv);
             int i = 0;
             for (; i + 8 <= H; i += 8) {
-                __m256 x = r16_8(_mm256_mul_ps(widen8_bf16(_mm_loadu_si128((const __m128i *)(rq + i))), iv));
-                __m256 wv = widen8_bf16(_mm_loadu_si128((const __m128i *)(w + i)));
+                __m256 x = r16_8(_mm256_mul_ps(load8_bf16(rq + i), iv));
+                __m256 wv = load8_bf16(w + i);
                 _mm_storeu_si128((__m128i *)(o + i), round8_bf16(_mm256_mul_ps(wv, x)));
             }
             for (; i < H; i++) o[i] = f32_to_bf16(bf16_to_f32(w[i]) * r16(bf16_to_f32(rq[i]) * inv));
@@ -155,8 +155,8 @@ void trtspec_rope_bf16(uint16_t *x, const uint16_t *cos_t, const uint16_t *sin_t
 
 /* silu rounded to bfloat16, times up, rounded (as torch's two bfloat16 ops round): eight words. */
 static inline __m128i silu_mul8_bf16(const uint16_t *g, const uint16_t *u) {
-    const __m256 x = widen8_bf16(_mm_loadu_si128((const __m128i *)g));
-    return round8_bf16(_mm256_mul_ps(r16_8(silu8(x)), widen8_bf16(_mm_loadu_si128((const __m128i *)u))));
+    const __m256 x = load8_bf16(g);
+    return round8_bf16(_mm256_mul_ps(r16_8(silu8(x)), load8_bf16(u)));
 }
 
 void trtspec_silu_mul_bf16(const uint16_t *gu, uint16_t *out, int M, int I) {
@@ -192,11 +192,7 @@ void trtspec_silu_mul_bf16(const uint16_t *gu, uint16_t *out, int M, int I) {
    items (ATTEND_HEADS below). */
 static inline __m256 load8_f32(const float *p) { return _mm256_loadu_ps(p); }
 static inline void store8_f32(float *p, __m256 v) { _mm256_storeu_ps(p, v); }
-static inline void store8_bf16(uint16_t *p, __m256 v) {
-    float tmp[8];
-    _mm256_storeu_ps(tmp, v);
-    for (int e = 0; e < 8; e++) p[e] = f32_to_bf16(tmp[e]);
-}
+static inline void store8_bf16(uint16_t *p, __m256 v) { _mm_storeu_si128((__m128i *)p, round8_bf16(v)); }
 static inline float to_f32_f32(float v) { return v; }
 
 /* sc[j] = e^(sc[j] - m) for j < L, eight at a time (the last L % 8 padded through the same code: every score gets

@@ -56,9 +56,9 @@ def fastest_threads(
     # passive wait: trtspec.runtimes.inflight.cpu_kernels), so the counts differ from a pass of that many tokens on.
     from trtspec.runtimes.inflight import cpu_kernels
 
-    bf16 = next(passes.model.parameters()).dtype == torch.bfloat16
-    kernels = passes.fast is not None and bf16 and cpu_kernels.available()
-    step = passes.forward(max(1, cpu_kernels.parallel_rows()) if kernels else 1)
+    kernels = passes.fast is not None and cpu_kernels.available()
+    dtype = next(passes.model.parameters()).dtype
+    step = passes.forward(max(1, cpu_kernels.parallel_rows(dtype)) if kernels else 1)
     times: dict[int, list[float]] = {1: [], cores: []}
     with torch.inference_mode():
         for rep in range(reps + 1):
