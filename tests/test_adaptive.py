@@ -763,6 +763,72 @@ def test_a_plan_that_speculates_or_a_seeded_request_keeps_the_drafter_choosing_e
     assert len(policy.plans) == 6 and drafter.skipped_steps == 0
 
 
+class _EagerPolicy(AdaptivePolicy):
+    """Speculates for every sequence with an n-gram proposal (K 4), whatever it costs: a policy whose estimates are
+    wrong at a batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.plans = 0
+
+    def plan(self, seqs, asks, batch_seqs=None):
+        self.plans += 1
+        out = []
+        for seq, ask in zip(seqs, asks):
+            choice = Choice(NGRAM, min(4, len(ask.ngram_tokens)), (NGRAM, 4)) if ask.ngram_tokens else Choice()
+            seq.last = (choice.arm, choice.k) if choice.speculates else None
+            out.append(choice)
+        return out
+
+
+def _timed_steps(drafter, jobs, steps, spec_s, plain_s, accepted):
+    """``steps`` engine steps on a fake clock: a speculative step takes ``spec_s`` and accepts ``accepted`` per
+    sequence, a plain one ``plain_s``; returns which steps speculated."""
+    clock = [0.0]
+    drafter.clock = lambda: clock[0]
+    spoke = []
+    for _ in range(steps):
+        out = drafter.propose(jobs, [4] * len(jobs), batch_tokens=len(jobs), batch_seqs=len(jobs))
+        speculated = any(p.tokens for p in out)
+        clock[0] += spec_s if speculated else plain_s
+        drafter.observe_pass(len(jobs), 0.001, seqs=len(jobs))
+        for job, p in zip(jobs, out):
+            drafter.commit(job, len(job.tokens), len(p.tokens), accepted if p.tokens else 0)
+        spoke.append(speculated)
+    return spoke
+
+
+def test_the_engine_drafter_gates_a_batch_size_where_speculating_realized_less_than_plain_steps():
+    """A policy that always speculates at 4 sequences, where a speculative step takes 60 ms for 1.25 tokens a
+    sequence and a plain one 40 ms for 1 (20.8 against 25 tokens/s a sequence): once the gate has the evidence it
+    passes one plan in probe_every (the probe, speculative), and the rest are plain steps; where speculation pays
+    (2 tokens a sequence in 60 ms) nothing is gated, nor is a sequence alone however it does."""
+    repeat = [5, 6, 7, 5, 6, 7, 5, 6]  # every job has an n-gram proposal
+    jobs = [_Job(repeat) for _ in range(4)]
+    drafter = _drafter(_EagerPolicy(), jobs)
+    for _ in range(3):  # plain steps to weigh against (the gate asks for a few of each kind)
+        drafter.gate.observe(4, False, 4, 0.040)
+    spoke = _timed_steps(drafter, jobs, 64, spec_s=0.060, plain_s=0.040, accepted=0.25)
+    assert all(spoke[:5])  # no evidence yet
+    late = spoke[32:]
+    assert sum(late) == len(late) // drafter.gate.probe_every  # probes only
+    assert drafter.gate.snapshot()[4]["closed"] is True
+
+    jobs = [_Job(repeat) for _ in range(4)]
+    drafter = _drafter(_EagerPolicy(), jobs)
+    for _ in range(3):
+        drafter.gate.observe(4, False, 4, 0.040)
+    spoke = _timed_steps(drafter, jobs, 64, spec_s=0.060, plain_s=0.040, accepted=1)
+    assert all(spoke) and drafter.gate.snapshot()[4]["closed"] is False
+
+    one = [_Job(repeat)]
+    drafter = _drafter(_EagerPolicy(), one)
+    for _ in range(3):
+        drafter.gate.observe(1, False, 1, 0.010)
+    assert all(_timed_steps(drafter, one, 32, spec_s=0.060, plain_s=0.010, accepted=0))
+    assert drafter.gate.snapshot() == {1: {"spec_tok_s": 0.0, "plain_tok_s": 100.0, "closed": False}}
+
+
 class _PhasedPolicy(SwitchingPolicy):
     """SwitchingPolicy's choices at every fourth plan, no speculation for anybody at the others: the engine drafter
     then skips steps, and comes back."""

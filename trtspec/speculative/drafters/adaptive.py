@@ -17,6 +17,16 @@ fewer sequences may pay) or a plan speculates. A skipped step is a plain target 
 the choice still depends only on committed tokens and earlier steps, so exactness is unchanged. A reproducible
 (seeded sampled) sequence in the batch turns the skipping off: its choices must not depend on the batch.
 
+At a batch the policy's gain is a few per cent at best, and its estimates (pass costs calibrated on an idle engine,
+acceptance pooled over the server's traffic) err by as much: through Triton at concurrency 8 it read 1.03x
+target-only when that load came first and 0.93-0.96x after concurrency-1 traffic (the requests' acceptance 0.05-0.07
+against 0.02-0.03: it speculated more).
+So the engine drafter also weighs what speculating realized (``trtspec.speculative.gate``), per batch size: each
+decode step of several sequences, its tokens committed over its seconds from proposing to the verdict, speculative
+steps against plain ones; where the speculative steps' rate is below the plain steps', a plan is made only once
+in the gate's ``probe_every`` and the other steps are plain. A sequence alone is never gated (its plan prices its
+own step, as it is), nor a batch with a reproducible sequence.
+
 Two forms: ``AdaptiveEngineDrafter`` for the in-flight engine (in process and the in-process Triton model) and
 ``AdaptiveLocalDrafter`` for the BLS orchestrator, which asks the draft engine for the model's tokens and learns the
 costs from its own engine calls.
@@ -85,6 +95,11 @@ class AdaptiveEngineDrafter:
         self._skip = 0
         self._quiet_batch = 0
         self.skipped_steps = 0
+        # What speculating realized per batch size, the step's own seconds from proposing to the verdict: the
+        # policy's estimates, right on average, have errors as large as its gains at a batch (module docstring).
+        self.gate = RealizedGate()
+        self.clock = time.perf_counter  # what a step's seconds are read from (tests give their own)
+        self._step: _StepRecord | None = None  # the step in flight: observed into the gate at the next one
 
     @property
     def passes(self) -> int:
@@ -113,10 +128,18 @@ class AdaptiveEngineDrafter:
         t0 = time.perf_counter()
         batch = max(batch_seqs, len(jobs))
         shared = not any(self._arms[id(job)].reproducible for job in jobs)
+        self._observe_step()
+        # A decode step (every sequence of the pass feeds one token) is the gate's evidence; a prefill's cost is
+        # paid whatever the choice. A batch with a seeded sequence is neither gated nor evidence.
+        record = _StepRecord(batch, self.clock()) if shared and batch > 1 and batch_tokens == batch else None
+        self._step = record
         if self._skip > 0 and shared and batch >= self._quiet_batch:
             self._skip -= 1
             self.skipped_steps += 1
             self.policy.record_plain(len(jobs))
+            return [Proposal() for _ in jobs]
+        if shared and batch > 1 and not self.gate.allows(batch):
+            self.policy.record_plain(len(jobs))  # speculating has not paid at this batch size, as realized
             return [Proposal() for _ in jobs]
         found = [self.ngram.propose_one(job.history(), k) for job, k in zip(jobs, ks)]
         ready = [self._model_ready(job) for job in jobs]
@@ -149,9 +172,19 @@ class AdaptiveEngineDrafter:
                 to_model.append(i)
                 model_ks.append(choice.k)
         self._by_model |= finish_proposals(self.model, jobs, out, to_model, model_ks, t0)
+        if record is not None:
+            record.speculated = any(p.tokens for p in out)
         return out
 
+    def _observe_step(self) -> None:
+        """The last step's record, complete (timed to its verdict, its tokens committed), into the gate."""
+        record, self._step = self._step, None
+        if record is not None and record.seconds > 0:
+            self.gate.observe(record.seqs, record.speculated, record.tokens, record.seconds)
+
     def commit(self, job: Any, history_before: int, proposed: int, accepted: int) -> None:
+        if self._step is not None:
+            self._step.tokens += accepted + 1
         arms = self._arms.get(id(job))
         if arms is not None:
             self.policy.verdict(arms, proposed, accepted)
@@ -161,9 +194,25 @@ class AdaptiveEngineDrafter:
             self.model.commit(job, history_before, proposed if by_model else 0, accepted if by_model else 0)
 
     def observe_pass(self, tokens: int, seconds: float, rows: int = 0, verify_s: float = 0.0, seqs: int = 1) -> None:
+        if self._step is not None and self._step.seconds > 0:
+            self._observe_step()  # a step without proposals (no job asked): the last one's record is complete
+        elif self._step is not None:  # the step's time from proposing to the verdict (its commits come next)
+            self._step.seconds = self.clock() - self._step.start
         self.policy.observe_target(tokens, seconds, seqs=seqs)
         if rows > 0:
             self.policy.observe_verify(rows, verify_s)
+
+
+@dataclasses.dataclass
+class _StepRecord:
+    """One engine step as the gate weighs it: the sequences of its pass, whether any speculated, the tokens it
+    committed and its seconds from proposing to the verdict (0 until the pass was timed)."""
+
+    seqs: int
+    start: float
+    speculated: bool = False
+    tokens: int = 0
+    seconds: float = 0.0
 
 
 @dataclasses.dataclass
