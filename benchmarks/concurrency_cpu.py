@@ -5,10 +5,11 @@ The embedded example (target, distilled draft, n-gram pool) and the 24 workload 
 engine (as a server at that concurrency: the batch shrinks as answers finish), greedy. Per round, every group through
 each configuration in turn, interleaved so that each meets the same machine: target-only; ``adaptive`` (the default
 drafter, which stops choosing for steps where it speculated for nobody: trtspec.speculative.drafters.adaptive);
-``adaptive-always`` (the same, choosing every step); and any fixed ``--configs`` (e.g. ``ngram:4``). Reports output
-tokens per second over all rounds, the ratio to target-only, and greedy identity with target-only (checked for every
-conversation). ``--calibrate`` anchors the adaptive policies' cost curves first, as the in-process Triton model does
-at start (``calibrate_costs``).
+``adaptive-always`` (the same, choosing every step); ``adaptive-ungated`` (the same without the gate on what
+speculating realized per batch size: trtspec.speculative.gate); and any fixed ``--configs`` (e.g. ``ngram:4``).
+Reports output tokens per second over all rounds, the ratio to target-only, and greedy identity with target-only
+(checked for every conversation). ``--calibrate`` anchors the adaptive policies' cost curves first, as the in-process
+Triton model does at start (``calibrate_costs``).
 
     python benchmarks/concurrency_cpu.py [--batch 8] [--rounds 3] [--max-tokens 96] [--dtype bfloat16] \
         [--configs ngram:4] [--calibrate] [--json F]
@@ -48,6 +49,8 @@ from trtspec.runtimes.torch.session import TorchSession  # noqa: E402
 from trtspec.speculative.adaptive import AdaptivePolicy  # noqa: E402
 from trtspec.speculative.drafters.ngram import POOL_FILE, NgramPool  # noqa: E402
 
+ADAPTIVE = ("adaptive", "adaptive-always", "adaptive-ungated")  # the adaptive drafter and two of its parts off
+
 
 def _example(dtype: str, max_draft_len: int = 4):
     """The example's session (target, draft, tokenizer), its n-gram pool and end-of-sequence ids."""
@@ -70,7 +73,7 @@ def run(batch: int, rounds: int, max_tokens: int, dtype: str, configs, calibrate
         "target-only": (SpeculativeDecoder(target, None, eos_ids=eos), False)
     }
     policies = {}
-    for name in ("adaptive", "adaptive-always"):
+    for name in ADAPTIVE:
         policies[name] = AdaptivePolicy()
         dec = SpeculativeDecoder(
             target, draft, max_draft_len=4, eos_ids=eos, drafter="adaptive", ngram_pool=pool, policy=policies[name]
@@ -88,13 +91,14 @@ def run(batch: int, rounds: int, max_tokens: int, dtype: str, configs, calibrate
     for dec, use in decoders.values():  # engines built at their final size, one-time costs out of the timing
         dec.generate(longest, max_tokens, use_draft=use)
     _drafter(decoders["adaptive-always"][0]).quiet_skip_max = 0
-    for name in ("adaptive", "adaptive-always"):  # count the timed rounds only
+    _drafter(decoders["adaptive-ungated"][0]).gate.allows = lambda seqs: True  # every plan goes to the policy
+    for name in ADAPTIVE:  # count the timed rounds only
         _drafter(decoders[name][0]).skipped_steps = 0
         policies[name].steps = dict.fromkeys(policies[name].steps, 0)
     if calibrate:
         from trtspec.runtimes.inflight.timing import calibrate as anchor
 
-        for name in ("adaptive", "adaptive-always"):
+        for name in ADAPTIVE:
             anchor(policies[name], target, draft, max_batch=batch)
     acc = {name: {"s": 0.0, "tokens": 0, "same": True} for name in decoders}
     with Progress(transient=True) as progress:
@@ -122,11 +126,12 @@ def run(batch: int, rounds: int, max_tokens: int, dtype: str, configs, calibrate
         }
         for name, a in acc.items()
     }
-    for name in ("adaptive", "adaptive-always"):
+    for name in ADAPTIVE:
         snap = policies[name].snapshot()
         rows[name]["no_speculation_share"] = snap["no_speculation_share"]
         rows[name]["steps"] = snap["steps"]
         rows[name]["skipped_steps"] = _drafter(decoders[name][0]).skipped_steps
+        rows[name]["gated_plans"] = _drafter(decoders[name][0]).gate.closed_plans
     return {
         "batch": batch,
         "rounds": rounds,
@@ -230,7 +235,8 @@ def render(result: dict) -> None:
         f"{result['max_tokens']} tokens, {result['rounds']} rounds, {result['dtype']}"
         + (", calibrated" if result["calibrated"] else "")
     )
-    for col in ("config", "tok/s", "vs target-only", "greedy = target-only", "no-speculation share", "skipped steps"):
+    cols = ("config", "tok/s", "vs target-only", "greedy = target-only", "no-speculation share", "skipped", "gated")
+    for col in cols:
         table.add_column(col, justify="left" if col == "config" else "right")
     for name, r in result["configs"].items():
         table.add_row(
@@ -240,6 +246,7 @@ def render(result: dict) -> None:
             "yes" if r["identical_greedy"] else "NO",
             f"{r['no_speculation_share']:.2f}" if "no_speculation_share" in r else "",
             str(r.get("skipped_steps", "")),
+            str(r.get("gated_plans", "")),
         )
     Console(width=120).print(table)
 

@@ -781,14 +781,15 @@ class _EagerPolicy(AdaptivePolicy):
         return out
 
 
-def _timed_steps(drafter, jobs, steps, spec_s, plain_s, accepted):
+def _timed_steps(drafter, jobs, steps, spec_s, plain_s, accepted, feed=1):
     """``steps`` engine steps on a fake clock: a speculative step takes ``spec_s`` and accepts ``accepted`` per
-    sequence, a plain one ``plain_s``; returns which steps speculated."""
+    sequence, a plain one ``plain_s``; each sequence feeds ``feed`` tokens (more than 1: a prompt's); returns which
+    steps speculated."""
     clock = [0.0]
     drafter.clock = lambda: clock[0]
     spoke = []
     for _ in range(steps):
-        out = drafter.propose(jobs, [4] * len(jobs), batch_tokens=len(jobs), batch_seqs=len(jobs))
+        out = drafter.propose(jobs, [4] * len(jobs), batch_tokens=feed * len(jobs), batch_seqs=len(jobs))
         speculated = any(p.tokens for p in out)
         clock[0] += spec_s if speculated else plain_s
         drafter.observe_pass(len(jobs), 0.001, seqs=len(jobs))
@@ -820,6 +821,12 @@ def test_the_engine_drafter_gates_a_batch_size_where_speculating_realized_less_t
         drafter.gate.observe(4, False, 4, 0.040)
     spoke = _timed_steps(drafter, jobs, 64, spec_s=0.060, plain_s=0.040, accepted=1)
     assert all(spoke) and drafter.gate.snapshot()[4]["closed"] is False
+
+    # steps that feed prompts are not evidence (a prefill's cost is paid whatever the choice)
+    jobs = [_Job(repeat) for _ in range(4)]
+    drafter = _drafter(_EagerPolicy(), jobs)
+    assert all(_timed_steps(drafter, jobs, 16, spec_s=0.060, plain_s=0.040, accepted=0, feed=3))
+    assert drafter.gate.snapshot() == {4: {"spec_tok_s": 0.0, "plain_tok_s": 0.0, "closed": False}}
 
     one = [_Job(repeat)]
     drafter = _drafter(_EagerPolicy(), one)
