@@ -10,7 +10,9 @@ every prompt (checked). Every pass is timed on its own (``pass_seconds``), and `
 configuration with each category's best fixed one prompt by prompt (``paired.paired_ratio``: a paired bootstrap
 interval, so that a difference of a few per cent can be told from the machine's noise). The adaptive decoder keeps
 one policy for the whole run, as a server does (it learns from every request before); ``adaptive-ngram:K`` is the
-adaptive drafter without a draft model (n-grams or no draft per sequence and step).
+adaptive drafter without a draft model (n-grams or no draft per sequence and step); ``adaptive-calibrated:K`` is the
+adaptive drafter with its cost curves' shapes timed at start (``trtspec.runtimes.inflight.timing.calibrate``, as the
+in-process Triton model does), live passes moving only their scale.
 
     python benchmarks/workloads_cpu.py [--configs ...] [--max-tokens 96] [--repeats 1] [--threads 2] \
         [--dtype float32|bfloat16] [--json F] [--plot F]
@@ -99,11 +101,16 @@ def run(
             session.draft if kind not in ("ngram", "adaptive-ngram") else None,
             max_draft_len=k,
             eos_ids=eos,
-            drafter=kind.removesuffix("-ngram"),
+            drafter=kind.removesuffix("-ngram").removesuffix("-calibrated"),
             ngram_pool=pool,
         )
         for kind, k in configs
     }
+    for (kind, _k), dec in zip(configs, decoders.values()):
+        if kind == "adaptive-calibrated":
+            from trtspec.runtimes.inflight.timing import calibrate
+
+            calibrate(dec.policy, session.target, session.draft, max_batch=1)
     sets = {c: convs[:prompts_per_category] for c, convs in workloads().items()}
     warm = encode_messages(session.tokenizer, sets["chat"][0])
     for dec in [base, *decoders.values()]:  # one-time costs (allocation, first passes) out of the measurement
