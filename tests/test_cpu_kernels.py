@@ -48,6 +48,24 @@ def test_a_rows_bits_do_not_depend_on_the_rows_beside_it_or_the_threads() -> Non
     assert not torch.equal(torch.nn.functional.linear(x, w, b), alone)
 
 
+@needs_kernel
+@pytest.mark.parametrize("n, k", [(8, 37), (6, 580), (12, 1001)])
+def test_a_float32_rows_bits_do_not_depend_on_the_pass_where_the_inputs_end_in_a_scalar_tail(n: int, k: int) -> None:
+    """K not a multiple of 8 ends each sum in a scalar loop: one out-of-line copy serves every tile (inlined, the
+    2 x 3 tile's copy once added its products in another way, and rows of a 3- or 7-row pass got other bits)."""
+    g = torch.Generator().manual_seed(k)
+    w, b, x = torch.randn(n, k, generator=g), torch.randn(n, generator=g), torch.randn(9, k, generator=g)
+    alone = torch.cat([cpu_kernels.linear(x[i : i + 1], w, b) for i in range(len(x))])
+    threads = torch.get_num_threads()
+    try:
+        for t in sorted({1, 2, threads}):
+            torch.set_num_threads(t)
+            for m in range(1, len(x) + 1):
+                assert torch.equal(cpu_kernels.linear(x[:m], w, b), alone[:m]), (m, t)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _bf16_case(n: int, k: int, m: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return tuple(torch.randn(*shape, generator=g).bfloat16() for shape in ((m, k), (n, k), (n,)))  # type: ignore[return-value]
