@@ -29,12 +29,9 @@ def test_multiplies_like_float64_within_float32_rounding(n: int, k: int, with_bi
         assert (y.double() - ref).abs().max().item() <= tol
 
 
-@needs_kernel
-def test_a_rows_bits_do_not_depend_on_the_rows_beside_it_or_the_threads() -> None:
-    g = torch.Generator().manual_seed(0)
-    w = torch.randn(3072, 576, generator=g)
-    b = torch.randn(3072, generator=g)
-    x = torch.randn(cpu_kernels.MAX_ROWS, 576, generator=g)
+def _rows_alone_and_in_every_pass(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Each row of ``x`` multiplied alone; asserts that every pass of the first m rows (m = 1 .. all) gives those
+    bits, on 1, 2 and the default thread count."""
     alone = torch.cat([cpu_kernels.linear(x[i : i + 1], w, b) for i in range(len(x))])
     threads = torch.get_num_threads()
     try:
@@ -44,6 +41,16 @@ def test_a_rows_bits_do_not_depend_on_the_rows_beside_it_or_the_threads() -> Non
                 assert torch.equal(cpu_kernels.linear(x[:m], w, b), alone[:m]), (m, t)
     finally:
         torch.set_num_threads(threads)
+    return alone
+
+
+@needs_kernel
+def test_a_rows_bits_do_not_depend_on_the_rows_beside_it_or_the_threads() -> None:
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(3072, 576, generator=g)
+    b = torch.randn(3072, generator=g)
+    x = torch.randn(cpu_kernels.MAX_ROWS, 576, generator=g)
+    alone = _rows_alone_and_in_every_pass(x, w, b)
     # an ordinary float32 multiply rounds differently: equality above is the kernel's order, not luck
     assert not torch.equal(torch.nn.functional.linear(x, w, b), alone)
 
@@ -55,15 +62,7 @@ def test_a_float32_rows_bits_do_not_depend_on_the_pass_where_the_inputs_end_in_a
     2 x 3 tile's copy once added its products in another way, and rows of a 3- or 7-row pass got other bits)."""
     g = torch.Generator().manual_seed(k)
     w, b, x = torch.randn(n, k, generator=g), torch.randn(n, generator=g), torch.randn(9, k, generator=g)
-    alone = torch.cat([cpu_kernels.linear(x[i : i + 1], w, b) for i in range(len(x))])
-    threads = torch.get_num_threads()
-    try:
-        for t in sorted({1, 2, threads}):
-            torch.set_num_threads(t)
-            for m in range(1, len(x) + 1):
-                assert torch.equal(cpu_kernels.linear(x[:m], w, b), alone[:m]), (m, t)
-    finally:
-        torch.set_num_threads(threads)
+    _rows_alone_and_in_every_pass(x, w, b)
 
 
 def _bf16_case(n: int, k: int, m: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
