@@ -106,8 +106,8 @@ def run(
         )
         for kind, k in configs
     }
-    for (kind, _k), dec in zip(configs, decoders.values()):
-        if kind == "adaptive-calibrated":
+    for name, dec in decoders.items():
+        if name.startswith("adaptive-calibrated:"):
             from trtspec.runtimes.inflight.timing import calibrate
 
             calibrate(dec.policy, session.target, session.draft, max_batch=1)

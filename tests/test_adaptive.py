@@ -500,6 +500,20 @@ def test_the_realized_gate_closes_per_batch_size_where_speculating_did_not_pay_a
     assert all(gate.allows(8) for _ in range(8))
 
 
+class _EagerPolicy(AdaptivePolicy):
+    """Speculates for every sequence with an n-gram proposal, as long as it may, whatever it costs: a policy whose
+    estimates are wrong at a batch."""
+
+    def plan(self, seqs, asks, batch_seqs=None, others=None):
+        out = []
+        for seq, ask in zip(seqs, asks):
+            k = min(ask.k_max, len(ask.ngram_tokens))
+            choice = Choice(NGRAM, k, (NGRAM, 4)) if k else Choice()
+            seq.last = (choice.arm, choice.k) if choice.speculates else None
+            out.append(choice)
+        return out
+
+
 def test_the_bls_drafter_steps_aside_where_its_speculation_did_not_pay_as_the_requests_saw_it():
     """A policy that always speculates (mispriced: the pass model misses what a call costs at a batch) at 8 requests
     in flight, where a speculative step is an engine call that waits for the batch's step boundary (1.3 tokens in
@@ -508,21 +522,11 @@ def test_the_bls_drafter_steps_aside_where_its_speculation_did_not_pay_as_the_re
     from trtspec.speculative.drafters.adaptive import AdaptiveLocalDrafter
     from trtspec.speculative.drafters.ngram import NgramDrafter
 
-    class Eager(AdaptivePolicy):
-        def plan(self, seqs, asks, batch_seqs=None, others=None):
-            out = []
-            for seq, ask in zip(seqs, asks):
-                k = min(ask.k_max, len(ask.ngram_tokens))
-                choice = Choice(NGRAM, k, (NGRAM, 4)) if k else Choice()
-                seq.last = (choice.arm, choice.k) if choice.speculates else None
-                out.append(choice)
-            return out
-
     clock = [0.0]
     prompt = [7, 8, 9, 10, 11] * 6  # prompt lookup always finds a match
 
     def serve(requests: int, steps: int) -> tuple[int, list[int]]:
-        d = AdaptiveLocalDrafter(NgramDrafter(None), has_model=False, policy=Eager())
+        d = AdaptiveLocalDrafter(NgramDrafter(None), has_model=False, policy=_EagerPolicy())
         d.clock = lambda: clock[0]
         states = [d.new_state() for _ in range(requests)]
         drafted, runs = 0, []
@@ -761,24 +765,6 @@ def test_a_plan_that_speculates_or_a_seeded_request_keeps_the_drafter_choosing_e
     for _ in range(6):
         _step(drafter, seeded)
     assert len(policy.plans) == 6 and drafter.skipped_steps == 0
-
-
-class _EagerPolicy(AdaptivePolicy):
-    """Speculates for every sequence with an n-gram proposal (K 4), whatever it costs: a policy whose estimates are
-    wrong at a batch."""
-
-    def __init__(self):
-        super().__init__()
-        self.plans = 0
-
-    def plan(self, seqs, asks, batch_seqs=None):
-        self.plans += 1
-        out = []
-        for seq, ask in zip(seqs, asks):
-            choice = Choice(NGRAM, min(4, len(ask.ngram_tokens)), (NGRAM, 4)) if ask.ngram_tokens else Choice()
-            seq.last = (choice.arm, choice.k) if choice.speculates else None
-            out.append(choice)
-        return out
 
 
 def _timed_steps(drafter, jobs, steps, spec_s, plain_s, accepted, feed=1):

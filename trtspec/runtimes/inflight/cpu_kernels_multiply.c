@@ -181,23 +181,28 @@ static inline float bacc_sum(bacc_t a) { return hsum(_mm256_add_ps(a.lo, a.hi));
 #define BX_LOAD(px) bx_load(px)
 #endif
 
+/* NT weight rows from n0 times MT input rows from m0, of which the first ``rows`` are stored: a pass of fewer rows
+   than MT repeats its last row into the others (their sums computed and dropped; each stored sum is the same as in an
+   exact-size tile). */
 #define BTILE(NT, MT)                                                                                             \
-    static void btile_##NT##_##MT(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int N,   \
-                                  int K, int n0, int m0) {                                                        \
+    static void btile_##NT##_##MT(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int N,    \
+                                  int K, int n0, int m0, int rows) {                                              \
+        const uint16_t *xr[MT];                                                                                   \
+        for (int j = 0; j < MT; j++) xr[j] = x + (int64_t)(m0 + (j < rows ? j : rows - 1)) * K;                   \
         bacc_t acc[NT][MT];                                                                                       \
         for (int i = 0; i < NT; i++)                                                                              \
             for (int j = 0; j < MT; j++) acc[i][j] = BACC_ZERO();                                                 \
         for (int k = 0; k < K; k += 32) {                                                                         \
             BX_T xv[MT];                                                                                          \
-            for (int j = 0; j < MT; j++) xv[j] = BX_LOAD(x + (int64_t)(m0 + j) * K + k);                          \
+            for (int j = 0; j < MT; j++) xv[j] = BX_LOAD(xr[j] + k);                                              \
             if (m0 == 0 && n0 + PREFETCH_ROWS + NT <= N)                                                          \
                 for (int i = 0; i < NT; i++)                                                                      \
-                    _mm_prefetch((const char *)(w + (int64_t)(n0 + PREFETCH_ROWS + i) * K + k), PREFETCH_HINT);     \
+                    _mm_prefetch((const char *)(w + (int64_t)(n0 + PREFETCH_ROWS + i) * K + k), PREFETCH_HINT);   \
             for (int i = 0; i < NT; i++)                                                                          \
                 for (int j = 0; j < MT; j++) BACC_DOT(acc[i][j], xv[j], w + (int64_t)(n0 + i) * K + k);           \
         }                                                                                                         \
         for (int i = 0; i < NT; i++)                                                                              \
-            for (int j = 0; j < MT; j++) {                                                                        \
+            for (int j = 0; j < rows; j++) {                                                                      \
                 float s = BACC_SUM(acc[i][j]);                                                                    \
                 if (b) s += bf16_to_f32(b[n0 + i]);                                                               \
                 y[(int64_t)(m0 + j) * N + n0 + i] = f32_to_bf16(s);                                               \
@@ -220,11 +225,13 @@ BTILE(1, 1)
 #define WIDE_TAILS 1
 BTILE(4, 5)
 BTILE(4, 6)
-#else
-#define WIDE_TAILS 0
 #endif
 
-/* A pass of fewer than 4 rows through the 4 x 4 tile, its missing rows repeating the last one (their sums are
+/* Outputs in tiles of 4 weight rows, split over ``threads``; within a tile the input rows in groups of 4 (the tile's
+   weights, 4 x K bfloat16, stay in L1 while the rows stream past), a pass of fewer than 4 rows padded to 4, a tail of
+   1-2 rows in a wider last tile where the registers allow.
+
+   A pass of fewer than 4 rows goes through the 4 x 4 tile, its missing rows repeating the last one (their sums are
    computed and dropped). Each output is the same sum in the same order as in the exact-size tiles, so the bits are
    theirs; but the 4 x 4 tile streams the weights faster, though it does 4 / M times the arithmetic: measured on the
    2-core AMD EPYC (one thread, bfloat16, the 30 layers' multiplies of SmolLM2-135M, 25 alternated rounds, medians)
@@ -233,33 +240,6 @@ BTILE(4, 6)
    against 9.7 / 10.1 / 10.3 (spinning). Below 4 rows a multiply is memory-bound: the arithmetic is free, and the
    smaller tiles' loops, a few dot products per weight load, leave the stream slower (why, not established). Past 4
    rows the last 1-3 keep their exact tile: there the passes are compute-bound (5 rows 11.6 ms exact, 14.7 padded). */
-static void btile_4_pad(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int N, int K, int n0,
-                        int rows) {
-    bacc_t acc[4][4];
-    const uint16_t *xr[4];
-    for (int j = 0; j < 4; j++) xr[j] = x + (int64_t)(j < rows ? j : rows - 1) * K;
-    for (int i = 0; i < 4; i++)
-        for (int j = 0; j < 4; j++) acc[i][j] = BACC_ZERO();
-    for (int k = 0; k < K; k += 32) {
-        BX_T xv[4];
-        for (int j = 0; j < 4; j++) xv[j] = BX_LOAD(xr[j] + k);
-        if (n0 + PREFETCH_ROWS + 4 <= N)
-            for (int i = 0; i < 4; i++)
-                _mm_prefetch((const char *)(w + (int64_t)(n0 + PREFETCH_ROWS + i) * K + k), PREFETCH_HINT);
-        for (int i = 0; i < 4; i++)
-            for (int j = 0; j < 4; j++) BACC_DOT(acc[i][j], xv[j], w + (int64_t)(n0 + i) * K + k);
-    }
-    for (int i = 0; i < 4; i++)
-        for (int j = 0; j < rows; j++) {
-            float s = BACC_SUM(acc[i][j]);
-            if (b) s += bf16_to_f32(b[n0 + i]);
-            y[(int64_t)j * N + n0 + i] = f32_to_bf16(s);
-        }
-}
-
-/* Outputs in tiles of 4 weight rows, split over ``threads``; within a tile the input rows in groups of 4 (the tile's
-   weights, 4 x K bfloat16, stay in L1 while the rows stream past), a pass of fewer than 4 rows padded to 4, a tail of
-   1-2 rows in a wider last tile where the registers allow. */
 void trtspec_linear_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int M, int N, int K,
                          int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static)
@@ -267,22 +247,23 @@ void trtspec_linear_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *b
         int nt = N - n0 < 4 ? N - n0 : 4;
         int m0 = 0;
         if (nt == 4 && M < 4) {
-            btile_4_pad(x, w, b, y, N, K, n0, M);
-        } else if (nt == 4 && WIDE_TAILS && (M == 5 || M == 6)) {
+            btile_4_4(x, w, b, y, N, K, n0, 0, M);
 #if WIDE_TAILS
-            if (M == 5) btile_4_5(x, w, b, y, N, K, n0, 0);
-            else btile_4_6(x, w, b, y, N, K, n0, 0);
+        } else if (nt == 4 && M == 5) {
+            btile_4_5(x, w, b, y, N, K, n0, 0, 5);
+        } else if (nt == 4 && M == 6) {
+            btile_4_6(x, w, b, y, N, K, n0, 0, 6);
 #endif
         } else if (nt == 4) {
-            for (; m0 + 4 <= M; m0 += 4) btile_4_4(x, w, b, y, N, K, n0, m0);
-            if (M - m0 == 3) btile_4_3(x, w, b, y, N, K, n0, m0);
-            if (M - m0 == 2) btile_4_2(x, w, b, y, N, K, n0, m0);
-            if (M - m0 == 1) btile_4_1(x, w, b, y, N, K, n0, m0);
+            for (; m0 + 4 <= M; m0 += 4) btile_4_4(x, w, b, y, N, K, n0, m0, 4);
+            if (M - m0 == 3) btile_4_3(x, w, b, y, N, K, n0, m0, 3);
+            if (M - m0 == 2) btile_4_2(x, w, b, y, N, K, n0, m0, 2);
+            if (M - m0 == 1) btile_4_1(x, w, b, y, N, K, n0, m0, 1);
         } else {
             for (int i = 0; i < nt; i++) {
                 int m = 0;
-                for (; m + 4 <= M; m += 4) btile_1_4(x, w, b, y, N, K, n0 + i, m);
-                for (; m < M; m++) btile_1_1(x, w, b, y, N, K, n0 + i, m);
+                for (; m + 4 <= M; m += 4) btile_1_4(x, w, b, y, N, K, n0 + i, m, 4);
+                for (; m < M; m++) btile_1_1(x, w, b, y, N, K, n0 + i, m, 1);
             }
         }
     }
