@@ -167,6 +167,27 @@ def test_measured_pass_costs_are_used_as_their_non_decreasing_fit():
     assert max(on_raw, key=on_raw.__getitem__) == 2, on_raw  # what the raw averages would have chosen
 
 
+def test_the_live_fit_kept_up_pass_by_pass_is_the_full_fit():
+    """A pass that leaves the shapes in order moves only its own size's fit (the full fit is not redone every
+    pass); whatever the order of passes, the fit must be the full weighted isotonic fit of the shapes."""
+    import math
+    import random
+
+    rng = random.Random(3)
+    costs = PassCosts(CostPrior().target)
+    shortcuts = 0
+    for i in range(3000):
+        n = rng.choice([1, 2, 3, 4, 5, 5, 5, 8, 24, 96])
+        slow = 1.4 if (i // 200) % 3 == 2 else 1.0  # the machine's speed moves in stretches
+        costs.observe(n, 0.01 * (1 + 0.06 * n) * slow * rng.uniform(0.8, 1.25))
+        full = isotonic(
+            {b: math.exp(v) for b, v in costs._log_shape.items()},
+            {b: float(min(64, k)) for b, k in costs._passes.items()},
+        )
+        assert costs._fit == pytest.approx(full, rel=1e-12)
+        shortcuts += costs._ordered
+    assert 0 < shortcuts < 3000  # both ways were taken
+
 def test_live_costs_take_a_slowdown_every_size_sees_as_the_machine_s():
     """A live curve is drift x shape: a change that passes of every size see moves the drift, shared by all sizes, and
     a size's shape moves slowly. On a 2-vCPU VM the same 1-token pass read 38 and 56 ms in adjacent prompts. With

@@ -171,6 +171,7 @@ class AdaptivePolicy:
         # target-only without the bonus in a batch, 1.001-1.007x with it (three runs and two, 2 rounds each).
         self.explore = explore
         self._in_batch = False  # the plan being made is for a pass of several sequences
+        self._estimates: dict[tuple[int, Arm, bool], float] | None = None  # during a plan: acceptance estimates
         self.min_gain = min_gain
         # In a pass of several sequences, speculate only if the step's expected rate beats the plain step's by this
         # share: there the gain is a few per cent at best, the estimates' error is as large, and a plain step lets
@@ -192,6 +193,16 @@ class AdaptivePolicy:
         before it was accepted): its own decayed evidence over the server-wide prior (the starting prior alone for a
         reproducible sequence), plus a bonus for an arm it has little recent evidence of (so it comes back to an arm
         it left)."""
+        memo = self._estimates
+        if memo is not None:
+            key = (id(seq), arm, later)
+            hit = memo.get(key)
+            if hit is None:
+                hit = memo[key] = self._acceptance(seq, arm, later)
+            return hit
+        return self._acceptance(seq, arm, later)
+
+    def _acceptance(self, seq: SequenceArms, arm: Arm, later: bool) -> float:
         prior = self.tracker.priors.get(arm, 0.3) if seq.reproducible else self.tracker.mean(arm, later)
         rate = seq.rates.get(arm)
         succ, trials = rate.counts(later) if rate is not None else (0.0, 0.0)
@@ -219,6 +230,20 @@ class AdaptivePolicy:
         """One choice per sequence for this step (see the module docstring); ``batch_seqs``: the sequences the
         step's pass feeds (default: these); ``others``: the sequences of the pass planned elsewhere, whose choices
         are taken as they are (their tokens grow the pass, their expected tokens count in the step's rate)."""
+        # Within a plan no estimate changes: each (sequence, arm) is estimated once, not for every K and iteration.
+        self._estimates = {}
+        try:
+            return self._plan(seqs, asks, batch_seqs, others)
+        finally:
+            self._estimates = None
+
+    def _plan(
+        self,
+        seqs: Sequence[SequenceArms],
+        asks: Sequence[Ask],
+        batch_seqs: int | None,
+        others: OtherSequences | None,
+    ) -> list[Choice]:
         shared = [i for i, s in enumerate(seqs) if not s.reproducible]
         out: list[Choice] = [NO_SPECULATION] * len(seqs)
         n_base = sum(max(1, a.base_tokens) for a in asks)
