@@ -4,6 +4,7 @@ sampled distribution by chi-square in test_sampling_distribution.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import pytest
@@ -188,6 +189,7 @@ def test_the_live_fit_kept_up_pass_by_pass_is_the_full_fit():
         shortcuts += costs._ordered
     assert 0 < shortcuts < 3000  # both ways were taken
 
+
 def test_live_costs_take_a_slowdown_every_size_sees_as_the_machine_s():
     """A live curve is drift x shape: a change that passes of every size see moves the drift, shared by all sizes, and
     a size's shape moves slowly. On a 2-vCPU VM the same 1-token pass read 38 and 56 ms in adjacent prompts. With
@@ -352,6 +354,35 @@ def test_a_batch_s_plain_pass_is_timed_again_when_its_curve_has_not_seen_one_for
     assert not any(c.speculates for c in policy.plan([SequenceArms() for _ in asks], asks))
     policy.observe_target(8, 0.050, seqs=8)
     assert any(c.speculates for c in policy.plan([SequenceArms() for _ in asks], asks))
+
+
+def test_a_size_priced_high_in_a_slow_stretch_is_timed_again_alone_and_then_counts():
+    """One sequence: the 5-token pass (K 4) was timed only during a slow stretch, 35 % over the 4-token pass, so the
+    policy takes K 3 and never times it again. Once that size has gone unmeasured for STALE_PASSES passes, a step
+    that could take K 4 takes it, once; that pass weighs as much as the old ones, and the price falls."""
+    from trtspec.speculative.pass_costs import STALE_PASSES
+
+    policy = _policy(explore=0.0, priors={(NGRAM, 3): 0.5})
+    ask = Ask(4, [5, 6, 7, 8], ngram_match=3)
+    for _ in range(8):
+        for n in (1, 2, 3, 4):
+            policy.observe_target(n, 0.010 + 0.0001 * n)
+        policy.observe_target(5, 0.0141)  # the slow stretch
+    (first,) = policy.plan([SequenceArms()], [ask])
+    assert first.k == 3, first
+    for i in range(STALE_PASSES):
+        (c,) = policy.plan([SequenceArms()], [ask])
+        assert c.k == 3, (i, c)  # not stale yet: the policy's own choice
+        policy.observe_target(4, 0.0104)
+    (retimed,) = policy.plan([SequenceArms()], [ask])
+    assert retimed.k == 4, retimed
+    # never for a batch, nor for a prompt's step, nor for a seeded sequence (whose choices depend on its history)
+    assert all(c.k < 4 for c in policy.plan([SequenceArms(), SequenceArms()], [ask, ask]))
+    (prefill,) = policy.plan([SequenceArms()], [dataclasses.replace(ask, base_tokens=40)])
+    assert prefill.k < 4
+    before = policy.target.cost(5)
+    policy.observe_target(5, 0.0106)
+    assert policy.target.cost(5) < before - 0.5 * (before - 0.0106) * 0.99  # half the way, not 1/9 of it
 
 
 def test_target_costs_are_learned_per_number_of_sequences():

@@ -14,7 +14,9 @@ live curve, 1.51x on the controlled one.) Anchored: the curve's shape is taken f
 once, at start, with every size timed in turn on an idle engine (``anchor``;
 trtspec.runtimes.inflight.timing.calibrate), and live passes only move the drift (the median of their last ratios to
 the shape). Timed, anchoring did not pay on that VM (geometric mean 1.318x anchored against 1.330x on the median
-curves, n-grams K <= 4, one run), so engines learn live unless told to calibrate. Pure Python.
+curves, n-grams K <= 4, one run), so engines learn live unless told to calibrate. A size unmeasured for
+``STALE_PASSES`` passes of its curve is stale: its next pass weighs as much as all its old ones, and the policy takes
+such a size once alone to time it again (trtspec.speculative.adaptive). Pure Python.
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ DRIFT_RATE = 0.1
 SHAPE_RATE = 0.02
 DRIFT_CLIP = 0.25
 SHAPE_WEIGHT_CAP = 64  # the isotonic fit weighs a size by its passes, up to this many
+# A size not measured among its curve's last so many passes is stale: the policy may choose it once to time it again
+# (trtspec.speculative.adaptive), and that pass weighs as much as all its old ones.
+STALE_PASSES = 64
 
 
 @dataclass
@@ -162,6 +167,11 @@ class PassCosts:
             return
         b = self._bucket(size)
         self._observed += 1
+        last = self._last_seen.get(b)
+        if last is not None and self._observed - last > STALE_PASSES:
+            # Measured anew after a long while: its old passes may all come from one slow stretch (a size the
+            # policy then stopped choosing, for the price they gave it), so this pass counts as much as they do.
+            self._passes[b] = min(self._passes[b], 1)
         self._last_seen[b] = self._observed
         y = math.log(seconds)
         drift = self._drift_of
