@@ -173,6 +173,7 @@ class AdaptivePolicy:
         self.explore = explore
         self._in_batch = False  # the plan being made is for a pass of several sequences
         self._estimates: dict[tuple[int, Arm, bool], float] | None = None  # during a plan: acceptance estimates
+        self._option_memo: dict[tuple[Any, ...], list[tuple[Choice, float, float]]] | None = None  # ... and options
         self.min_gain = min_gain
         # In a pass of several sequences, speculate only if the step's expected rate beats the plain step's by this
         # share: there the gain is a few per cent at best, the estimates' error is as large, and a plain step lets
@@ -233,10 +234,11 @@ class AdaptivePolicy:
         are taken as they are (their tokens grow the pass, their expected tokens count in the step's rate)."""
         # Within a plan no estimate changes: each (sequence, arm) is estimated once, not for every K and iteration.
         self._estimates = {}
+        self._option_memo = {}
         try:
             return self._plan(seqs, asks, batch_seqs, others)
         finally:
-            self._estimates = None
+            self._estimates = self._option_memo = None
 
     def _plan(
         self,
@@ -424,26 +426,50 @@ class AdaptivePolicy:
         """The option with the highest net gain E - rate x extra cost (``costs``: pass costs by size; ``n_now``:
         tokens the step feeds before this sequence's draft; ``rows_now``: rows it verifies; ``draft_rows``: rows per
         draft round)."""
-        target, draft = costs.target, costs.draft
-
-        def grown(k: int, a: float) -> float:
-            # The target pass grown by k tokens, and the verification by the k later head rows, which are computed
-            # when the first proposal is accepted (probability a; trtspec.speculative.acceptance.decide) and cost
-            # a second multiply then. A curve of verification time by the rows a step kept instead charged a long K
-            # for what it accepted, with the head run position by position: the K 4 steps, chosen where acceptance
-            # is high, were those that computed the most rows (5.5 ms for one row, 9.2 ms for five, in one run),
-            # and K 4 cost some 3 ms more than K 2 for being right.
-            return target(n_now + k) - target(n_now) + a * (costs.verify(rows_now + k) - costs.verify(rows_now))
-
         best, best_net = NO_SPECULATION, self.min_gain
+        for choice, gain, extra in self._options(seq, ask, costs, n_now, rows_now, draft_rows):
+            net = gain - rate * extra
+            if net > best_net:
+                best, best_net = choice, net
+        return best
+
+    def _options(
+        self,
+        seq: SequenceArms,
+        ask: Ask,
+        costs: _Costs,
+        n_now: int,
+        rows_now: int,
+        draft_rows: list[int],
+    ) -> list[tuple[Choice, float, float]]:
+        """Each option of ``seq`` this step with its expected gain E and extra cost, in the order ``_best`` ranks
+        them. Neither depends on the rate, so within a plan they are priced once per pass they would grow (Dinkelbach's
+        iterations ask again at each rate: at one sequence every iteration asks the same)."""
+        memo = self._option_memo
+        key = (id(seq), id(ask), id(costs), n_now, rows_now, tuple(draft_rows))
+        if memo is not None:
+            hit = memo.get(key)
+            if hit is not None:
+                return hit
+        top = ask.k_max if ask.model else min(ask.k_max, len(ask.ngram_tokens))
+        if top <= 0:
+            return []
+        target, draft, verify = costs.target, costs.draft, costs.verify
+        t0, v0 = target(n_now), verify(rows_now)
+        # The target pass grown by k tokens, and the verification by the k later head rows, which are computed when
+        # the first proposal is accepted (probability a; trtspec.speculative.acceptance.decide) and cost a second
+        # multiply then. A curve of verification time by the rows a step kept instead charged a long K for what it
+        # accepted, with the head run position by position: the K 4 steps, chosen where acceptance is high, were
+        # those that computed the most rows (5.5 ms for one row, 9.2 ms for five, in one run), and K 4 cost some 3 ms
+        # more than K 2 for being right.
+        grow_t = [target(n_now + k) - t0 for k in range(top + 1)]
+        grow_v = [verify(rows_now + k) - v0 for k in range(top + 1)]
+        out: list[tuple[Choice, float, float]] = []
         if ask.k_max > 0 and ask.ngram_tokens:
             arm = ngram_arm(ask.ngram_match)
             a, after = self.acceptance(seq, arm), self.continuation(seq, arm)
             for k in range(1, min(ask.k_max, len(ask.ngram_tokens)) + 1):
-                gain = expected_accepted(a, k, after)
-                net = gain - rate * grown(k, a)
-                if net > best_net:
-                    best, best_net = Choice(NGRAM, k, arm), net
+                out.append((Choice(NGRAM, k, arm), expected_accepted(a, k, after), grow_t[k] + a * grow_v[k]))
         if ask.k_max > 0 and ask.model:
             a, after = self.acceptance(seq, MODEL_ARM), self.continuation(seq, MODEL_ARM)
             # The catch-up: a draft pass over the lagging tokens, priced as the target's pass over as many tokens
@@ -456,11 +482,16 @@ class AdaptivePolicy:
             for k in range(1, ask.k_max + 1):
                 rows = draft_rows[k - 1] if k - 1 < len(draft_rows) else 0
                 draft_extra += draft(rows + 1) - draft(rows)
-                gain = expected_accepted(a, k, after)
-                net = gain - rate * (grown(k, a) + draft_extra)
-                if net > best_net:
-                    best, best_net = Choice(MODEL, k, MODEL_ARM), net
-        return best
+                out.append(
+                    (
+                        Choice(MODEL, k, MODEL_ARM),
+                        expected_accepted(a, k, after),
+                        grow_t[k] + a * grow_v[k] + draft_extra,
+                    )
+                )
+        if memo is not None:
+            memo[key] = out
+        return out
 
     # -- feedback ----------------------------------------------------------------------------------------------
     def anchor(self, target: dict[int, dict[int, float]], draft: dict[int, float] | None = None) -> None:
