@@ -9,8 +9,9 @@ import types
 
 import pytest
 
-from trtspec.speculative.adaptive import AdaptivePolicy, Ask, Choice
+from trtspec.speculative.adaptive import AdaptivePolicy
 from trtspec.speculative.arms import MODEL, NGRAM, SequenceArms, expected_accepted
+from trtspec.speculative.choice import Ask, Choice
 from trtspec.speculative.pass_costs import CostPrior, PassCosts, isotonic
 
 

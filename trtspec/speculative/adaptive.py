@@ -20,15 +20,11 @@ Two things are learned online, from the decoding loop itself:
   defaults) anchored at the nearest measured size. A sequence alone takes the largest K its drafter offers, once,
   when that pass size has gone unmeasured for a while, so that a size priced high in a slow stretch is timed again.
 
-The choice (``AdaptivePolicy.plan``) is marginal analysis over the whole batch: a decode step without speculation yields
-one token per sequence in T(b) seconds, a rate R = b / T(b) (in a step that also prefills a prompt, still this rate: the
-prefill is paid whatever the choice, and a draft's extra cost is the growth of that step's larger pass). A sequence's
-option (arm, k) gains E(a, k) = a + a^2 + ... + a^k expected extra tokens for its extra cost (the target pass over k
-more tokens and their verification, plus k draft rounds for the model); each sequence takes its option of best net gain
-E - R * extra, if any beats the rate. R is then raised to the rate those choices achieve, (b + sum E) / (T(b) + extra),
-and the choice made again until R holds (Dinkelbach's iteration for the best ratio: choosing at the plain step's rate
-alone takes K that add tokens but lower the step's rate). At concurrency 1 this maximizes the request's own speed; at
-high concurrency T(b) is shared by many sequences, R is high, and speculation backs off by itself.
+The choice (``AdaptivePolicy.plan``) is marginal analysis over the whole batch, by Dinkelbach's iteration for the
+best ratio of expected tokens to seconds (trtspec.speculative.choice prices it); this module decides what it is priced
+against (a plain decode step of the pass, timed again when stale) and learns what it is priced on. At concurrency 1 it
+maximizes the request's own speed; at high concurrency the plain step is shared by many sequences, its rate is high,
+and speculation backs off by itself.
 
 Exactness: the choice depends only on committed tokens, earlier verdicts and the n-gram's proposal (a function of the
 committed tokens), never on this step's target logits, so greedy output stays the target's and rejection sampling
@@ -40,107 +36,20 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from trtspec.speculative.arms import (
     DEFAULT_PRIORS,
     MODEL,
-    MODEL_ARM,
     NGRAM,
     AcceptanceTracker,
     Arm,
     Rate,
     SequenceArms,
     expected_accepted,
-    ngram_arm,
 )
+from trtspec.speculative.choice import NO_SPECULATION, Ask, Choice, Curves, OtherSequences, PlainStep, StepChoice
 from trtspec.speculative.pass_costs import STALE_PASSES, BatchPassCosts, CostPrior, PassCosts, convex_minorant
-
-
-def _add_rounds(draft_rows: list[int], k: int) -> None:
-    """One more sequence drafting ``k`` rounds: a row more in each of its rounds."""
-    for r in range(k):
-        if r < len(draft_rows):
-            draft_rows[r] += 1
-        else:
-            draft_rows.append(1)
-
-
-def _memo(cost: Any) -> Any:
-    """``cost`` (a function of an int size) remembering its values: for one plan, whose curves are fixed."""
-    seen: dict[int, float] = {}
-
-    def f(size: int) -> float:
-        v = seen.get(size)
-        if v is None:
-            v = seen[size] = cost(size)
-        return v
-
-    return f
-
-
-@dataclass(frozen=True)
-class _Costs:
-    """The cost curves a choice is made on: seconds (or relative units) by tokens fed, draft rows, rows verified."""
-
-    target: Any
-    draft: Any
-    verify: Any
-    alone: Any  # the target's pass over one sequence's tokens (what a draft's catch-up is priced on)
-
-
-@dataclass(frozen=True)
-class _Step:
-    """A plain step, as a choice is priced against it: its seconds, the tokens it feeds, the tokens it commits."""
-
-    t_base: float
-    n_base: int
-    base_yield: float
-
-
-@dataclass(frozen=True)
-class Ask:
-    """One sequence's situation this step: how many tokens it may propose, the n-gram's proposal (free to compute:
-    a lookup), whether the draft model can draft for it, and how many tokens it feeds anyway."""
-
-    k_max: int
-    ngram_tokens: Sequence[int] = ()
-    ngram_match: int = 0
-    model: bool = False
-    base_tokens: int = 1
-    # Tokens the draft model's cache must take in before it drafts (the whole sequence when it has never drafted
-    # for it; a token or two when it drafted the step before): that catch-up is charged to the model's option.
-    model_lag: int = 0
-
-
-@dataclass(frozen=True)
-class Choice:
-    """What a sequence does this step: ``k`` tokens from ``source`` (``ngram``/``model``), or none (k 0)."""
-
-    source: str | None = None
-    k: int = 0
-    arm: Arm | None = None
-
-    @property
-    def speculates(self) -> bool:
-        return self.k > 0 and self.source is not None
-
-
-NO_SPECULATION = Choice()
-
-
-@dataclass(frozen=True)
-class OtherSequences:
-    """The sequences that share a pass with the ones being planned but are planned elsewhere (the BLS orchestrator
-    plans each request alone, while the target engine batches every request in flight): how many, the tokens they
-    feed (a prompt's included), the tokens a decode step of theirs feeds (1 + their K: what the plain step is priced
-    on), and the tokens they are expected to commit."""
-
-    seqs: int = 0
-    tokens: int = 0
-    decode_tokens: int = 0
-    expected: float = 0.0
 
 
 class AdaptivePolicy:
@@ -173,7 +82,6 @@ class AdaptivePolicy:
         self.explore = explore
         self._in_batch = False  # the plan being made is for a pass of several sequences
         self._estimates: dict[tuple[int, Arm, bool], float] | None = None  # during a plan: acceptance estimates
-        self._option_memo: dict[tuple[Any, ...], list[tuple[Choice, float, float]]] | None = None  # ... and options
         self.min_gain = min_gain
         # In a pass of several sequences, speculate only if the step's expected rate beats the plain step's by this
         # share: there the gain is a few per cent at best, the estimates' error is as large, and a plain step lets
@@ -234,11 +142,10 @@ class AdaptivePolicy:
         are taken as they are (their tokens grow the pass, their expected tokens count in the step's rate)."""
         # Within a plan no estimate changes: each (sequence, arm) is estimated once, not for every K and iteration.
         self._estimates = {}
-        self._option_memo = {}
         try:
             return self._plan(seqs, asks, batch_seqs, others)
         finally:
-            self._estimates = self._option_memo = None
+            self._estimates = None
 
     def _plan(
         self,
@@ -281,15 +188,13 @@ class AdaptivePolicy:
         batch_seqs: int = 1,
         others: OtherSequences | None = None,
     ) -> list[Choice]:
-        """The choices that maximize the step's expected tokens per second (b + sum E) / (T(n) + extra), by
-        Dinkelbach's iteration: choose per sequence at the rate R, then raise R to the rate those choices achieve and
-        choose again, until it holds. Choosing at the plain step's rate b / T(n) alone would over-speculate: an
-        option that gains more tokens than it costs at that rate can still lower the rate the step achieves (a long
-        K whose last tokens are rarely accepted)."""
+        """The choices that maximize the step's expected tokens per second (trtspec.speculative.choice), on the
+        prior curves (``prior``) or the live ones, against a plain decode step of this batch; none where that step
+        is to be timed first, or where in a batch the choices would not beat it by the margin."""
         costs = (
-            _Costs(self.prior.target, self.prior.draft, self.prior.verify, self.prior.target)
+            Curves(self.prior.target, self.prior.draft, self.prior.verify, self.prior.target)
             if prior
-            else _Costs(
+            else Curves(
                 self.target.curve(batch_seqs).cost, self.draft.cost, self.verify.cost, self.target.curve(1).cost
             )
         )
@@ -322,16 +227,15 @@ class AdaptivePolicy:
             # (measured, 8 sequences, bfloat16: its curve knew 12-16 tokens only, and the policy kept speculating at
             # 0.9x target-only). One plain step times it.
             return [NO_SPECULATION] * len(seqs)
-        # The curves do not change within a plan: each size is priced once (at 8 sequences the choice asks the
-        # same few dozen sizes some 1,200 times, 0.8 ms of a 37 ms step when each went through the interpolation).
-        costs = _Costs(*(_memo(f) for f in (costs.target, costs.draft, costs.verify, costs.alone)))
+        costs = costs.priced_once()  # the curves do not change within a plan
         # A plain decode step: the target's pass over one token per sequence, one row verified per sequence; a draft's
         # extra cost is the pass's growth from the tokens this step feeds anyway (n_base, prompts included).
         t_base = costs.target(n_ref) + costs.verify(len(seqs))
         if t_base <= 0:
             return [NO_SPECULATION] * len(seqs)
-        step = _Step(t_base, n_base, base_yield)
-        choices = self._dinkelbach(seqs, asks, costs, step)
+        step = PlainStep(t_base, n_base, base_yield)
+        pricing = StepChoice(self, costs, step, self.min_gain)
+        choices = pricing.best_ratio(seqs, asks)
         if len(seqs) > 1:
             # The pass's cost can step up where a batch first feeds more than its plain tokens (measured, bfloat16, 8
             # sequences: 8 tokens 63 ms, 9 tokens 90): then no single sequence's draft pays for the step, though
@@ -339,14 +243,14 @@ class AdaptivePolicy:
             # them; of the two choices, the one whose expected rate on the real costs is higher is taken.
             top = n_base + sum(max(0, a.k_max) for a in asks)
             hull = dataclasses.replace(costs, target=convex_minorant(costs.target, n_base, top))
-            alt = self._dinkelbach(seqs, asks, hull, step)
-            if alt != choices and self._rate(seqs, alt, costs, step) > self._rate(seqs, choices, costs, step):
+            alt = StepChoice(self, hull, step, self.min_gain).best_ratio(seqs, asks)
+            if alt != choices and pricing.rate(seqs, alt) > pricing.rate(seqs, choices):
                 choices = alt
         if not prior and batch_seqs == 1 and n_base == 1:
             choices = [self._retime_top(asks[0], choices[0])]
         if batch_seqs > 1 and not prior and any(c.speculates for c in choices):
             plain = step.base_yield / t_base
-            if self._rate(seqs, choices, costs, step) < plain * (1 + margin):
+            if pricing.rate(seqs, choices) < plain * (1 + margin):
                 return [NO_SPECULATION] * len(seqs)
         return choices
 
@@ -363,135 +267,6 @@ class AdaptivePolicy:
         if choice.k >= top or self.target.measured(1 + top, 1, within=STALE_PASSES):
             return choice
         return dataclasses.replace(choice, k=top)
-
-    def _dinkelbach(
-        self, seqs: Sequence[SequenceArms], asks: Sequence[Ask], costs: _Costs, step: _Step
-    ) -> list[Choice]:
-        rate = step.base_yield / step.t_base
-        choices: list[Choice] = []
-        for _ in range(6):
-            choices = self._assign(seqs, asks, costs, rate, step.n_base)
-            achieved = self._rate(seqs, choices, costs, step)
-            if achieved <= rate * (1 + 1e-6):
-                break
-            rate = achieved
-        return choices
-
-    def _rate(self, seqs: Sequence[SequenceArms], choices: Sequence[Choice], costs: _Costs, step: _Step) -> float:
-        """The expected tokens per second of a step that makes ``choices``, on ``costs``."""
-        t_base, n_base = step.t_base, step.n_base
-        gain, n_now, rows, verify = 0.0, n_base, len(seqs), 0.0
-        draft_rows: list[int] = []
-        for seq, c in zip(seqs, choices):
-            if not c.speculates:
-                continue
-            arm = c.arm or MODEL_ARM
-            gain += self.expected(seq, arm, c.k)
-            n_now += c.k
-            verify += self.acceptance(seq, arm) * (costs.verify(rows + c.k) - costs.verify(rows))  # see _best
-            rows += c.k
-            if c.source == MODEL:
-                _add_rounds(draft_rows, c.k)
-        extra = costs.target(n_now) - costs.target(n_base) + verify + sum(costs.draft(r) for r in draft_rows)
-        return (step.base_yield + gain) / (t_base + extra)
-
-    def _assign(
-        self, seqs: Sequence[SequenceArms], asks: Sequence[Ask], costs: _Costs, rate: float, n_base: int
-    ) -> list[Choice]:
-        """Each sequence's best option at ``rate``, in turn (each on the pass as the ones before it grew it)."""
-        n_now = n_base
-        rows_now = len(seqs)  # head rows: one per sequence, plus the later rows of each draft
-        draft_rows: list[int] = []  # draft rows per round chosen so far
-        choices: list[Choice] = []
-        for seq, ask in zip(seqs, asks):
-            best = self._best(seq, ask, costs, rate, n_now, rows_now, draft_rows)
-            if best.speculates:
-                n_now += best.k
-                rows_now += best.k
-                if best.source == MODEL:
-                    _add_rounds(draft_rows, best.k)
-            choices.append(best)
-        return choices
-
-    def _best(
-        self,
-        seq: SequenceArms,
-        ask: Ask,
-        costs: _Costs,
-        rate: float,
-        n_now: int,
-        rows_now: int,
-        draft_rows: list[int],
-    ) -> Choice:
-        """The option with the highest net gain E - rate x extra cost (``costs``: pass costs by size; ``n_now``:
-        tokens the step feeds before this sequence's draft; ``rows_now``: rows it verifies; ``draft_rows``: rows per
-        draft round)."""
-        best, best_net = NO_SPECULATION, self.min_gain
-        for choice, gain, extra in self._options(seq, ask, costs, n_now, rows_now, draft_rows):
-            net = gain - rate * extra
-            if net > best_net:
-                best, best_net = choice, net
-        return best
-
-    def _options(
-        self,
-        seq: SequenceArms,
-        ask: Ask,
-        costs: _Costs,
-        n_now: int,
-        rows_now: int,
-        draft_rows: list[int],
-    ) -> list[tuple[Choice, float, float]]:
-        """Each option of ``seq`` this step with its expected gain E and extra cost, in the order ``_best`` ranks
-        them. Neither depends on the rate, so within a plan they are priced once per pass they would grow (Dinkelbach's
-        iterations ask again at each rate: at one sequence every iteration asks the same)."""
-        memo = self._option_memo
-        key = (id(seq), id(ask), id(costs), n_now, rows_now, tuple(draft_rows))
-        if memo is not None:
-            hit = memo.get(key)
-            if hit is not None:
-                return hit
-        top = ask.k_max if ask.model else min(ask.k_max, len(ask.ngram_tokens))
-        if top <= 0:
-            return []
-        target, draft, verify = costs.target, costs.draft, costs.verify
-        t0, v0 = target(n_now), verify(rows_now)
-        # The target pass grown by k tokens, and the verification by the k later head rows, which are computed when
-        # the first proposal is accepted (probability a; trtspec.speculative.acceptance.decide) and cost a second
-        # multiply then. A curve of verification time by the rows a step kept instead charged a long K for what it
-        # accepted, with the head run position by position: the K 4 steps, chosen where acceptance is high, were
-        # those that computed the most rows (5.5 ms for one row, 9.2 ms for five, in one run), and K 4 cost some 3 ms
-        # more than K 2 for being right.
-        grow_t = [target(n_now + k) - t0 for k in range(top + 1)]
-        grow_v = [verify(rows_now + k) - v0 for k in range(top + 1)]
-        out: list[tuple[Choice, float, float]] = []
-        if ask.k_max > 0 and ask.ngram_tokens:
-            arm = ngram_arm(ask.ngram_match)
-            a, after = self.acceptance(seq, arm), self.continuation(seq, arm)
-            for k in range(1, min(ask.k_max, len(ask.ngram_tokens)) + 1):
-                out.append((Choice(NGRAM, k, arm), expected_accepted(a, k, after), grow_t[k] + a * grow_v[k]))
-        if ask.k_max > 0 and ask.model:
-            a, after = self.acceptance(seq, MODEL_ARM), self.continuation(seq, MODEL_ARM)
-            # The catch-up: a draft pass over the lagging tokens, priced as the target's pass over as many tokens
-            # scaled by the draft's cost relative to the target's (one token of it is round 0's normal feed).
-            lag = ask.model_lag
-            # (one sequence's pass: the batch's curve would price a 40-token catch-up as 40 tokens spread over 8
-            # sequences, and its one token as a batch's plain step).
-            t1 = costs.alone(1)
-            draft_extra = draft(1) / t1 * (costs.alone(lag) - t1) if lag > 2 and t1 > 0 else 0.0
-            for k in range(1, ask.k_max + 1):
-                rows = draft_rows[k - 1] if k - 1 < len(draft_rows) else 0
-                draft_extra += draft(rows + 1) - draft(rows)
-                out.append(
-                    (
-                        Choice(MODEL, k, MODEL_ARM),
-                        expected_accepted(a, k, after),
-                        grow_t[k] + a * grow_v[k] + draft_extra,
-                    )
-                )
-        if memo is not None:
-            memo[key] = out
-        return out
 
     # -- feedback ----------------------------------------------------------------------------------------------
     def anchor(self, target: dict[int, dict[int, float]], draft: dict[int, float] | None = None) -> None:

@@ -25,8 +25,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from trtspec.speculative.adaptive import AdaptivePolicy, Ask
+from trtspec.speculative.adaptive import AdaptivePolicy
 from trtspec.speculative.arms import MODEL, NGRAM, SequenceArms
+from trtspec.speculative.choice import Ask
 from trtspec.speculative.speedup import MatchProfile, Simulated, StepCosts
 
 

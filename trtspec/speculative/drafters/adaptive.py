@@ -54,8 +54,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from trtspec.speculative.adaptive import NO_SPECULATION, AdaptivePolicy, Ask, OtherSequences
+from trtspec.speculative.adaptive import AdaptivePolicy
 from trtspec.speculative.arms import MODEL, NGRAM, SequenceArms
+from trtspec.speculative.choice import NO_SPECULATION, Ask, OtherSequences
 from trtspec.speculative.drafters import UNLIMITED, DrafterKind, Proposal, finish_proposals
 from trtspec.speculative.drafters.ngram import NgramDrafter, NgramEngineDrafter
 from trtspec.speculative.gate import RealizedGate
