@@ -261,7 +261,9 @@ def summary(result: dict) -> dict:
     for each adaptive configuration, how it ran against that one prompt by prompt (``paired.paired_ratio``: adaptive's
     speedup over the best fixed configuration's, > 1 faster, with its 95 % interval and ``verdict``). The best fixed
     one is chosen on the same timings, which favours it: with several fixed configurations of about equal speed the
-    fastest of them is partly the luckiest."""
+    fastest of them is partly the luckiest. So each is also compared held out (``versus_held_out``, cross-fitted):
+    the passes split in two halves (alternate passes in run order), the best fixed configuration chosen on one half
+    and compared with the adaptive one on the other, both ways, the pairs of both halves in one interval."""
     cats = result["categories"]
     names = result["configs"]
     out = {
@@ -274,13 +276,35 @@ def summary(result: dict) -> dict:
     fixed = [n for n in names if not n.startswith("adaptive")]
     best = {c: max(fixed, key=lambda n: cats[c][n]["speedup"]) for c in cats} if fixed else {}
     versus: dict[str, dict[str, dict]] = {}
+    held_out: dict[str, dict[str, dict]] = {}
     for name in (n for n in names if n.startswith("adaptive")):
         for c, b in best.items():
             base, mine = cats[c][b].get("pass_seconds"), cats[c][name].get("pass_seconds")
             if base and mine:
                 interval = paired_ratio(base, mine)
                 versus.setdefault(name, {})[c] = {"best_fixed": b, **interval, "verdict": verdict(interval)}
-    return {"per_config": out, "best_fixed": best, "versus_best_fixed": versus}
+            held = _held_out(cats[c], fixed, name)
+            if held is not None:
+                held_out.setdefault(name, {})[c] = held
+    return {"per_config": out, "best_fixed": best, "versus_best_fixed": versus, "versus_held_out": held_out}
+
+
+def _held_out(rows: dict, fixed: list[str], name: str) -> dict | None:
+    """Configuration ``name`` against the best of ``fixed`` chosen on the other half of the passes (``summary``);
+    None without passes enough to split."""
+    target = rows.get("target-only", {}).get("pass_seconds")
+    mine = rows[name].get("pass_seconds")
+    if not fixed or not target or not mine or len(target) < 2 or any(not rows[f].get("pass_seconds") for f in fixed):
+        return None
+    halves = [[i for i in range(len(target)) if i % 2 == h] for h in (0, 1)]
+    chosen, base, other = [], [], []
+    for pick, judge in (halves, halves[::-1]):
+        best = max(fixed, key=lambda f: sum(target[i] for i in pick) / sum(rows[f]["pass_seconds"][i] for i in pick))
+        chosen.append(best)
+        base += [rows[best]["pass_seconds"][i] for i in judge]
+        other += [mine[i] for i in judge]
+    interval = paired_ratio(base, other)
+    return {"best_fixed": chosen, **interval, "verdict": verdict(interval)}
 
 
 def render(result: dict, console=None) -> None:
@@ -316,6 +340,14 @@ def render(result: dict, console=None) -> None:
         for c, v in per_cat.items():
             versus.add_row(c, v["best_fixed"], f"{v['ratio']:.3f}x", f"{v['lo']:.3f}-{v['hi']:.3f}", v["verdict"])
         (console or Console(width=120)).print(versus)
+    for name, per_cat in summ["versus_held_out"].items():
+        held = Table(title=f"{name} against the best fixed configuration chosen on the other half of the passes")
+        for col in ("category", "chosen (halves)", f"{name} / held-out best", "interval", "verdict"):
+            held.add_column(col, justify="left" if col in ("category", "chosen (halves)", "verdict") else "right")
+        for c, v in per_cat.items():
+            chosen = " / ".join(v["best_fixed"])
+            held.add_row(c, chosen, f"{v['ratio']:.3f}x", f"{v['lo']:.3f}-{v['hi']:.3f}", v["verdict"])
+        (console or Console(width=120)).print(held)
     if result.get("replay"):
         render_replay(result["replay"], console)
     if result.get("adaptive_policy"):

@@ -87,6 +87,31 @@ def test_summary_compares_each_adaptive_configuration_with_each_categorys_best_f
     assert versus["code"]["best_fixed"] == "model:4" and versus["code"]["verdict"] == "at least"
 
 
+def test_held_out_the_best_fixed_configuration_is_chosen_on_one_half_and_judged_on_the_other(wl):
+    """Two fixed configurations of equal speed, each lucky on alternate passes, and an adaptive one between them:
+    after the fact the luckier fixed one beats adaptive; chosen on one half and judged on the other, adaptive wins."""
+    target = [2.0, 2.0, 2.0, 2.0]
+
+    def row(seconds: list[float]) -> dict:
+        return {"speedup": sum(target) / sum(seconds), "pass_seconds": seconds}
+
+    cats = {
+        "chat": {
+            "target-only": row(target),
+            "ngram:4": row([1.0, 1.2, 1.0, 1.15]),  # fast on passes 0 and 2
+            "ngram:2": row([1.2, 1.0, 1.2, 1.0]),  # fast on passes 1 and 3
+            "adaptive:4": row([1.1, 1.1, 1.1, 1.1]),
+        }
+    }
+    s = wl.summary({"categories": cats, "configs": ["ngram:4", "ngram:2", "adaptive:4"]})
+    after = s["versus_best_fixed"]["adaptive:4"]["chat"]
+    assert after["best_fixed"] == "ngram:4" and after["ratio"] == pytest.approx(4.35 / 4.4, abs=1e-4)
+    held = s["versus_held_out"]["adaptive:4"]["chat"]
+    assert held["best_fixed"] == ["ngram:4", "ngram:2"]  # chosen on passes 0, 2 and on passes 1, 3
+    assert held["ratio"] == pytest.approx((1.2 + 1.15 + 1.2 + 1.2) / 4.4, abs=1e-4) and held["verdict"] == "at least"
+    assert held["pairs"] == 4
+
+
 def test_unequal_passes_are_refused(pr):
     with pytest.raises(ValueError, match="3 against 2 passes"):
         pr.paired_ratio([1.0, 2.0, 3.0], [1.0, 2.0])
