@@ -201,12 +201,12 @@ class StepChoice:
         grow_t = [target(n_now + k) - t0 for k in range(top + 1)]
         grow_v = [verify(rows_now + k) - v0 for k in range(top + 1)]
         out: list[Option] = []
-        if ask.k_max > 0 and ask.ngram_tokens:
+        if ask.ngram_tokens:
             arm = ngram_arm(ask.ngram_match)
             a, after = est.acceptance(seq, arm), est.continuation(seq, arm)
             for k in range(1, min(ask.k_max, len(ask.ngram_tokens)) + 1):
                 out.append((Choice(NGRAM, k, arm), expected_accepted(a, k, after), grow_t[k] + a * grow_v[k]))
-        if ask.k_max > 0 and ask.model:
+        if ask.model:
             a, after = est.acceptance(seq, MODEL_ARM), est.continuation(seq, MODEL_ARM)
             # The catch-up: a draft pass over the lagging tokens, priced as the target's pass over as many tokens
             # scaled by the draft's cost relative to the target's (one token of it is round 0's normal feed).
