@@ -150,8 +150,8 @@ def test_ngram_hybrid_and_adaptive_sampling_match_target_distribution(pair, kind
     """n-gram proposals are point masses (q = 1 on the token): accepted with probability p(x), else resampled from p
     without x. A pool of random sequences over the tiny vocabulary always proposes, so most steps verify drafts.
     The adaptive drafter switches between the draft model, n-grams and no draft, and K, on what happened before
-    (tests.test_adaptive.SwitchingPolicy): the distribution stays the target's."""
-    from tests.test_adaptive import SwitchingPolicy
+    (tests.adaptive_helpers.SwitchingPolicy): the distribution stays the target's."""
+    from tests.adaptive_helpers import SwitchingPolicy
     from trtspec.speculative.drafters.ngram import NgramPool
 
     target, draft = pair
