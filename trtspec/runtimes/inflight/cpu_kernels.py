@@ -33,9 +33,9 @@ cache directory (``gcc -O3 -march=native -fopenmp``, about a second; keyed by th
 flags, written atomically), then loaded
 with ctypes, which releases the GIL for the call. Its OpenMP runtime is torch's own ``libgomp.so.1``, already loaded by
 torch, so the threads are torch's (a call passes ``torch.get_num_threads()``, or one thread for a bfloat16 call of
-fewer rows than :func:`parallel_rows` under a passive wait). Where it cannot be built or loaded
-(no AVX2/FMA, not x86-64, no C compiler, ``TRTSPEC_CPU_KERNELS=0``), :func:`available` is False and the step keeps
-oneDNN and torch's ops.
+fewer rows than :func:`parallel_rows` under a passive wait, unless its weight is as large as a vocabulary head).
+Where it cannot be built or loaded (no AVX2/FMA, not x86-64, no C compiler, ``TRTSPEC_CPU_KERNELS=0``),
+:func:`available` is False and the step keeps oneDNN and torch's ops.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         raise ValueError(f"cpu_kernels.linear: x {tuple(x.shape)} {x.dtype} against weight {tuple(weight.shape)}")
     y = torch.empty(m, n, dtype=weight.dtype)
     b = None if bias is None else bias.to(weight.dtype).contiguous()
-    threads = _threads_for(m, weight.dtype)
+    threads = _threads_for(m, weight.dtype, weight.numel())
     fn(x.data_ptr(), weight.data_ptr(), None if b is None else b.data_ptr(), y.data_ptr(), m, n, k, threads)
     return y
 
@@ -228,6 +228,13 @@ def _threads() -> int:
 # policy) wakes at once and every call takes all threads. TRTSPEC_PARALLEL_ROWS sets it. float32 calls keep every
 # thread: their weights are twice the bytes, and one thread verified 5 tokens 1.08x slower (decoding one 0.90x).
 PASSIVE_PARALLEL_ROWS = 8
+# ... except a multiply whose weights are this many elements or more: the vocabulary head (49,152 x 576 on SmolLM2,
+# 56 MB in bfloat16) streams its weights from memory for milliseconds, and one wake-up is a few hundredths of that.
+# Measured on the 2-core AMD EPYC (AVX512-BF16), passive wait, each call after a pass's worth of one-thread calls
+# (the second thread asleep, the weights out of cache), medians of 40: the head at 1 row 2.38 ms on one thread, 1.87
+# on two; at 5 rows 2.65 / 1.84; the draft's 8,192-row head 0.44 / 0.38. The layers' weights (at most 1.8M elements)
+# stay under it. Each output is still one thread's sum in a fixed order: the bits do not change.
+PARALLEL_ELEMENTS = 1 << 22
 
 
 def parallel_rows(dtype: torch.dtype = torch.bfloat16) -> int:
@@ -243,8 +250,10 @@ def parallel_rows(dtype: torch.dtype = torch.bfloat16) -> int:
     return int(_state["rows"])
 
 
-def _threads_for(rows: int, dtype: torch.dtype = torch.bfloat16) -> int:
-    return _threads() if rows >= parallel_rows(dtype) else 1
+def _threads_for(rows: int, dtype: torch.dtype = torch.bfloat16, elements: int = 0) -> int:
+    """Threads for a kernel call of ``rows`` rows on ``dtype`` over a weight of ``elements`` elements (0: not a
+    multiply): all of torch's from :func:`parallel_rows` rows on, or for a weight of PARALLEL_ELEMENTS or more."""
+    return _threads() if rows >= parallel_rows(dtype) or elements >= PARALLEL_ELEMENTS else 1
 
 
 def _cpu_flags() -> str:
