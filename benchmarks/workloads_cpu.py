@@ -333,21 +333,19 @@ def render(result: dict, console=None) -> None:
         "",
     )
     (console or Console(width=max(120, 24 * (len(names) + 2)))).print(table)
-    for name, per_cat in summ["versus_best_fixed"].items():
-        versus = Table(title=f"{name} against the best fixed configuration, prompt by prompt (95 % bootstrap interval)")
-        for col in ("category", "best fixed", f"{name} / best fixed", "interval", "verdict"):
-            versus.add_column(col, justify="left" if col in ("category", "best fixed", "verdict") else "right")
-        for c, v in per_cat.items():
-            versus.add_row(c, v["best_fixed"], f"{v['ratio']:.3f}x", f"{v['lo']:.3f}-{v['hi']:.3f}", v["verdict"])
-        (console or Console(width=120)).print(versus)
-    for name, per_cat in summ["versus_held_out"].items():
-        held = Table(title=f"{name} against the best fixed configuration chosen on the other half of the passes")
-        for col in ("category", "chosen (halves)", f"{name} / held-out best", "interval", "verdict"):
-            held.add_column(col, justify="left" if col in ("category", "chosen (halves)", "verdict") else "right")
-        for c, v in per_cat.items():
-            chosen = " / ".join(v["best_fixed"])
-            held.add_row(c, chosen, f"{v['ratio']:.3f}x", f"{v['lo']:.3f}-{v['hi']:.3f}", v["verdict"])
-        (console or Console(width=120)).print(held)
+    comparisons = (  # (summary key, title, column of the configuration compared with, what it is)
+        ("versus_best_fixed", ", prompt by prompt (95 % bootstrap interval)", "best fixed", "best fixed"),
+        ("versus_held_out", " chosen on the other half of the passes", "chosen (halves)", "held-out best"),
+    )
+    for key, how, chosen_col, base in comparisons:
+        for name, per_cat in summ[key].items():
+            versus = Table(title=f"{name} against the best fixed configuration{how}")
+            for col in ("category", chosen_col, f"{name} / {base}", "interval", "verdict"):
+                versus.add_column(col, justify="left" if col in ("category", chosen_col, "verdict") else "right")
+            for c, v in per_cat.items():
+                chosen = v["best_fixed"] if isinstance(v["best_fixed"], str) else " / ".join(v["best_fixed"])
+                versus.add_row(c, chosen, f"{v['ratio']:.3f}x", f"{v['lo']:.3f}-{v['hi']:.3f}", v["verdict"])
+            (console or Console(width=120)).print(versus)
     if result.get("replay"):
         render_replay(result["replay"], console)
     if result.get("adaptive_policy"):
