@@ -253,6 +253,30 @@ def test_a_size_priced_high_in_a_slow_stretch_is_timed_again_alone_and_then_coun
     assert policy.target.cost(5) < before - 0.5 * (before - 0.0106) * 0.99  # half the way, not 1/9 of it
 
 
+def test_a_size_that_is_dear_in_fact_is_re_timed_less_and_less_often():
+    """One sequence with K up to 8 on this CPU's shape of costs: passes of 1-6 tokens cost about one step, 7-9 tokens
+    1.5-2x (the multiply past its memory-bound rows). The policy takes K 8 to re-time the 9-token pass when it has
+    gone unmeasured for STALE_PASSES passes; each re-timing finds it at its price, so the next comes twice as late:
+    over 2,000 steps a handful of re-timings, not one every 65 steps (measured: 27 of 895 steps)."""
+    from trtspec.speculative.pass_costs import STALE_PASSES
+
+    seconds = {1: 0.0100, 2: 0.0102, 3: 0.0104, 4: 0.0106, 5: 0.0108, 6: 0.0120, 7: 0.0150, 8: 0.0180, 9: 0.0200}
+    policy = cpu_like_policy(explore=0.0, priors={(NGRAM, 3): 0.5})
+    ask = Ask(8, list(range(5, 13)), ngram_match=3)
+    for n, t in seconds.items():
+        policy.observe_target(n, t)
+    chosen = []
+    for _ in range(2000):
+        (c,) = policy.plan([SequenceArms()], [ask])
+        chosen.append(c.k)
+        policy.observe_target(1 + c.k, seconds[1 + c.k])
+    retimed = [i for i, k in enumerate(chosen) if k == 8]
+    assert max(set(chosen), key=chosen.count) < 6  # the policy's own choice stays below the dear sizes
+    assert 3 <= len(retimed) <= 6, retimed
+    gaps = [b - a for a, b in zip(retimed, retimed[1:])]
+    assert gaps == sorted(gaps) and gaps[0] >= STALE_PASSES, gaps
+
+
 def test_target_costs_are_learned_per_number_of_sequences():
     """8 tokens of 8 sequences cost more than 8 tokens of 2 (each sequence attends on its own), and the slope of a
     full batch is its own: the policy prices a batch's draft tokens on the curve of that batch size (or of the

@@ -9,7 +9,7 @@ import pytest
 from tests.adaptive_helpers import cpu_like_policy
 from trtspec.speculative.arms import NGRAM, SequenceArms, expected_accepted
 from trtspec.speculative.choice import Ask
-from trtspec.speculative.pass_costs import CostPrior, PassCosts, isotonic
+from trtspec.speculative.pass_costs import STALE_PASSES, STALE_PASSES_MAX, CostPrior, PassCosts, isotonic
 
 
 def test_pass_costs_follow_the_prior_until_measured_then_the_measurements():
@@ -51,6 +51,40 @@ def test_measured_pass_costs_are_used_as_their_non_decreasing_fit():
     a = policy.acceptance(SequenceArms(), (NGRAM, 4))
     on_raw = {k: (1 + expected_accepted(a, k)) / raw[1 + k] for k in range(5)}
     assert max(on_raw, key=on_raw.__getitem__) == 2, on_raw  # what the raw averages would have chosen
+
+
+def test_a_size_re_timed_at_its_price_waits_longer_to_be_timed_again_and_one_that_moved_does_not():
+    """A 9-token pass that is dear in fact (compute-bound on this CPU) is found at its price each time the policy
+    re-times it: each such confirmation doubles how long it may go unmeasured (up to STALE_PASSES_MAX); a re-timing
+    that finds it elsewhere brings the wait back to STALE_PASSES."""
+    costs = PassCosts(CostPrior().target)
+    for _ in range(4):
+        costs.observe(1, 0.010)
+        costs.observe(9, 0.020)
+
+    def unmeasured_for(n: int) -> None:
+        for _ in range(n):
+            costs.observe(1, 0.010)
+
+    unmeasured_for(STALE_PASSES - 1)
+    assert costs.fresh(9)
+    unmeasured_for(1)
+    assert not costs.fresh(9) and costs.measured(9)
+    waits = []
+    for _ in range(6):  # re-timed at its price: 128, 256, 512, 1024, 1024, ... passes before the next
+        costs.observe(9, 0.0201)
+        n = 0
+        while costs.fresh(9):
+            unmeasured_for(1)
+            n += 1
+        waits.append(n)
+    assert waits == [128, 256, 512, 1024, STALE_PASSES_MAX, STALE_PASSES_MAX], waits
+    costs.observe(9, 0.013)  # the size moved (35 % below its price): back to the short wait
+    n = 0
+    while costs.fresh(9):
+        unmeasured_for(1)
+        n += 1
+    assert n == STALE_PASSES
 
 
 def test_the_live_fit_kept_up_pass_by_pass_is_the_full_fit():

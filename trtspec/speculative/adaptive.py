@@ -49,7 +49,7 @@ from trtspec.speculative.arms import (
     expected_accepted,
 )
 from trtspec.speculative.choice import NO_SPECULATION, Ask, Choice, Curves, OtherSequences, PlainStep, StepChoice
-from trtspec.speculative.pass_costs import STALE_PASSES, BatchPassCosts, CostPrior, PassCosts, convex_minorant
+from trtspec.speculative.pass_costs import BatchPassCosts, CostPrior, PassCosts, convex_minorant
 
 
 class AdaptivePolicy:
@@ -260,11 +260,12 @@ class AdaptivePolicy:
         passes all fell in one slow stretch of the machine stays priced high, and the policy does not choose it
         again to learn otherwise (measured, the workload benchmark: the 5-token pass of K 4 learned at 19.8 ms
         against 15.5 for 4 tokens, timed 22.4 against 21.1; K 3 on 89 % of the steps, 3 % fewer tokens per step
-        than n-grams at K 4 on retrieval-grounded QA). Costs one step in some 64 a K a little past the best."""
+        than n-grams at K 4 on retrieval-grounded QA). Costs one step in some 64 a K a little past the best; a size
+        whose re-timing found it as dear as priced waits longer each time (trtspec.speculative.pass_costs)."""
         if not choice.speculates:
             return choice
         top = min(ask.k_max, len(ask.ngram_tokens)) if choice.source == NGRAM else ask.k_max
-        if choice.k >= top or self.target.measured(1 + top, 1, within=STALE_PASSES):
+        if choice.k >= top or self.target.fresh(1 + top, 1):
             return choice
         return dataclasses.replace(choice, k=top)
 

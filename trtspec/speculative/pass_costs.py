@@ -16,7 +16,11 @@ trtspec.runtimes.inflight.timing.calibrate), and live passes only move the drift
 the shape). Timed, anchoring did not pay on that VM (geometric mean 1.318x anchored against 1.330x on the median
 curves, n-grams K <= 4, one run), so engines learn live unless told to calibrate. A size unmeasured for
 ``STALE_PASSES`` passes of its curve is stale: its next pass weighs as much as all its old ones, and the policy takes
-such a size once alone to time it again (trtspec.speculative.adaptive). Pure Python.
+such a size once alone to time it again (trtspec.speculative.adaptive). A re-timing that finds the size where it was
+priced (within ``CONFIRM_LOG``) doubles how long that size may go unmeasured, up to ``STALE_PASSES_MAX``; one that
+does not brings it back to ``STALE_PASSES``. So a size that is dear in fact is not re-timed every 64 passes (measured,
+the workload benchmark with K up to 8, one sequence: 7- to 9-token passes cost 1.5-1.8x a one-token pass on this CPU,
+and re-timing them took 27 of 895 steps). Pure Python.
 """
 
 from __future__ import annotations
@@ -52,6 +56,8 @@ SHAPE_WEIGHT_CAP = 64  # the isotonic fit weighs a size by its passes, up to thi
 # A size not measured among its curve's last so many passes is stale: the policy may choose it once to time it again
 # (trtspec.speculative.adaptive), and that pass weighs as much as all its old ones.
 STALE_PASSES = 64
+STALE_PASSES_MAX = 1024  # ... doubled after each re-timing that confirmed the size's price, up to this
+CONFIRM_LOG = 0.1  # a re-timed pass within about 10 % of its size's fitted price confirms it
 
 
 @dataclass
@@ -107,6 +113,7 @@ class PassCosts:
         self._passes: dict[int, int] = {}  # live, per bucket: passes seen
         self._observed = 0  # live: passes seen, all sizes
         self._last_seen: dict[int, int] = {}  # live, per bucket: ``_observed`` at its last pass
+        self._stale_after: dict[int, int] = {}  # live, per bucket: passes unmeasured before it is stale
         self._drift_of = drift if drift is not None else Drift()  # live: the machine's speed (may be shared)
         self._raw: dict[int, float] = {}  # live, per bucket: exp of its log shape
         self._fit: dict[int, float] = {}  # live, per bucket: the isotonic fit of the shape (seconds at drift 1)
@@ -167,14 +174,19 @@ class PassCosts:
             return
         b = self._bucket(size)
         self._observed += 1
-        last = self._last_seen.get(b)
-        if last is not None and self._observed - last > STALE_PASSES:
-            # Measured anew after a long while: its old passes may all come from one slow stretch (a size the
-            # policy then stopped choosing, for the price they gave it), so this pass counts as much as they do.
-            self._passes[b] = min(self._passes[b], 1)
-        self._last_seen[b] = self._observed
         y = math.log(seconds)
         drift = self._drift_of
+        last = self._last_seen.get(b)
+        window = self._stale_after.get(b, STALE_PASSES)
+        if last is not None and self._observed - last > window:
+            # Measured anew after a long while: its old passes may all come from one slow stretch (a size the
+            # policy then stopped choosing, for the price they gave it), so this pass counts as much as they do.
+            # Where it finds the size at its price, the size is dear in fact: it waits twice as long to be re-timed.
+            priced = math.log(self._fit.get(b, self._raw[b])) + (drift.log or 0.0)
+            confirmed = abs(y - priced) <= CONFIRM_LOG
+            self._stale_after[b] = min(STALE_PASSES_MAX, 2 * window) if confirmed else STALE_PASSES
+            self._passes[b] = min(self._passes[b], 1)
+        self._last_seen[b] = self._observed
         if drift.log is None:  # the first pass sets the scale: shape units are the prior's at first
             drift.log = y - math.log(max(1e-12, float(self.prior(size))))
         shape = self._log_shape.get(b)
@@ -218,6 +230,16 @@ class PassCosts:
             return True
         seen = self._last_seen.get(self._bucket(size))
         return seen is not None and (within is None or self._observed - seen < within)
+
+    def fresh(self, size: int) -> bool:
+        """Whether a pass of about ``size`` has been timed recently enough not to be timed again on purpose: among
+        the curve's last ``STALE_PASSES`` passes, or more for a size whose re-timings confirmed its price (module
+        docstring); always when the curve is anchored."""
+        if self.anchored:
+            return True
+        b = self._bucket(size)
+        seen = self._last_seen.get(b)
+        return seen is not None and self._observed - seen < self._stale_after.get(b, STALE_PASSES)
 
     @property
     def live_drift(self) -> float:
@@ -401,11 +423,22 @@ class BatchPassCosts:
         so many passes of its batch size), on its batch size's own curve or an anchored one, not only estimated from
         another batch size's; True before anything is timed (every cost is then the prior's, consistent with
         itself)."""
-        b = self.bucket(seqs)
-        if (self.anchors and b <= max(self.anchors)) or not (self.curves or self.anchors):
+        if self._nothing_to_time(seqs):
             return True
-        own = self.curves.get(b)
+        own = self.curves.get(self.bucket(seqs))
         return own is not None and own.measured(tokens, within)
+
+    def fresh(self, tokens: int, seqs: int = 1) -> bool:
+        """Whether a pass of about ``tokens`` tokens of ``seqs`` sequences need not be timed again on purpose
+        (:meth:`PassCosts.fresh` on its batch size's own curve); True where :meth:`measured` is for another reason."""
+        if self._nothing_to_time(seqs):
+            return True
+        own = self.curves.get(self.bucket(seqs))
+        return own is not None and own.fresh(tokens)
+
+    def _nothing_to_time(self, seqs: int) -> bool:
+        """Whether no pass of ``seqs`` sequences needs timing: its batch size is anchored, or nothing is timed yet."""
+        return bool(self.anchors and self.bucket(seqs) <= max(self.anchors)) or not (self.curves or self.anchors)
 
     @property
     def scale(self) -> float | None:
