@@ -147,6 +147,52 @@ def test_bfloat16_rows_get_the_same_bits_whatever_else_is_in_the_pass(bf16_pair,
         assert torch.equal(results[0], other_result)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_whole_pass_in_one_call_equals_the_kernels_called_one_by_one(bf16_pair, model, dtype):
+    """cpu_kernels.whole_pass runs every layer's kernels from C in the order the step calls them from Python: the
+    same hidden states and the same keys and values written into every layer's cache, bit for bit. bfloat16: a pass
+    that packs a prefill, a verification and a decode (and the passes that cached the prompts); float32, whose
+    kernels take passes of at most MAX_ROWS tokens: a verification and a decode (the prompts cached one by one)."""
+    from trtspec.runtimes.inflight import cpu_kernels
+
+    if not cpu_kernels.available():
+        pytest.skip("trtspec's CPU kernels do not run here")
+    target = bf16_pair[0] if dtype == "bfloat16" else model
+    torch.manual_seed(1)
+    vocab = target.config.vocab_size
+    prompt, other = torch.randint(0, vocab, (300,)), torch.randint(0, vocab, (40,))
+    m = 17 if dtype == "bfloat16" else 0  # the prefill's tokens in the pass
+    ids = torch.randint(0, vocab, (m + 6,))
+    pos = torch.cat([torch.arange(m), torch.arange(300, 305), torch.tensor([40])])
+    segments = [(1, 0, 0, m), (0, 300, m, 5), (2, 40, m + 5, 1)][0 if m else 1 :]
+    results = {}
+    with torch.inference_mode():
+        for whole in (True, False):
+            step = LlamaStep(target)
+            assert step.whole_pass  # where trtspec's kernels run, the one-call path is the default
+            step.whole_pass = whole
+            calls: list[int] = []
+            if whole:  # the pass under test must go through the one call
+                step._whole_pass = lambda *a, _f=step._whole_pass, _c=calls: _c.append(1) or _f(*a)
+            if m:
+                pool = pool_with_two_cached(step, target, prompt, other, 512)
+            else:
+                pool = SlotKVPool(KVGeometry.of(target), 3, 512)
+                for slot, tokens in ((0, prompt), (2, other)):
+                    for i in range(len(tokens)):
+                        step.body(pool, [(slot, i, 0, 1)], tokens[i : i + 1], torch.tensor([i]))
+            calls.clear()
+            out = step.body(pool, segments, ids, pos)
+            assert calls == ([1] if whole else [])
+            results[whole] = (out, [k.clone() for k in pool.keys], [v.clone() for v in pool.values])
+    (a, ak, av), (b, bk, bv) = results[True], results[False]
+    assert a.dtype == getattr(torch, dtype) and torch.equal(a, b)
+    for layer in range(len(ak)):  # the slots' written positions (the rest of the pool is uninitialised memory)
+        for slot, upto in ((0, 305), (1, m), (2, 41)):
+            assert torch.equal(ak[layer][slot, :, :upto], bk[layer][slot, :, :upto]), (layer, slot)
+            assert torch.equal(av[layer][slot, :, :upto], bv[layer][slot, :, :upto]), (layer, slot)
+
+
 def test_bfloat16_without_onednn_takes_the_plain_path(bf16_pair, monkeypatch):
     """On a CPU where oneDNN has no bfloat16 kernel (AVX2 only) the step must not ask for one (it raised there:
     "bf16 path needs the cpu support avx_ne_convert or avx512bw ..."): trtspec's kernels where they run, else

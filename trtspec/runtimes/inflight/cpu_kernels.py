@@ -27,10 +27,14 @@ the norm's mean. **The attention** kernel: every (row, query head) over its slot
 max-subtracted softmax; in bfloat16 it takes every segment, prefills included (faster than two batched multiplies at
 16-1000 tokens, measured), in float32 the segments of at most :data:`ATTEND_ROWS` tokens.
 
+**The whole pass** (``cpu_kernels_pass.c``, :func:`whole_pass`): every layer's kernels in one call from C, in the
+order the step calls them one by one (9 a layer), with the same arguments and thread counts, so the same bits; a
+one-token pass of SmolLM2-135M spent 2.4 of its 13.4 ms in Python between its 270 kernel calls.
+
 The C sources (``cpu_kernels_multiply.c``: the multiplies; ``cpu_kernels_layer.c``: the elementwise work and the
-attention; ``cpu_kernels.h``: what they share) are compiled into one library once per machine and source, in trtspec's
-cache directory (``gcc -O3 -march=native -fopenmp``, about a second; keyed by the sources, the compiler and the CPU's
-flags, written atomically), then loaded
+attention; ``cpu_kernels_pass.c``: the whole pass; ``cpu_kernels.h``: what they share) are compiled into one library
+once per machine and source, in trtspec's cache directory (``gcc -O3 -march=native -fopenmp``, about a second; keyed
+by the sources, the compiler and the CPU's flags, written atomically), then loaded
 with ctypes, which releases the GIL for the call. Its OpenMP runtime is torch's own ``libgomp.so.1``, already loaded by
 torch, so the threads are torch's (a call passes ``torch.get_num_threads()``, or one thread for a bfloat16 call of
 fewer rows than :func:`parallel_rows` under a passive wait, unless its weight is as large as a vocabulary head).
@@ -49,6 +53,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +63,9 @@ from trtspec.paths import cache_dir
 
 MAX_ROWS = 8  # float32 passes of at most this many rows use the kernel (oneDNN was faster from 16 rows on, measured)
 BF16_BLOCK = 32  # the bfloat16 multiply reads its inputs in blocks of this many
-SOURCES = tuple(Path(__file__).with_name(n) for n in ("cpu_kernels_multiply.c", "cpu_kernels_layer.c"))
+SOURCES = tuple(
+    Path(__file__).with_name(n) for n in ("cpu_kernels_multiply.c", "cpu_kernels_layer.c", "cpu_kernels_pass.c")
+)
 HEADER = Path(__file__).with_name("cpu_kernels.h")
 _FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 _LIBS = ("-lm",)
@@ -199,6 +206,73 @@ def attend(
     return out
 
 
+# The addresses of one layer in whole_pass's table, in cpu_kernels_pass.c's order (a bias absent: 0).
+PASS_SLOTS = (
+    "norm1",
+    "qkv",
+    "qkv_bias",
+    "o",
+    "o_bias",
+    "norm2",
+    "gate_up",
+    "gate_up_bias",
+    "down",
+    "down_bias",
+    "keys",
+    "values",
+)
+
+
+def whole_pass(
+    h: torch.Tensor,
+    layers: torch.Tensor,
+    final_norm: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    segments: torch.Tensor,
+    geometry: tuple[int, int, int, int, int],
+    eps: float,
+    scaling: float,
+    threads: Sequence[int],
+) -> torch.Tensor:
+    """A pass through every layer in one call (``cpu_kernels_pass.c``), float32 or bfloat16: per layer the residual
+    add with the norm, the q/k/v multiply, the rotary embedding, the attention over the slot caches, o, the norm,
+    gate/up, silu x up and down, then the final norm; the same kernels, arguments and thread counts as the calls one
+    by one, so the same bits. ``h`` [T, H] (updated in place), ``layers`` [L, len(PASS_SLOTS)] int64 addresses,
+    ``cos``/``sin`` [T, head_dim], ``segments`` as :func:`attend`'s, ``geometry`` (heads, kv_heads, head_dim,
+    intermediate, cache capacity), ``threads`` for the q/k/v, o, gate/up and down multiplies and the attention.
+    Returns the final norm's output [T, H]."""
+    assert h.is_contiguous() and layers.dtype == torch.int64 and layers.is_contiguous()
+    assert cos.is_contiguous() and sin.is_contiguous() and segments.dtype == torch.int64 and segments.is_contiguous()
+    hq, hk, d, inter, cap = geometry
+    out = torch.empty_like(h)
+    counts = (ctypes.c_int * 5)(*threads)
+    status = _typed("trtspec_pass", h)(
+        h.data_ptr(),
+        out.data_ptr(),
+        layers.data_ptr(),
+        layers.shape[0],
+        final_norm.data_ptr(),
+        cos.data_ptr(),
+        sin.data_ptr(),
+        segments.data_ptr(),
+        segments.shape[0],
+        h.shape[0],
+        h.shape[1],
+        hq,
+        hk,
+        d,
+        inter,
+        cap,
+        eps,
+        scaling,
+        counts,
+    )
+    if status != 0:
+        raise MemoryError(f"cpu_kernels.whole_pass: no scratch for a pass of {h.shape[0]} tokens")
+    return out
+
+
 def _typed(name: str, like: torch.Tensor) -> Any:
     """The float32 or bfloat16 variant of kernel ``name`` for tensors like ``like``."""
     if like.dtype not in _SUFFIX:
@@ -301,6 +375,11 @@ def _load() -> Any | None:
         f = getattr(lib, name)
         f.argtypes, f.restype = argtypes, None
         _state[name] = f
+    pass_args: list[Any] = [ptr, ptr, ptr, i32, ptr, ptr, ptr, ptr, *[i32] * 8, f32, f32, ctypes.POINTER(i32)]
+    for name in ("trtspec_pass_f32", "trtspec_pass_bf16"):
+        whole = getattr(lib, name)
+        whole.argtypes, whole.restype = pass_args, i32
+        _state[name] = whole
     native = lib.trtspec_bf16_native
     native.argtypes, native.restype = [], i32
     _state["trtspec_bf16_native"] = native
