@@ -43,6 +43,7 @@ compare against transformers' own ``generate``).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -142,7 +143,10 @@ class LlamaStep:
             and self.attend_kernel
             and all(lin.small for layer in self.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))
         )
-        self._table: tuple[SlotKVPool, torch.Tensor, list[torch.Tensor]] | None = None
+        # per KV pool (engines on one model have their own; a table lives as long as its pool)
+        self._tables: weakref.WeakKeyDictionary[SlotKVPool, tuple[torch.Tensor, list[torch.Tensor]]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def _rotary(self, positions: torch.Tensor, upto: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, 1, D] at ``positions`` from a table of the model's own rotary values."""
@@ -161,8 +165,9 @@ class LlamaStep:
 
     def _pass_table(self, pool: SlotKVPool) -> torch.Tensor:
         """The layers' addresses for cpu_kernels.whole_pass with ``pool``'s caches (made once per pool; the tensors
-        it points into are kept here)."""
-        if self._table is None or self._table[0] is not pool:
+        it points into are kept with it)."""
+        table = self._tables.get(pool)
+        if table is None:
             keep: list[torch.Tensor] = []
 
             def address(t: torch.Tensor | None) -> int:
@@ -189,8 +194,8 @@ class LlamaStep:
                     "values": pool.values[i],
                 }
                 rows.append([address(slots[name]) for name in cpu_kernels.PASS_SLOTS])
-            self._table = (pool, torch.tensor(rows, dtype=torch.int64), keep)
-        return self._table[1]
+            table = self._tables[pool] = (torch.tensor(rows, dtype=torch.int64), keep)
+        return table[0]
 
     def _whole_pass(
         self, pool: SlotKVPool, segments: Sequence[tuple[int, int, int, int]], h: torch.Tensor, cos, sin
