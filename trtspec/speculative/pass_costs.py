@@ -19,7 +19,7 @@ curves, n-grams K <= 4, one run), so engines learn live unless told to calibrate
 such a size once alone to time it again (trtspec.speculative.adaptive). A re-timing that finds the size where it was
 priced (within ``CONFIRM_LOG``) doubles how long that size may go unmeasured, up to ``STALE_PASSES_MAX``; one that
 does not brings it back to ``STALE_PASSES``. So a size that is dear in fact is not re-timed every 64 passes (measured,
-the workload benchmark with K up to 8, one sequence: 7- to 9-token passes cost 1.5-1.8x a one-token pass on this CPU,
+the workload benchmark with K up to 8, one sequence: 7- to 9-token passes cost 1.6-1.9x a one-token pass on this CPU,
 and re-timing them took 27 of 895 steps). Pure Python.
 """
 
