@@ -9,13 +9,15 @@ Each switch is one choice of the fast CPU step, compared on the same decoders an
 - ``whole-pass``: a pass of the fused Llama step through every layer in one C call (``cpu_kernels.whole_pass``;
   ``LlamaStep.whole_pass``; bfloat16 every pass, float32 passes of at most ``cpu_kernels.MAX_ROWS`` tokens). Off:
   the same kernels called one by one from Python, 9 a layer; on: the shipped path.
+- ``argmax``: a greedy step's tokens from the head's logits. Off: torch's argmax over a float32 copy; on: trtspec's
+  kernel, in place (``cpu_kernels.argmax``).
 
 It decodes the workload conversations (``trtspec/data/workloads.jsonl``, 96 tokens, greedy, the example in bfloat16,
 or ``--dtype``) with each decoder (target-only, n-grams K 4, the draft model K 4) twice per prompt, off and on, the
 order alternating from prompt to prompt, and prints tokens per second for each and their ratio; greedy output must
 be the same (neither switch changes a bit).
 
-    python benchmarks/cpu_switches.py {head-threads,whole-pass} [--repeats 1] [--max-tokens 96] \
+    python benchmarks/cpu_switches.py {head-threads,whole-pass,argmax} [--repeats 1] [--max-tokens 96] \
         [--dtype bfloat16|float32] [--json F]
 
 About 2.5 minutes a repeat on a quiet 2-core machine (note ``uptime``). Needs a CPU where trtspec's kernels build.
@@ -49,16 +51,21 @@ NEVER = 1 << 62
 SWITCHES = {
     "head-threads": ("the vocabulary head on one thread or on every thread", "head on one thread", "on every thread"),
     "whole-pass": ("the layers' kernels called one by one from Python or in one C call", "one by one", "one call"),
+    "argmax": ("a greedy step's argmax by torch (float32 copy) or by the kernel in place", "torch", "kernel"),
 }
 
 
-def _switch(name: str, on: bool, steps: list) -> None:
+def _switch(name: str, on: bool, steps: list, decoders: dict) -> None:
     """Set switch ``name`` off or on (on: as shipped) in this process; ``steps``: the models' fused steps."""
     if name == "head-threads":
         cpu_kernels.PARALLEL_ELEMENTS = SHIPPED if on else NEVER
-    else:
+    elif name == "whole-pass":
         for step in steps:
             step.whole_pass = on
+    else:
+        for dec in decoders.values():
+            for engine in dec._engines.values():
+                engine._argmax = cpu_kernels.argmax if on else None
 
 
 def run(switch: str, repeats: int, max_tokens: int, dtype: str = "bfloat16") -> dict:
@@ -94,14 +101,14 @@ def run(switch: str, repeats: int, max_tokens: int, dtype: str = "bfloat16") -> 
             for i, ids in enumerate(prompts):
                 for name, dec in decoders.items():
                     for arm in ("on", "off") if (i + r) % 2 else ("off", "on"):
-                        _switch(switch, arm == "on", steps)
+                        _switch(switch, arm == "on", steps, decoders)
                         t0 = time.perf_counter()
                         res = dec.generate([ids], max_tokens)[0]
                         seconds[name, arm] += time.perf_counter() - t0
                         tokens[name, arm] += len(res.token_ids)
                         same &= answers.setdefault((name, i), res.token_ids) == res.token_ids
     finally:
-        _switch(switch, True, steps)
+        _switch(switch, True, steps, decoders)
     rows = {
         name: {
             "off_tok_s": round(tokens[name, "off"] / seconds[name, "off"], 2),

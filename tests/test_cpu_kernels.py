@@ -425,3 +425,24 @@ def test_under_a_passive_wait_only_a_head_sized_multiply_of_few_rows_wakes_the_o
     assert cpu_kernels._threads_for(1, torch.bfloat16, 3072 * 576) == 1  # a layer's gate/up
     assert cpu_kernels._threads_for(5, torch.bfloat16) == 1  # attention, a verification's rows
     assert cpu_kernels._threads_for(8, torch.bfloat16) == 2
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_argmax_kernel_gives_torch_s_index_ties_nans_and_infinities_included(dtype) -> None:
+    """The greedy step's tokens come from cpu_kernels.argmax on the head's logits: each row's index must be
+    torch.argmax's (the first of equal maxima, a NaN above every number, the first NaN), on logits as wide as a
+    vocabulary and on rows made of ties, signed zeros and infinities."""
+    gen = torch.Generator().manual_seed(0)
+    wide = (torch.randn(9, 49152, generator=gen) * 4).to(dtype)  # bfloat16: many equal values per row
+    wide[3, 100] = wide[3, 40000] = wide[3].max() + 1  # a tie at the top: the first wins
+    wide[5, 7] = float("inf")
+    wide[6, 20000] = float("nan")
+    wide[6, 30000] = float("nan")
+    wide[7] = float("-inf")
+    edge = torch.tensor(
+        [[-0.0, 0.0, -1.0], [float("nan"), 1.0, 2.0], [1.0, float("nan"), float("inf")], [2.0, 5.0, 5.0]], dtype=dtype
+    )
+    for x in (wide, edge, wide[:, ::2]):  # a strided view too (copied)
+        assert cpu_kernels.argmax(x) == x.float().argmax(-1).tolist()
+    assert cpu_kernels.argmax(wide)[6] == 20000 and cpu_kernels.argmax(wide)[3] == 100

@@ -107,6 +107,7 @@ def decide(
     states: Sequence[torch.Tensor],
     head: Callable[[torch.Tensor], torch.Tensor],
     flat_rows: int = 0,
+    argmax: Callable[[torch.Tensor], list[int]] | None = None,
 ) -> list[Decision]:
     """One Decision per candidate. ``states[i]`` is [len(draft_i) + 1, D]: the target's hidden states (``head`` its
     lm_head) or logits (``head`` the identity) at the positions of the draft tokens' predecessors and the bonus.
@@ -120,7 +121,8 @@ def decide(
     over 8. ``flat_rows``: up to how many rows a multiply of ``head`` costs about one row (trtspec's float32 CPU
     kernel reads the weights once for up to 8 rows): a step with at most that many rows in all computes every row in
     one multiply, where the second multiply would read the whole head again (8.8 ms of a 40 ms float32 step on
-    SmolLM2-135M)."""
+    SmolLM2-135M). ``argmax``: each row's argmax of a block of logits, as ``block.argmax(-1)`` gives it (the
+    runtime's kernel; default torch's, in float32)."""
     out: list[Decision | None] = [None] * len(cands)
     every_row = sum(len(s) for s in states) <= flat_rows
     kept: list[list[torch.Tensor]] = [[] for _ in cands]
@@ -144,7 +146,7 @@ def decide(
     def compute(pairs: list[tuple[int, int]]) -> None:
         """The head over the rows ``pairs`` (candidate, position), in one multiply."""
         block = head(torch.cat([states[i][j : j + n] for i, j, n in _runs(pairs)]))
-        am = block.float().argmax(-1).tolist() if any(plain[i] for i, _ in pairs) else None
+        am = (argmax or _argmax)(block) if any(plain[i] for i, _ in pairs) else None
         for r, (i, j) in enumerate(pairs):
             rows[(i, j)] = (block, r)
             if am is not None and plain[i]:
@@ -203,6 +205,10 @@ def decide(
             if not c.keep_logits:
                 d.logits = []
     return out  # type: ignore[return-value]
+
+
+def _argmax(block: torch.Tensor) -> list[int]:
+    return block.float().argmax(-1).tolist()
 
 
 def _runs(pairs: list[tuple[int, int]]) -> list[tuple[int, int, int]]:

@@ -273,6 +273,19 @@ def whole_pass(
     return out
 
 
+def argmax(x: torch.Tensor) -> list[int]:
+    """Each row's index of its largest value, as ``x.argmax(-1)`` gives it (the first of equal maxima; a NaN larger
+    than any number), for float32 or bfloat16 logits [M, N] on the CPU, read in place: a greedy step's tokens without
+    torch's float32 copy and argmax (0.4 ms a step over SmolLM2's 49,152 logits). Any other tensor, or no kernels:
+    torch's own."""
+    if x.dim() != 2 or x.dtype not in _SUFFIX or x.device.type != "cpu" or not available():
+        return x.float().argmax(-1).tolist()
+    x = x.contiguous()
+    out = torch.empty(x.shape[0], dtype=torch.int64)
+    _typed("trtspec_argmax", x)(x.data_ptr(), x.shape[0], x.shape[1], out.data_ptr())
+    return out.tolist()
+
+
 def _typed(name: str, like: torch.Tensor) -> Any:
     """The float32 or bfloat16 variant of kernel ``name`` for tensors like ``like``."""
     if like.dtype not in _SUFFIX:
@@ -380,6 +393,10 @@ def _load() -> Any | None:
         whole = getattr(lib, name)
         whole.argtypes, whole.restype = pass_args, i32
         _state[name] = whole
+    for name in ("trtspec_argmax_f32", "trtspec_argmax_bf16"):
+        f = getattr(lib, name)
+        f.argtypes, f.restype = [ptr, i32, i32, ptr], None
+        _state[name] = f
     native = lib.trtspec_bf16_native
     native.argtypes, native.restype = [], i32
     _state["trtspec_bf16_native"] = native

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from trtspec.errors import GenerationError, RequestCancelled
+from trtspec.runtimes.inflight import cpu_kernels
 from trtspec.runtimes.inflight.drafter import ModelDrafter
 from trtspec.runtimes.inflight.head import lazy_head
 from trtspec.runtimes.inflight.jobs import Job
@@ -85,6 +86,8 @@ class InflightEngine:
         n_slots = slots or 2 * max_batch_size
         self.device = device_of(self.model)  # the KV cache, and every tensor a step makes, live on the model's device
         self.pool = SlotKVPool(self.geometry, n_slots, capacity, device=self.device)
+        # a greedy step's tokens from the head's logits: trtspec's kernel reads them in place on a CPU
+        self._argmax = cpu_kernels.argmax if self.device.type == "cpu" and cpu_kernels.available() else None
         # The drafter: a draft model (ModelDrafter), or any object with its interface (admit, propose, commit,
         # release, free, observe_pass: trtspec.speculative.drafters.EngineDrafter), built for these slots.
         self.drafter: Any = drafter
@@ -316,7 +319,9 @@ class InflightEngine:
             counted = head if head is _identity else _counting(head, head_rows)
             t_verify = time.perf_counter()
             flat = int(getattr(head, "flat_rows", 0))  # trtspec's multiply kernels: a few rows cost about one
-            decisions = decide(cands, [states[s : s + k] for s, k in ranges], counted, flat_rows=flat)
+            decisions = decide(
+                cands, [states[s : s + k] for s, k in ranges], counted, flat_rows=flat, argmax=self._argmax
+            )
             verify_s = time.perf_counter() - t_verify
         except Exception as exc:  # noqa: BLE001 - fail these requests, keep the engine alive
             log.exception("%s: forward pass failed", self.name)
