@@ -420,11 +420,11 @@ def test_under_a_passive_wait_only_a_head_sized_multiply_of_few_rows_wakes_the_o
     but the vocabulary head streams tens of megabytes and takes every thread (measured 2.38 -> 1.87 ms at one row)."""
     monkeypatch.setattr(cpu_kernels, "_threads", lambda: 2)
     monkeypatch.setitem(cpu_kernels._state, "rows", cpu_kernels.PASSIVE_PARALLEL_ROWS)
-    assert cpu_kernels._threads_for(1, torch.bfloat16, 49152 * 576) == 2  # SmolLM2's head
-    assert cpu_kernels._threads_for(1, torch.bfloat16, 8192 * 576) == 2  # its draft's frequent head
-    assert cpu_kernels._threads_for(1, torch.bfloat16, 3072 * 576) == 1  # a layer's gate/up
-    assert cpu_kernels._threads_for(5, torch.bfloat16) == 1  # attention, a verification's rows
-    assert cpu_kernels._threads_for(8, torch.bfloat16) == 2
+    assert cpu_kernels.threads_for(1, torch.bfloat16, 49152 * 576) == 2  # SmolLM2's head
+    assert cpu_kernels.threads_for(1, torch.bfloat16, 8192 * 576) == 2  # its draft's frequent head
+    assert cpu_kernels.threads_for(1, torch.bfloat16, 3072 * 576) == 1  # a layer's gate/up
+    assert cpu_kernels.threads_for(5, torch.bfloat16) == 1  # attention, a verification's rows
+    assert cpu_kernels.threads_for(8, torch.bfloat16) == 2
 
 
 @needs_kernel

@@ -94,8 +94,8 @@ def test_a_kernel_call_of_few_rows_takes_one_thread_only_where_threads_sleep(mon
     try:
         torch.set_num_threads(2)
         assert cpu_kernels.parallel_rows() == expected and cpu_kernels.parallel_rows(torch.float32) == 1
-        assert cpu_kernels._threads_for(expected) == 2 and cpu_kernels._threads_for(10_000) == 2
-        assert expected == 1 or cpu_kernels._threads_for(expected - 1) == 1
+        assert cpu_kernels.threads_for(expected) == 2 and cpu_kernels.threads_for(10_000) == 2
+        assert expected == 1 or cpu_kernels.threads_for(expected - 1) == 1
     finally:
         torch.set_num_threads(before)
         cpu_kernels._state.pop("rows", None)

@@ -122,7 +122,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         raise ValueError(f"cpu_kernels.linear: x {tuple(x.shape)} {x.dtype} against weight {tuple(weight.shape)}")
     y = torch.empty(m, n, dtype=weight.dtype)
     b = None if bias is None else bias.to(weight.dtype).contiguous()
-    threads = _threads_for(m, weight.dtype, weight.numel())
+    threads = threads_for(m, weight.dtype, weight.numel())
     fn(x.data_ptr(), weight.data_ptr(), None if b is None else b.data_ptr(), y.data_ptr(), m, n, k, threads)
     return y
 
@@ -201,7 +201,7 @@ def attend(
         capacity,
         d,
         scaling,
-        _threads_for(t, q.dtype),
+        threads_for(t, q.dtype),
     )
     return out
 
@@ -337,7 +337,7 @@ def parallel_rows(dtype: torch.dtype = torch.bfloat16) -> int:
     return int(_state["rows"])
 
 
-def _threads_for(rows: int, dtype: torch.dtype = torch.bfloat16, elements: int = 0) -> int:
+def threads_for(rows: int, dtype: torch.dtype = torch.bfloat16, elements: int = 0) -> int:
     """Threads for a kernel call of ``rows`` rows on ``dtype`` over a weight of ``elements`` elements (0: not a
     multiply): all of torch's from :func:`parallel_rows` rows on, or for a weight of PARALLEL_ELEMENTS or more."""
     return _threads() if rows >= parallel_rows(dtype) or elements >= PARALLEL_ELEMENTS else 1

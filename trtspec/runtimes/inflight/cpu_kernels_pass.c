@@ -28,7 +28,7 @@ KERNELS(float, f32)
 enum { NORM1, QKV, QKV_B, O, O_B, NORM2, GATE_UP, GATE_UP_B, DOWN, DOWN_B, KEYS, VALUES, PASS_SLOTS };
 
 /* dims: M tokens, H hidden, hq / hk query / KV heads of d, I intermediate, cap the caches' capacity; threads: the
-   q/k/v, o, gate/up and down multiplies' and the attention's (the counts cpu_kernels._threads_for gives). Returns 0,
+   q/k/v, o, gate/up and down multiplies' and the attention's (the counts cpu_kernels.threads_for gives). Returns 0,
    or -1 where the scratch could not be allocated (nothing written then). */
 #define PASS(T, S)                                                                                                 \
     int trtspec_pass_##S(T *h, T *out, const int64_t *layers, int L, const T *final_norm, const T *cos_t,           \

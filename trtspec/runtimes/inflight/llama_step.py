@@ -204,9 +204,9 @@ class LlamaStep:
         t, d = h.shape[0], self.head_dim
         layer = self.layers[0]
         threads = [
-            cpu_kernels._threads_for(t, h.dtype, lin.weight.numel())
+            cpu_kernels.threads_for(t, h.dtype, lin.weight.numel())
             for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)
-        ] + [cpu_kernels._threads_for(t, h.dtype)]
+        ] + [cpu_kernels.threads_for(t, h.dtype)]
         geometry = (self.heads, self.kv_heads, d, layer.intermediate, int(pool.keys[0].shape[2]))
         return cpu_kernels.whole_pass(
             h,
