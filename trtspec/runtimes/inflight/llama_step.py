@@ -164,8 +164,8 @@ class LlamaStep:
         return self._segs[1]
 
     def _pass_table(self, pool: SlotKVPool) -> torch.Tensor:
-        """The layers' addresses for cpu_kernels.whole_pass with ``pool``'s caches (made once per pool; the tensors
-        it points into are kept with it)."""
+        """The layers' addresses for cpu_kernels.whole_pass with ``pool``'s caches (made once per pool; a bias
+        converted to the weights' dtype is kept with it, the other tensors are the model's and the pool's own)."""
         table = self._tables.get(pool)
         if table is None:
             keep: list[torch.Tensor] = []
@@ -173,8 +173,9 @@ class LlamaStep:
             def address(t: torch.Tensor | None) -> int:
                 if t is None:
                     return 0
-                t = t.to(self.embed.dtype).contiguous()
-                keep.append(t)
+                if t.dtype != self.embed.dtype or not t.is_contiguous():  # a bias as cpu_kernels.linear takes it
+                    t = t.to(self.embed.dtype).contiguous()
+                    keep.append(t)
                 return int(t.data_ptr())
 
             rows = []
@@ -314,7 +315,12 @@ class LlamaStep:
         limit = max(seg[3] for seg in segments) if self.attend_every else cpu_kernels.ATTEND_ROWS
         short = [seg for seg in segments if seg[3] <= limit] if self.attend_kernel else []
         attend_all = len(short) == len(segments)
-        if self.whole_pass and attend_all and (self.attend_every or len(ids) <= cpu_kernels.MAX_ROWS):
+        if (
+            self.whole_pass
+            and attend_all
+            and (self.attend_every or len(ids) <= cpu_kernels.MAX_ROWS)
+            and pool.keys[0].dtype == self.embed.dtype  # the kernels write the caches in the weights' dtype
+        ):
             # Through the module (one call a step): forward hooks on the embeddings still see every pass's [1, T] ids.
             h = self.model.model.embed_tokens(ids.unsqueeze(0))[0].contiguous()
             return self._whole_pass(pool, segments, h, cos, sin)
