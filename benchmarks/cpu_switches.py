@@ -43,6 +43,7 @@ import torch  # noqa: E402
 
 from trtspec.prompts import encode_messages, workloads  # noqa: E402
 from trtspec.runtimes.inflight import cpu_kernels  # noqa: E402
+from trtspec.runtimes.inflight.llama_step import step_of  # noqa: E402
 from trtspec.runtimes.torch.decoder import SpeculativeDecoder  # noqa: E402
 from trtspec.speculative.drafters.ngram import POOL_FILE, NgramPool  # noqa: E402
 
@@ -88,10 +89,10 @@ def run(switch: str, repeats: int, max_tokens: int, dtype: str = "bfloat16") -> 
     prompts = [encode_messages(session.tokenizer, m) for convs in workloads().values() for m in convs]
     for dec in decoders.values():
         dec.generate([prompts[0][:32]], 8)
-    # the fused steps the decoders run (built by their first pass, kept on each model)
-    steps = [m.__dict__.get("_trtspec_llama_step") for m in (session.target, session.draft)]
+    # the fused steps the decoders run (step_of gives the one each model keeps)
+    steps = [step_of(m) for m in (session.target, session.draft)]
     if switch == "whole-pass" and not all(step is not None and step.whole_pass for step in steps):
-        raise SystemExit("the bfloat16 whole pass does not run here: nothing to compare")
+        raise SystemExit("the whole pass does not run here: nothing to compare")
     seconds: dict[tuple[str, str], float] = defaultdict(float)
     tokens: Counter = Counter()
     answers: dict[tuple[str, int], list[int]] = {}

@@ -86,8 +86,9 @@ class InflightEngine:
         n_slots = slots or 2 * max_batch_size
         self.device = device_of(self.model)  # the KV cache, and every tensor a step makes, live on the model's device
         self.pool = SlotKVPool(self.geometry, n_slots, capacity, device=self.device)
-        # a greedy step's tokens from the head's logits: trtspec's kernel reads them in place on a CPU
-        self._argmax = cpu_kernels.argmax if self.device.type == "cpu" and cpu_kernels.available() else None
+        # a greedy step's tokens from the head's logits: trtspec's kernel reads them in place on a CPU (elsewhere, or
+        # without the kernels, cpu_kernels.argmax is torch's own)
+        self._argmax: Any = cpu_kernels.argmax
         # The drafter: a draft model (ModelDrafter), or any object with its interface (admit, propose, commit,
         # release, free, observe_pass: trtspec.speculative.drafters.EngineDrafter), built for these slots.
         self.drafter: Any = drafter

@@ -199,7 +199,12 @@ class LlamaStep:
         return table[0]
 
     def _whole_pass(
-        self, pool: SlotKVPool, segments: Sequence[tuple[int, int, int, int]], h: torch.Tensor, cos, sin
+        self,
+        pool: SlotKVPool,
+        segments: Sequence[tuple[int, int, int, int]],
+        h: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
     ) -> torch.Tensor:
         """:meth:`body` through cpu_kernels.whole_pass: the thread counts each kernel call would take from Python."""
         t, d = h.shape[0], self.head_dim
@@ -315,15 +320,15 @@ class LlamaStep:
         limit = max(seg[3] for seg in segments) if self.attend_every else cpu_kernels.ATTEND_ROWS
         short = [seg for seg in segments if seg[3] <= limit] if self.attend_kernel else []
         attend_all = len(short) == len(segments)
+        # Through the module (one call a step): forward hooks on the embeddings still see every pass's [1, T] ids.
+        h = self.model.model.embed_tokens(ids.unsqueeze(0))[0]
         if (
             self.whole_pass
             and attend_all
             and (self.attend_every or len(ids) <= cpu_kernels.MAX_ROWS)
             and pool.keys[0].dtype == self.embed.dtype  # the kernels write the caches in the weights' dtype
         ):
-            # Through the module (one call a step): forward hooks on the embeddings still see every pass's [1, T] ids.
-            h = self.model.model.embed_tokens(ids.unsqueeze(0))[0].contiguous()
-            return self._whole_pass(pool, segments, h, cos, sin)
+            return self._whole_pass(pool, segments, h.contiguous(), cos, sin)
         masks = [
             None
             if n == 1 or self.invariant or (short and n <= limit)
@@ -339,8 +344,6 @@ class LlamaStep:
             batched = BatchedSegments.of(segments, ids.device)
         if batched is not None:
             batched.prepare(pool, segments)
-        # Through the module (one call a step): forward hooks on the embeddings still see every pass's [1, T] ids.
-        h = self.model.model.embed_tokens(ids.unsqueeze(0))[0]
         t = h.shape[0]
         # A decode or verification pass's attention is a few tiny multiplies per layer: waking OpenMP's second thread
         # for each costs more than it saves under the passive wait (trtspec.threads). Measured (bfloat16, 9 heads of
