@@ -9,6 +9,10 @@ Each switch is one choice of the fast CPU step, compared on the same decoders an
 - ``whole-pass``: a pass of the fused Llama step through every layer in one C call (``cpu_kernels.whole_pass``;
   ``LlamaStep.whole_pass``; bfloat16 every pass, float32 passes of at most ``cpu_kernels.MAX_ROWS`` tokens). Off:
   the same kernels called one by one from Python, 9 a layer; on: the shipped path.
+- ``one-region``: the whole pass's threads. Off: each kernel call in its own OpenMP region with its own thread count
+  (under a passive wait one thread for calls of fewer than 8 rows, ``cpu_kernels.threads_for``); on: one region of
+  all of torch's threads for the whole pass, each step dealt between them, a spinning barrier between steps
+  (``LlamaStep.one_region``, ``cpu_kernels.pass_team``).
 - ``argmax``: a greedy step's tokens from the head's logits. Off: torch's argmax over a float32 copy; on: trtspec's
   kernel, in place (``cpu_kernels.argmax``).
 
@@ -17,7 +21,7 @@ or ``--dtype``) with each decoder (target-only, n-grams K 4, the draft model K 4
 order alternating from prompt to prompt, and prints tokens per second for each and their ratio; greedy output must
 be the same (neither switch changes a bit).
 
-    python benchmarks/cpu_switches.py {head-threads,whole-pass,argmax} [--repeats 1] [--max-tokens 96] \
+    python benchmarks/cpu_switches.py {head-threads,whole-pass,one-region,argmax} [--repeats 1] [--max-tokens 96] \
         [--dtype bfloat16|float32] [--json F]
 
 About 2.5 minutes a repeat on a quiet 2-core machine (note ``uptime``). Needs a CPU where trtspec's kernels build.
@@ -52,6 +56,7 @@ NEVER = 1 << 62
 SWITCHES = {
     "head-threads": ("the vocabulary head on one thread or on every thread", "head on one thread", "on every thread"),
     "whole-pass": ("the layers' kernels called one by one from Python or in one C call", "one by one", "one call"),
+    "one-region": ("each kernel in its own OpenMP region or the whole pass in one", "a region a kernel", "one region"),
     "argmax": ("a greedy step's argmax by torch (float32 copy) or by the kernel in place", "torch", "kernel"),
 }
 
@@ -63,6 +68,9 @@ def _switch(name: str, on: bool, steps: list, decoders: dict) -> None:
     elif name == "whole-pass":
         for step in steps:
             step.whole_pass = on
+    elif name == "one-region":
+        for step in steps:
+            step.one_region = on
     else:
         for dec in decoders.values():
             for engine in dec._engines.values():
@@ -91,7 +99,7 @@ def run(switch: str, repeats: int, max_tokens: int, dtype: str = "bfloat16") -> 
         dec.generate([prompts[0][:32]], 8)
     # the fused steps the decoders run (step_of gives the one each model keeps)
     steps = [step_of(m) for m in (session.target, session.draft)]
-    if switch == "whole-pass" and not all(step is not None and step.whole_pass for step in steps):
+    if switch in ("whole-pass", "one-region") and not all(step is not None and step.whole_pass for step in steps):
         raise SystemExit("the whole pass does not run here: nothing to compare")
     seconds: dict[tuple[str, str], float] = defaultdict(float)
     tokens: Counter = Counter()

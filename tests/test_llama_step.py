@@ -148,11 +148,13 @@ def test_bfloat16_rows_get_the_same_bits_whatever_else_is_in_the_pass(bf16_pair,
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_whole_pass_in_one_call_equals_the_kernels_called_one_by_one(bf16_pair, model, dtype):
+def test_whole_pass_in_one_call_equals_the_kernels_called_one_by_one(bf16_pair, model, dtype, monkeypatch):
     """cpu_kernels.whole_pass runs every layer's kernels from C in the order the step calls them from Python: the
-    same hidden states and the same keys and values written into every layer's cache, bit for bit. bfloat16: a pass
-    that packs a prefill, a verification and a decode (and the passes that cached the prompts); float32, whose
-    kernels take passes of at most MAX_ROWS tokens: a verification and a decode (the prompts cached one by one)."""
+    same hidden states and the same keys and values written into every layer's cache, bit for bit, whether each
+    kernel takes its own threads or one OpenMP region of 2 or 3 threads deals every step between them (3: shares of
+    unequal size, more threads than this machine's cores). bfloat16: a pass that packs a prefill, a verification
+    and a decode (and the passes that cached the prompts); float32, whose kernels take passes of at most MAX_ROWS
+    tokens: a verification and a decode (the prompts cached one by one)."""
     from trtspec.runtimes.inflight import cpu_kernels
 
     if not cpu_kernels.available():
@@ -166,14 +168,17 @@ def test_whole_pass_in_one_call_equals_the_kernels_called_one_by_one(bf16_pair, 
     pos = torch.cat([torch.arange(m), torch.arange(300, 305), torch.tensor([40])])
     segments = [(1, 0, 0, m), (0, 300, m, 5), (2, 40, m + 5, 1)][0 if m else 1 :]
     results = {}
+    teams: list[int] = []
     with torch.inference_mode():
-        for whole in (True, False):
+        for mode in (0, 1, 2, 3):  # 0: one by one; else the whole pass with a team of that many threads
+            monkeypatch.setattr(cpu_kernels, "pass_team", lambda _m=mode: max(1, _m))
             step = LlamaStep(target)
-            assert step.whole_pass  # where trtspec's kernels run, the one-call path is the default
-            step.whole_pass = whole
+            assert step.whole_pass and step.one_region  # where trtspec's kernels run, the defaults
+            step.whole_pass = mode > 0
             calls: list[int] = []
-            if whole:  # the pass under test must go through the one call
-                step._whole_pass = lambda *a, _f=step._whole_pass, _c=calls: _c.append(1) or _f(*a)
+            if mode:  # the pass under test must go through the one call, with its team
+                team = cpu_kernels.pass_team
+                step._whole_pass = lambda *a, _f=step._whole_pass, _c=calls, _t=team: _c.append(_t()) or _f(*a)
             if m:
                 pool = pool_with_two_cached(step, target, prompt, other, 512)
             else:
@@ -183,14 +188,34 @@ def test_whole_pass_in_one_call_equals_the_kernels_called_one_by_one(bf16_pair, 
                         step.body(pool, [(slot, i, 0, 1)], tokens[i : i + 1], torch.tensor([i]))
             calls.clear()
             out = step.body(pool, segments, ids, pos)
-            assert calls == ([1] if whole else [])
-            results[whole] = (out, [k.clone() for k in pool.keys], [v.clone() for v in pool.values])
-    (a, ak, av), (b, bk, bv) = results[True], results[False]
-    assert a.dtype == getattr(torch, dtype) and torch.equal(a, b)
-    for layer in range(len(ak)):  # the slots' written positions (the rest of the pool is uninitialised memory)
-        for slot, upto in ((0, 305), (1, m), (2, 41)):
-            assert torch.equal(ak[layer][slot, :, :upto], bk[layer][slot, :, :upto]), (layer, slot)
-            assert torch.equal(av[layer][slot, :, :upto], bv[layer][slot, :, :upto]), (layer, slot)
+            teams += calls
+            results[mode] = (out, [k.clone() for k in pool.keys], [v.clone() for v in pool.values])
+    assert teams == [1, 2, 3]
+    b, bk, bv = results[0]
+    for mode in (1, 2, 3):
+        a, ak, av = results[mode]
+        assert a.dtype == getattr(torch, dtype) and torch.equal(a, b), mode
+        for layer in range(len(ak)):  # the slots' written positions (the rest of the pool is uninitialised memory)
+            for slot, upto in ((0, 305), (1, m), (2, 41)):
+                assert torch.equal(ak[layer][slot, :, :upto], bk[layer][slot, :, :upto]), (mode, layer, slot)
+                assert torch.equal(av[layer][slot, :, :upto], bv[layer][slot, :, :upto]), (mode, layer, slot)
+
+
+def test_a_pass_past_its_slot_is_refused_before_the_kernels_write(model):
+    """trtspec's kernels write each segment's keys and values at (slot, past .. past + count) unchecked: a segment
+    beyond the pool's slots or capacity must raise a clear error, not write past the caches."""
+    from trtspec.errors import GenerationError
+
+    step = LlamaStep(model)
+    pool = SlotKVPool(KVGeometry.of(model), 2, 16)
+    ids = torch.randint(0, model.config.vocab_size, (4,))
+    with torch.inference_mode():
+        for segments, pos in (([(0, 14, 0, 4)], torch.arange(14, 18)), ([(2, 0, 0, 4)], torch.arange(4))):
+            with pytest.raises(GenerationError, match="KV pool of 2 slots x 16"):
+                step.body(pool, segments, ids, pos)
+        with pytest.raises(GenerationError, match="outside its pass of 4 tokens"):
+            step.body(pool, [(0, 0, 2, 4)], ids, torch.arange(4))
+        step.body(pool, [(0, 12, 0, 4)], ids, torch.arange(12, 16))  # up to the last position: fine
 
 
 def test_bfloat16_without_onednn_takes_the_plain_path(bf16_pair, monkeypatch):

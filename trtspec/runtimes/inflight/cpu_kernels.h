@@ -16,6 +16,13 @@ static inline float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* Part ``part`` of ``parts`` of n work items, contiguous, as OpenMP's static schedule deals them: [*a, *b). */
+static inline void share(int n, int part, int parts, int *a, int *b) {
+    int q = n / parts, r = n % parts;
+    *a = part * q + (part < r ? part : r);
+    *b = *a + q + (part < r);
+}
+
 static inline float bf16_to_f32(uint16_t h) {
     union { uint32_t u; float f; } v = {(uint32_t)h << 16};
     return v.f;

@@ -29,7 +29,11 @@ max-subtracted softmax; in bfloat16 it takes every segment, prefills included (f
 
 **The whole pass** (``cpu_kernels_pass.c``, :func:`whole_pass`): every layer's kernels in one call from C, in the
 order the step calls them one by one (9 a layer), with the same arguments and thread counts, so the same bits; a
-one-token pass of SmolLM2-135M spent 2.4 of its 13.4 ms in Python between its 270 kernel calls.
+one-token pass of SmolLM2-135M spent 2.4 of its 13.4 ms in Python between its 270 kernel calls. Its threads are one
+OpenMP region for the whole pass (:func:`pass_team`), each step dealt between them (a multiply's tiles of outputs,
+the attention's work items, the elementwise steps' rows) with a spinning barrier between steps, where each call in
+its own region had to wake a sleeping thread 300 times a pass: 1.3x faster one-token passes, 1.3-1.6x faster
+verifications (measured in ``cpu_kernels_pass.c``).
 
 The C sources (``cpu_kernels_multiply.c``: the multiplies; ``cpu_kernels_layer.c``: the elementwise work and the
 attention; ``cpu_kernels_pass.c``: the whole pass; ``cpu_kernels.h``: what they share) are compiled into one library
@@ -234,14 +238,18 @@ def whole_pass(
     eps: float,
     scaling: float,
     threads: Sequence[int],
+    team: int = 1,
 ) -> torch.Tensor:
     """A pass through every layer in one call (``cpu_kernels_pass.c``), float32 or bfloat16: per layer the residual
     add with the norm, the q/k/v multiply, the rotary embedding, the attention over the slot caches, o, the norm,
-    gate/up, silu x up and down, then the final norm; the same kernels, arguments and thread counts as the calls one
-    by one, so the same bits. ``h`` [T, H] (updated in place), ``layers`` [L, len(PASS_SLOTS)] int64 addresses,
-    ``cos``/``sin`` [T, head_dim], ``segments`` as :func:`attend`'s, ``geometry`` (heads, kv_heads, head_dim,
-    intermediate, cache capacity), ``threads`` for the q/k/v, o, gate/up and down multiplies and the attention.
-    Returns the final norm's output [T, H]."""
+    gate/up, silu x up and down, then the final norm; the same kernels and arguments as the calls one by one, so the
+    same bits. ``h`` [T, H] (updated in place), ``layers`` [L, len(PASS_SLOTS)] int64 addresses, ``cos``/``sin`` [T,
+    head_dim], ``segments`` as :func:`attend`'s (every slot within the caches, every segment within a slot's
+    capacity: checked), ``geometry`` (heads, kv_heads, head_dim, intermediate, cache capacity).
+
+    ``team`` 1: each kernel with its own thread count, ``threads`` for the q/k/v, o, gate/up and down multiplies and
+    the attention (as :func:`threads_for` gives them). ``team`` > 1: one OpenMP region of that many threads for the
+    whole pass (:func:`pass_team`), each step dealt between them. Returns the final norm's output [T, H]."""
     assert h.is_contiguous() and layers.dtype == torch.int64 and layers.is_contiguous()
     assert cos.is_contiguous() and sin.is_contiguous() and segments.dtype == torch.int64 and segments.is_contiguous()
     hq, hk, d, inter, cap = geometry
@@ -267,6 +275,7 @@ def whole_pass(
         eps,
         scaling,
         counts,
+        max(1, team),
     )
     if status != 0:
         raise MemoryError(f"cpu_kernels.whole_pass: no scratch for a pass of {h.shape[0]} tokens")
@@ -304,6 +313,15 @@ def _kernel(name: str) -> Any:
 
 def _threads() -> int:
     return max(1, torch.get_num_threads())
+
+
+def pass_team() -> int:
+    """The threads of a whole pass's one OpenMP region (:func:`whole_pass` ``team``): torch's, whatever the rows.
+
+    Each kernel call in its own region, a thread asleep under a passive wait (trtspec.threads) is woken by a futex
+    at every call, 300 times a pass, so a call of fewer than :data:`PASSIVE_PARALLEL_ROWS` rows runs on one thread.
+    One region a pass wakes it once; between the steps of the pass the threads spin on a barrier (then yield)."""
+    return _threads()
 
 
 # Where OpenMP's threads wait passively (trtspec.threads), each parallel call wakes a sleeping thread, and on a VM
@@ -388,7 +406,7 @@ def _load() -> Any | None:
         f = getattr(lib, name)
         f.argtypes, f.restype = argtypes, None
         _state[name] = f
-    pass_args: list[Any] = [ptr, ptr, ptr, i32, ptr, ptr, ptr, ptr, *[i32] * 8, f32, f32, ctypes.POINTER(i32)]
+    pass_args: list[Any] = [ptr, ptr, ptr, i32, ptr, ptr, ptr, ptr, *[i32] * 8, f32, f32, ctypes.POINTER(i32), i32]
     for name in ("trtspec_pass_f32", "trtspec_pass_bf16"):
         whole = getattr(lib, name)
         whole.argtypes, whole.restype = pass_args, i32

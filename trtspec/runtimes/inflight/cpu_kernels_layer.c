@@ -1,6 +1,7 @@
 /* trtspec's per-layer CPU kernels besides the multiplies: the elementwise work (float32 and bfloat16) and the attention
    over the slot KV cache. Built with cpu_kernels_multiply.c into one library (trtspec.runtimes.inflight.cpu_kernels). */
 #include "cpu_kernels.h"
+#include <omp.h>
 #include <stdlib.h>
 
 /* The step's elementwise work, row by row (each row's bits independent of the others), one call where eager torch
@@ -269,109 +270,139 @@ static inline void softmax_exp(float *sc, int L, float m) {
 /* Per (row, query head) work items, each key and value converted as it is used (the kernel before the grouping):
    where a pass has fewer than two (row, KV head) items per thread (a decode row: 3 for 2 threads), grouped items
    leave a thread idle and this is faster (one row of SmolLM2-135M after 300 tokens, 30 layers, measured
-   alternately: 2.0-2.4 ms against 2.4-3.0 grouped). A statement inside ATTEND (its locals: n, rows, longest). */
-#define ATTEND_HEADS(T, LOAD8, STORE8, TO_F32)                                                                      \
-    {                                                                                                             \
-        int items = n * hq;                                                                                       \
-        _Pragma("omp parallel num_threads(threads)") {                                                            \
-            float *scores = (float *)__builtin_alloca(sizeof(float) * (longest > 0 ? longest : 1));               \
-            float *qf = (float *)__builtin_alloca(sizeof(float) * d);                                             \
-            _Pragma("omp for schedule(static)") for (int it = 0; it < items; it++) {                              \
-                int row = it / hq, h = it % hq, kvh = h / g;                                                      \
-                int64_t s = rows[2 * row], r = rows[2 * row + 1];                                                 \
-                int64_t slot = segs[4 * s], past = segs[4 * s + 1], start = segs[4 * s + 2];                      \
-                int L = (int)(past + r + 1);                                                                      \
-                const T *qv = q + ((start + r) * hq + h) * d;                                                     \
-                for (int i = 0; i < d; i++) qf[i] = TO_F32(qv[i]);                                                \
-                const T *K = keys + (slot * hk + kvh) * (int64_t)cap * d;                                         \
-                const T *V = values + (slot * hk + kvh) * (int64_t)cap * d;                                       \
-                float m = -INFINITY;                                                                              \
-                for (int j = 0; j < L; j++) {                                                                     \
-                    __m256 acc = _mm256_setzero_ps();                                                             \
-                    for (int i = 0; i < d; i += 8)                                                                \
-                        acc = _mm256_fmadd_ps(_mm256_loadu_ps(qf + i), LOAD8(K + (int64_t)j * d + i), acc);       \
-                    float sc = hsum(acc) * scale;                                                                 \
-                    scores[j] = sc;                                                                               \
-                    if (sc > m) m = sc;                                                                           \
-                }                                                                                                 \
-                float sum = 0.0f;                                                                                 \
-                softmax_exp(scores, L, m);                                                                        \
-                for (int j = 0; j < L; j++) sum += scores[j];                                                     \
-                T *o = out + ((start + r) * hq + h) * d;                                                          \
-                __m256 inv = _mm256_set1_ps(1.0f / sum);                                                          \
-                for (int i0 = 0; i0 < d; i0 += 128) { /* up to 16 accumulators: one pass over the values per 128 */ \
-                    int nv = (d - i0 < 128 ? d - i0 : 128) / 8;                                                   \
-                    __m256 acc[16];                                                                               \
-                    for (int i = 0; i < nv; i++) acc[i] = _mm256_setzero_ps();                                    \
-                    for (int j = 0; j < L; j++) {                                                                 \
-                        __m256 p = _mm256_set1_ps(scores[j]);                                                     \
-                        const T *vr = V + (int64_t)j * d + i0;                                                    \
-                        for (int i = 0; i < nv; i++) acc[i] = _mm256_fmadd_ps(p, LOAD8(vr + 8 * i), acc[i]);      \
-                    }                                                                                             \
-                    for (int i = 0; i < nv; i++) STORE8(o + i0 + 8 * i, _mm256_mul_ps(acc[i], inv));              \
-                }                                                                                                 \
+   alternately: 2.0-2.4 ms against 2.4-3.0 grouped). ``scratch``: longest + d floats. */
+#define ATTEND_HEAD_ITEM(NAME, T, LOAD8, STORE8, TO_F32)                                                            \
+    static void NAME(const T *q, const T *keys, const T *values, T *out, const int64_t *segs, const int64_t *rows,  \
+                     int it, int hq, int hk, int cap, int d, float scale, float *scratch, int longest) {            \
+        float *scores = scratch, *qf = scratch + longest;                                                         \
+        int g = hq / hk, row = it / hq, h = it % hq, kvh = h / g;                                                 \
+        int64_t s = rows[2 * row], r = rows[2 * row + 1];                                                         \
+        int64_t slot = segs[4 * s], past = segs[4 * s + 1], start = segs[4 * s + 2];                              \
+        int L = (int)(past + r + 1);                                                                              \
+        const T *qv = q + ((start + r) * hq + h) * d;                                                             \
+        for (int i = 0; i < d; i++) qf[i] = TO_F32(qv[i]);                                                        \
+        const T *K = keys + (slot * hk + kvh) * (int64_t)cap * d;                                                 \
+        const T *V = values + (slot * hk + kvh) * (int64_t)cap * d;                                               \
+        float m = -INFINITY;                                                                                      \
+        for (int j = 0; j < L; j++) {                                                                             \
+            __m256 acc = _mm256_setzero_ps();                                                                     \
+            for (int i = 0; i < d; i += 8)                                                                        \
+                acc = _mm256_fmadd_ps(_mm256_loadu_ps(qf + i), LOAD8(K + (int64_t)j * d + i), acc);               \
+            float sc = hsum(acc) * scale;                                                                         \
+            scores[j] = sc;                                                                                       \
+            if (sc > m) m = sc;                                                                                   \
+        }                                                                                                         \
+        float sum = 0.0f;                                                                                         \
+        softmax_exp(scores, L, m);                                                                                \
+        for (int j = 0; j < L; j++) sum += scores[j];                                                             \
+        T *o = out + ((start + r) * hq + h) * d;                                                                  \
+        __m256 inv = _mm256_set1_ps(1.0f / sum);                                                                  \
+        for (int i0 = 0; i0 < d; i0 += 128) { /* up to 16 accumulators: one pass over the values per 128 */       \
+            int nv = (d - i0 < 128 ? d - i0 : 128) / 8;                                                           \
+            __m256 acc[16];                                                                                       \
+            for (int i = 0; i < nv; i++) acc[i] = _mm256_setzero_ps();                                            \
+            for (int j = 0; j < L; j++) {                                                                         \
+                __m256 p = _mm256_set1_ps(scores[j]);                                                             \
+                const T *vr = V + (int64_t)j * d + i0;                                                            \
+                for (int i = 0; i < nv; i++) acc[i] = _mm256_fmadd_ps(p, LOAD8(vr + 8 * i), acc[i]);              \
             }                                                                                                     \
+            for (int i = 0; i < nv; i++) STORE8(o + i0 + 8 * i, _mm256_mul_ps(acc[i], inv));                      \
         }                                                                                                         \
     }
 
+/* The attention in three steps, so that the whole pass (cpu_kernels_pass.c) can deal each between its threads:
+   NAME_rows: the table of the pass's rows (segment, row in it), in order; returns their number (the longest window in
+   *longest). NAME_write_part: rows [part] of the segments' keys and values into the cache. NAME_items_part: the
+   work items over the cache dealt in turn (item part, part + parts, ...: a prefill's later rows attend over more
+   keys), with ``scratch``, NAME_scratch(...) floats for this thread. Which items a pass
+   has (per (row, query head) or per (row, KV head)) depends on the number of parts; each (row, query head) computes
+   the same sums either way. */
 #define ATTEND(NAME, T, LOAD8, STORE8, TO_F32)                                                                      \
     ATTEND_ITEM(NAME##_item, T, LOAD8, STORE8, TO_F32)                                                            \
-    void NAME(const T *q, const T *k, const T *v, T *keys, T *values, T *out, const int64_t *segs, int S, int hq,  \
-              int hk, int cap, int d, float scale, int threads) {                                                \
-        int g = hq / hk;                                                                                          \
-        int total = 0, longest = 0;                                                                               \
-        for (int s = 0; s < S; s++) {                                                                             \
-            int64_t slot = segs[4 * s], past = segs[4 * s + 1], start = segs[4 * s + 2], count = segs[4 * s + 3]; \
-            for (int r = 0; r < count; r++)                                                                       \
-                for (int h = 0; h < hk; h++) {                                                                    \
-                    int64_t dst = ((slot * hk + h) * cap + past + r) * d, src = ((start + r) * hk + h) * d;       \
-                    for (int i = 0; i < d; i++) {                                                                 \
-                        keys[dst + i] = k[src + i];                                                               \
-                        values[dst + i] = v[src + i];                                                             \
-                    }                                                                                             \
-                }                                                                                                 \
-            total += (int)count;                                                                                  \
-            if (past + count > longest) longest = (int)(past + count);                                            \
-        }                                                                                                         \
-        /* work items: (segment row, KV head), in row order */                                                    \
-        int64_t *rows = (int64_t *)__builtin_alloca(sizeof(int64_t) * 2 * (total > 0 ? total : 1));               \
+    ATTEND_HEAD_ITEM(NAME##_head_item, T, LOAD8, STORE8, TO_F32)                                                  \
+    int NAME##_rows(const int64_t *segs, int S, int64_t *rows, int *longest) {                                    \
         int n = 0;                                                                                                \
-        for (int s = 0; s < S; s++)                                                                               \
-            for (int r = 0; r < segs[4 * s + 3]; r++) {                                                           \
+        *longest = 0;                                                                                             \
+        for (int s = 0; s < S; s++) {                                                                             \
+            int64_t past = segs[4 * s + 1], count = segs[4 * s + 3];                                              \
+            for (int r = 0; r < count; r++) {                                                                     \
                 rows[2 * n] = s;                                                                                  \
                 rows[2 * n + 1] = r;                                                                              \
                 n++;                                                                                              \
             }                                                                                                     \
-        if (n * hk < 2 * threads) {                                                                               \
-            ATTEND_HEADS(T, LOAD8, STORE8, TO_F32)                                                                \
+            if (past + count > *longest) *longest = (int)(past + count);                                          \
+        }                                                                                                         \
+        return n;                                                                                                 \
+    }                                                                                                             \
+    void NAME##_write_part(const T *k, const T *v, T *keys, T *values, const int64_t *segs, const int64_t *rows,  \
+                           int n, int hk, int cap, int d, int part, int parts) {                                  \
+        int a, b;                                                                                                 \
+        share(n, part, parts, &a, &b);                                                                            \
+        for (int t = a; t < b; t++) {                                                                             \
+            int64_t s = rows[2 * t], r = rows[2 * t + 1];                                                         \
+            int64_t slot = segs[4 * s], past = segs[4 * s + 1], start = segs[4 * s + 2];                          \
+            for (int h = 0; h < hk; h++) {                                                                        \
+                int64_t dst = ((slot * hk + h) * cap + past + r) * d, src = ((start + r) * hk + h) * d;           \
+                for (int i = 0; i < d; i++) {                                                                     \
+                    keys[dst + i] = k[src + i];                                                                   \
+                    values[dst + i] = v[src + i];                                                                 \
+                }                                                                                                 \
+            }                                                                                                     \
+        }                                                                                                         \
+    }                                                                                                             \
+    static inline int NAME##_grouped(int n, int hk, int parts) { return n * hk >= 2 * parts; }                    \
+    static inline int NAME##_per(int hq, int hk) { return hq / hk < ATT_GROUP ? hq / hk : ATT_GROUP; }            \
+    size_t NAME##_scratch(int n, int hq, int hk, int d, int longest, int parts) {                                 \
+        int stride = longest > 0 ? longest : 1;                                                                   \
+        return NAME##_grouped(n, hk, parts) ? (size_t)NAME##_per(hq, hk) * stride : (size_t)stride + d;           \
+    }                                                                                                             \
+    void NAME##_items_part(const T *q, const T *keys, const T *values, T *out, const int64_t *segs,               \
+                           const int64_t *rows, int n, int hq, int hk, int cap, int d, float scale, int longest,  \
+                           float *scratch, int part, int parts) {                                                 \
+        int g = hq / hk;                                                                                          \
+        if (!NAME##_grouped(n, hk, parts)) {                                                                      \
+            for (int it = part; it < n * hq; it += parts)                                                         \
+                NAME##_head_item(q, keys, values, out, segs, rows, it, hq, hk, cap, d, scale, scratch, longest);  \
             return;                                                                                               \
         }                                                                                                         \
         /* a KV head's query heads together, in turns of at most ATT_GROUP */                                     \
-        int per = g < ATT_GROUP ? g : ATT_GROUP;                                                                  \
-        int chunks = (g + per - 1) / per, items = n * hk * chunks, stride = longest > 0 ? longest : 1;            \
+        int per = NAME##_per(hq, hk);                                                                             \
+        int chunks = (g + per - 1) / per, stride = longest > 0 ? longest : 1;                                     \
+        for (int it = part; it < n * hk * chunks; it += parts) {                                                  \
+            int row = it / (hk * chunks), kvh = it / chunks % hk, h0 = it % chunks * per;                         \
+            int gh = g - h0 < per ? g - h0 : per;                                                                 \
+            int64_t s = rows[2 * row], r = rows[2 * row + 1];                                                     \
+            int64_t slot = segs[4 * s], past = segs[4 * s + 1], start = segs[4 * s + 2];                          \
+            int L = (int)(past + r + 1);                                                                          \
+            const T *qrow = q + ((start + r) * hq + kvh * g) * d;                                                 \
+            T *orow = out + ((start + r) * hq + kvh * g) * d;                                                     \
+            const T *K = keys + (slot * hk + kvh) * (int64_t)cap * d;                                             \
+            const T *V = values + (slot * hk + kvh) * (int64_t)cap * d;                                           \
+            if (d == 64 && gh == 3) /* SmolLM2-135M and the tests' models */                                      \
+                NAME##_item(qrow, orow, K, V, L, h0, 3, 64, scale, scratch, stride);                              \
+            else if (d == 64 && gh == 4)                                                                          \
+                NAME##_item(qrow, orow, K, V, L, h0, 4, 64, scale, scratch, stride);                              \
+            else if (d == 128 && gh == 4)                                                                         \
+                NAME##_item(qrow, orow, K, V, L, h0, 4, 128, scale, scratch, stride);                             \
+            else                                                                                                  \
+                NAME##_item(qrow, orow, K, V, L, h0, gh, d, scale, scratch, stride);                              \
+        }                                                                                                         \
+    }                                                                                                             \
+    void NAME(const T *q, const T *k, const T *v, T *keys, T *values, T *out, const int64_t *segs, int S, int hq,  \
+              int hk, int cap, int d, float scale, int threads) {                                                \
+        int total = 0, longest = 0;                                                                               \
+        for (int s = 0; s < S; s++) total += (int)segs[4 * s + 3];                                                \
+        int64_t *rows = (int64_t *)__builtin_alloca(sizeof(int64_t) * 2 * (total > 0 ? total : 1));               \
+        int n = NAME##_rows(segs, S, rows, &longest);                                                             \
+        NAME##_write_part(k, v, keys, values, segs, rows, n, hk, cap, d, 0, 1);                                   \
         _Pragma("omp parallel num_threads(threads)") {                                                            \
+            int parts = omp_get_num_threads(), part = omp_get_thread_num();                                       \
             /* on the heap: a long context's scores for several heads outgrow a worker thread's stack */          \
-            float *scores = (float *)malloc(sizeof(float) * (size_t)per * stride);                                \
-            _Pragma("omp for schedule(static)") for (int it = 0; it < items; it++) {                              \
-                int row = it / (hk * chunks), kvh = it / chunks % hk, h0 = it % chunks * per;                     \
-                int gh = g - h0 < per ? g - h0 : per;                                                             \
-                int64_t s = rows[2 * row], r = rows[2 * row + 1];                                                 \
-                int64_t slot = segs[4 * s], past = segs[4 * s + 1], start = segs[4 * s + 2];                      \
-                int L = (int)(past + r + 1);                                                                      \
-                const T *qrow = q + ((start + r) * hq + kvh * g) * d;                                             \
-                T *orow = out + ((start + r) * hq + kvh * g) * d;                                                 \
-                const T *K = keys + (slot * hk + kvh) * (int64_t)cap * d;                                         \
-                const T *V = values + (slot * hk + kvh) * (int64_t)cap * d;                                       \
-                if (d == 64 && gh == 3) /* SmolLM2-135M and the tests' models */                                  \
-                    NAME##_item(qrow, orow, K, V, L, h0, 3, 64, scale, scores, stride);                           \
-                else if (d == 64 && gh == 4)                                                                      \
-                    NAME##_item(qrow, orow, K, V, L, h0, 4, 64, scale, scores, stride);                           \
-                else if (d == 128 && gh == 4)                                                                     \
-                    NAME##_item(qrow, orow, K, V, L, h0, 4, 128, scale, scores, stride);                          \
-                else                                                                                              \
-                    NAME##_item(qrow, orow, K, V, L, h0, gh, d, scale, scores, stride);                           \
-            }                                                                                                     \
-            free(scores);                                                                                         \
+            float *scratch = (float *)malloc(sizeof(float) * NAME##_scratch(n, hq, hk, d, longest, parts));       \
+            if (!scratch) abort();                                                                                \
+            NAME##_items_part(q, keys, values, out, segs, rows, n, hq, hk, cap, d, scale, longest, scratch, part, \
+                              parts);                                                                             \
+            free(scratch);                                                                                        \
         }                                                                                                         \
     }
 ATTEND(trtspec_attend_f32, float, load8_f32, store8_f32, to_f32_f32)

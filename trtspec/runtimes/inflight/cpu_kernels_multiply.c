@@ -102,39 +102,50 @@ static void tile_2_pad(const float *x, const float *w, const float *b, float *y,
 
 /* Outputs in tiles of 4 weight rows, split over ``threads``; within a tile the input rows in groups of at most 4
    (their vectors stay in registers; the tile's weights, at most 4 x K floats, stay in L1 between the groups). */
-void trtspec_linear_f32(const float *x, const float *w, const float *b, float *y, int M, int N, int K, int threads) {
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int n0 = 0; n0 < N; n0 += 4) {
-        int nt = N - n0 < 4 ? N - n0 : 4;
-        if (M < 3 && nt == 4) {
-            tile_2_pad(x, w, b, y, N, K, n0, M);
-            tile_2_pad(x, w, b, y, N, K, n0 + 2, M);
-            continue;
-        }
-        for (int m0 = 0; m0 < M;) {
-            int mt = M - m0;
-            if (mt >= 4) {
-                for (int i = 0; i < nt; i++) tile_1_4(x, w, b, y, N, K, n0 + i, m0);
-                m0 += 4;
-            } else if (mt == 3) {
-                int i = 0;
-                for (; i + 2 <= nt; i += 2) tile_2_3(x, w, b, y, N, K, n0 + i, m0);
-                for (; i < nt; i++) tile_1_3(x, w, b, y, N, K, n0 + i, m0);
-                m0 += 3;
-            } else if (mt == 2) {
-                int i = 0;
-                for (; i + 2 <= nt; i += 2) tile_2_2(x, w, b, y, N, K, n0 + i, m0);
-                for (; i < nt; i++) tile_1_2(x, w, b, y, N, K, n0 + i, m0);
-                m0 += 2;
-            } else {
-                if (nt == 4)
-                    tile_4_1(x, w, b, y, N, K, n0, m0);
-                else
-                    for (int i = 0; i < nt; i++) tile_1_1(x, w, b, y, N, K, n0 + i, m0);
-                m0 += 1;
-            }
+static inline void f32_outputs(const float *x, const float *w, const float *b, float *y, int M, int N, int K, int n0) {
+    int nt = N - n0 < 4 ? N - n0 : 4;
+    if (M < 3 && nt == 4) {
+        tile_2_pad(x, w, b, y, N, K, n0, M);
+        tile_2_pad(x, w, b, y, N, K, n0 + 2, M);
+        return;
+    }
+    for (int m0 = 0; m0 < M;) {
+        int mt = M - m0;
+        if (mt >= 4) {
+            for (int i = 0; i < nt; i++) tile_1_4(x, w, b, y, N, K, n0 + i, m0);
+            m0 += 4;
+        } else if (mt == 3) {
+            int i = 0;
+            for (; i + 2 <= nt; i += 2) tile_2_3(x, w, b, y, N, K, n0 + i, m0);
+            for (; i < nt; i++) tile_1_3(x, w, b, y, N, K, n0 + i, m0);
+            m0 += 3;
+        } else if (mt == 2) {
+            int i = 0;
+            for (; i + 2 <= nt; i += 2) tile_2_2(x, w, b, y, N, K, n0 + i, m0);
+            for (; i < nt; i++) tile_1_2(x, w, b, y, N, K, n0 + i, m0);
+            m0 += 2;
+        } else {
+            if (nt == 4)
+                tile_4_1(x, w, b, y, N, K, n0, m0);
+            else
+                for (int i = 0; i < nt; i++) tile_1_1(x, w, b, y, N, K, n0 + i, m0);
+            m0 += 1;
         }
     }
+}
+
+void trtspec_linear_f32(const float *x, const float *w, const float *b, float *y, int M, int N, int K, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int n0 = 0; n0 < N; n0 += 4) f32_outputs(x, w, b, y, M, N, K, n0);
+}
+
+/* Part ``part`` of ``parts`` of trtspec_linear_f32's outputs (a contiguous share of its tiles of 4 weight rows), on
+   the calling thread: the whole pass's threads (cpu_kernels_pass.c) share a multiply between them. */
+void trtspec_linear_f32_part(const float *x, const float *w, const float *b, float *y, int M, int N, int K, int part,
+                             int parts) {
+    int t0, t1;
+    share((N + 3) / 4, part, parts, &t0, &t1);
+    for (int t = t0; t < t1; t++) f32_outputs(x, w, b, y, M, N, K, 4 * t);
 }
 
 /* The bfloat16 multiply, y = x W^T (+ b), x [M, K], W [N, K], b [N] and y [M, N] bfloat16 (raw 16-bit words), K a
@@ -240,33 +251,44 @@ BTILE(4, 6)
    against 9.7 / 10.1 / 10.3 (spinning). Below 4 rows a multiply is memory-bound: the arithmetic is free, and the
    smaller tiles' loops, a few dot products per weight load, leave the stream slower (why, not established). Past 4
    rows the last 1-3 keep their exact tile: there the passes are compute-bound (5 rows 11.6 ms exact, 14.7 padded). */
+static inline void bf16_outputs(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int M, int N,
+                                int K, int n0) {
+    int nt = N - n0 < 4 ? N - n0 : 4;
+    int m0 = 0;
+    if (nt == 4 && M < 4) {
+        btile_4_4(x, w, b, y, N, K, n0, 0, M);
+#if WIDE_TAILS
+    } else if (nt == 4 && M == 5) {
+        btile_4_5(x, w, b, y, N, K, n0, 0, 5);
+    } else if (nt == 4 && M == 6) {
+        btile_4_6(x, w, b, y, N, K, n0, 0, 6);
+#endif
+    } else if (nt == 4) {
+        for (; m0 + 4 <= M; m0 += 4) btile_4_4(x, w, b, y, N, K, n0, m0, 4);
+        if (M - m0 == 3) btile_4_3(x, w, b, y, N, K, n0, m0, 3);
+        if (M - m0 == 2) btile_4_2(x, w, b, y, N, K, n0, m0, 2);
+        if (M - m0 == 1) btile_4_1(x, w, b, y, N, K, n0, m0, 1);
+    } else {
+        for (int i = 0; i < nt; i++) {
+            int m = 0;
+            for (; m + 4 <= M; m += 4) btile_1_4(x, w, b, y, N, K, n0 + i, m, 4);
+            for (; m < M; m++) btile_1_1(x, w, b, y, N, K, n0 + i, m, 1);
+        }
+    }
+}
+
 void trtspec_linear_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int M, int N, int K,
                          int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int n0 = 0; n0 < N; n0 += 4) {
-        int nt = N - n0 < 4 ? N - n0 : 4;
-        int m0 = 0;
-        if (nt == 4 && M < 4) {
-            btile_4_4(x, w, b, y, N, K, n0, 0, M);
-#if WIDE_TAILS
-        } else if (nt == 4 && M == 5) {
-            btile_4_5(x, w, b, y, N, K, n0, 0, 5);
-        } else if (nt == 4 && M == 6) {
-            btile_4_6(x, w, b, y, N, K, n0, 0, 6);
-#endif
-        } else if (nt == 4) {
-            for (; m0 + 4 <= M; m0 += 4) btile_4_4(x, w, b, y, N, K, n0, m0, 4);
-            if (M - m0 == 3) btile_4_3(x, w, b, y, N, K, n0, m0, 3);
-            if (M - m0 == 2) btile_4_2(x, w, b, y, N, K, n0, m0, 2);
-            if (M - m0 == 1) btile_4_1(x, w, b, y, N, K, n0, m0, 1);
-        } else {
-            for (int i = 0; i < nt; i++) {
-                int m = 0;
-                for (; m + 4 <= M; m += 4) btile_1_4(x, w, b, y, N, K, n0 + i, m, 4);
-                for (; m < M; m++) btile_1_1(x, w, b, y, N, K, n0 + i, m, 1);
-            }
-        }
-    }
+    for (int n0 = 0; n0 < N; n0 += 4) bf16_outputs(x, w, b, y, M, N, K, n0);
+}
+
+/* Part ``part`` of ``parts`` of trtspec_linear_bf16's outputs, on the calling thread (as trtspec_linear_f32_part). */
+void trtspec_linear_bf16_part(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int M, int N,
+                              int K, int part, int parts) {
+    int t0, t1;
+    share((N + 3) / 4, part, parts, &t0, &t1);
+    for (int t = t0; t < t1; t++) bf16_outputs(x, w, b, y, M, N, K, 4 * t);
 }
 
 /* 1 when this build multiplies bfloat16 pairs with VDPBF16PS (AVX512-BF16), 0 when it emulates them with AVX2. */

@@ -121,6 +121,22 @@ class SlotKVPool:
             values[slot, :, start:upto].zero_()
         self.initialized[slot] = upto
 
+    def check_segments(self, segments: Sequence[tuple[int, int, int, int]], tokens: int) -> None:
+        """Raise GenerationError unless every (slot, past, start, count) of a pass over ``tokens`` packed tokens lies
+        in this pool and in the pass: trtspec's CPU kernels write the caches at those places unchecked."""
+        for slot, past, start, count in segments:
+            if not (0 <= slot < len(self.slots) and past >= 0 and past + count <= self.capacity):
+                raise GenerationError(
+                    f"a pass writes {count} tokens after {past} into slot {slot} of a KV pool of {len(self.slots)} "
+                    f"slots x {self.capacity} positions",
+                    hint="a sequence outgrew its slot: raise the model's max_seq_len, or stop it earlier",
+                )
+            if not (0 <= start and start + count <= tokens):
+                raise GenerationError(
+                    f"a segment's tokens {start}..{start + count - 1} lie outside its pass of {tokens} tokens",
+                    hint="this is a bug in the caller of the packed pass",
+                )
+
     @property
     def free(self) -> int:
         return sum(not s.busy for s in self.slots)

@@ -143,6 +143,9 @@ class LlamaStep:
             and self.attend_kernel
             and all(lin.small for layer in self.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))
         )
+        # The whole pass's threads in one OpenMP region, each step dealt between them (cpu_kernels.pass_team), rather
+        # than each kernel with its own region and thread count. Benchmarks turn it off to compare the two.
+        self.one_region = True
         # per KV pool (engines on one model have their own; a table lives as long as its pool)
         self._tables: weakref.WeakKeyDictionary[SlotKVPool, tuple[torch.Tensor, list[torch.Tensor]]] = (
             weakref.WeakKeyDictionary()
@@ -206,7 +209,8 @@ class LlamaStep:
         cos: torch.Tensor,
         sin: torch.Tensor,
     ) -> torch.Tensor:
-        """:meth:`body` through cpu_kernels.whole_pass: the thread counts each kernel call would take from Python."""
+        """:meth:`body` through cpu_kernels.whole_pass: torch's threads in one region (:attr:`one_region`), else the
+        thread counts each kernel call would take from Python."""
         t, d = h.shape[0], self.head_dim
         layer = self.layers[0]
         threads = [
@@ -225,6 +229,7 @@ class LlamaStep:
             self.eps,
             self.scaling,
             threads,
+            cpu_kernels.pass_team() if self.one_region else 1,
         )
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -313,6 +318,7 @@ class LlamaStep:
         """Final-norm hidden states [T, hidden] of the packed tokens ``ids`` at positions ``pos``; ``segments`` =
         [(slot, past, start, count)]. Writes each segment's keys/values into its slot."""
         hq, hk, d = self.heads, self.kv_heads, self.head_dim
+        pool.check_segments(segments, len(ids))
         upto = max(past + count for _, past, _, count in segments)
         cos, sin = self._rotary(pos, upto)
         # The short segments (decoding, verification) attend through the kernel in one call, a prefill's beside them

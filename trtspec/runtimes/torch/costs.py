@@ -34,9 +34,9 @@ def fastest_threads(
 ) -> tuple[int, dict]:
     """The torch intra-op thread count (1 or one per core) under which ``model``'s decode step runs fastest on this
     machine now, and the median seconds of each: one-token passes after ``context`` cached tokens through the
-    engine's own pass (passes of ``cpu_kernels.parallel_rows()`` tokens where the fused step runs on trtspec's
-    bfloat16 kernels: smaller calls take one thread whatever the count), the counts alternating. Leaves torch set
-    to the choice. Measured (bfloat16, SmolLM2-135M): on a 2-vCPU Intel Xeon VM one thread decoded 17.1 tok/s
+    engine's own pass (passes of ``cpu_kernels.parallel_rows()`` tokens where the fused step calls trtspec's
+    bfloat16 kernels one by one: smaller calls take one thread whatever the count), the counts alternating. Leaves
+    torch set to the choice. Measured (bfloat16, SmolLM2-135M): on a 2-vCPU Intel Xeon VM one thread decoded 17.1 tok/s
     against 9.8 with two, idle, and the same busy, where a 2-core AMD EPYC decoded faster on both cores (see
     trtspec.threads).
 
@@ -52,13 +52,15 @@ def fastest_threads(
         torch.set_num_threads(1)
         return 1, {}
     passes = TimedPasses(model, context, fast_step)
-    # trtspec's kernels run a call of fewer rows than parallel_rows() on one thread whatever the count (under a
-    # passive wait: trtspec.runtimes.inflight.cpu_kernels), so the counts differ from a pass of that many tokens on.
+    # trtspec's kernels called one by one run a call of fewer rows than parallel_rows() on one thread whatever the
+    # count (under a passive wait: trtspec.runtimes.inflight.cpu_kernels), so the counts differ from a pass of that
+    # many tokens on; a whole pass in one OpenMP region (LlamaStep.one_region) takes every thread from one token on.
     from trtspec.runtimes.inflight import cpu_kernels
 
     kernels = passes.fast is not None and cpu_kernels.available()
+    one_region = kernels and passes.fast is not None and passes.fast.whole_pass and passes.fast.one_region
     dtype = next(passes.model.parameters()).dtype
-    step = passes.forward(max(1, cpu_kernels.parallel_rows(dtype)) if kernels else 1)
+    step = passes.forward(max(1, cpu_kernels.parallel_rows(dtype)) if kernels and not one_region else 1)
     times: dict[int, list[float]] = {1: [], cores: []}
     with torch.inference_mode():
         for rep in range(reps + 1):
