@@ -38,8 +38,9 @@ def test_the_timed_thread_count_is_the_faster_and_decodes_the_same_tokens(tiny_p
 
 
 def test_a_served_model_leaves_cores_to_the_server_and_with_none_left_takes_one_thread_untimed(tiny_pair):
-    """The served torch models pass ``reserve=SERVED_RESERVE``: the many-thread candidate is one per core less the
-    reserve, and where that leaves one core (the 2-core machines here) the choice is one thread, without timing."""
+    """The BLS orchestration's served engine models pass ``reserve=SERVED_RESERVE``: the many-thread candidate is one
+    per core less the reserve, and where that leaves one core (the 2-core machines here) the choice is one thread,
+    without timing."""
     import torch
 
     from trtspec.runtimes.torch.costs import SERVED_RESERVE, fastest_threads

@@ -21,10 +21,13 @@ Whether all cores beat one depends on the machine. On the EPYC above they did; o
 (two vCPUs that share a physical core's units, most likely). So: ``OMP_WAIT_POLICY=PASSIVE`` unless the user set it,
 and the intra-op thread count timed once when a process loads its model (``trtspec generate`` and the served torch
 models; ``trtspec.runtimes.torch.costs.fastest_threads``: a few one-token passes at 1 and at one per core,
-alternating, the faster taken) unless ``--threads`` (or the model's ``torch_threads``) names it. A served model
-leaves one core to the server (``SERVED_RESERVE``: Triton's frontends, the stubs' IPC, the response threads): on 2
-cores it takes one thread untimed. Timed idle at start, two threads had looked as fast and were taken in 4 of 10
-server starts, and through Triton they then decoded 37.6 tok/s against 51.6 at concurrency 1 (214 against 237 at 8).
+alternating, the faster taken) unless ``--threads`` (or the model's ``torch_threads``) names it. A served engine
+model of the BLS orchestration (two model processes beside the orchestrator) leaves one core to the server
+(``SERVED_RESERVE``: Triton's frontends, the stubs' IPC, the response threads): on 2 cores it takes one thread
+untimed. Timed idle at start, two threads had looked as fast and were taken in 4 of 10 server starts, and through
+Triton they then decoded 37.6 tok/s against 51.6 at concurrency 1 (214 against 237 at 8). That was before a pass ran
+in one OpenMP region (trtspec.runtimes.inflight.cpu_kernels.pass_team); the in-process model (one process for both
+models) now reserves nothing (``IN_PROCESS_RESERVE``), measured in trtspec.runtimes.torch.costs.
 The choice is made once per process, before it decodes, so target-only and speculative decoding in it run the same
 numeric path.
 A passive wait has a price where the step runs many short parallel regions: each wakes the sleeping thread again,
@@ -43,9 +46,10 @@ A short spin is 1.5-1.6x faster on an idle machine and 1.2-2.3x slower on a busy
 shared or busy CPU must not stall); on a machine that serves nothing else, set ``GOMP_SPINCOUNT=10000`` in the
 environment of the process (it is kept: only ``OMP_WAIT_POLICY`` is defaulted here, and libgomp lets an explicit spin
 count override the passive policy's zero).
-Under the passive wait trtspec's own bfloat16 kernels (trtspec.runtimes.inflight.cpu_kernels) run a call of fewer
-than ``PASSIVE_PARALLEL_ROWS`` (8) rows on the calling thread: such a call's second core gained less than waking
-it cost.
+Under the passive wait trtspec's own bfloat16 kernels (trtspec.runtimes.inflight.cpu_kernels), called one by one,
+run a call of fewer than ``PASSIVE_PARALLEL_ROWS`` (8) rows on the calling thread: such a call's second core gained
+less than waking it cost. A whole pass runs in one OpenMP region instead (one wake-up a pass, a spinning barrier
+between its steps that yields after 200 us): every thread from one token on.
 Measured 2026-12-07 on the 2-core EPYC (bfloat16, in process, both variants alternated group by group in one process,
 the same tokens): target-only 1.20x the tok/s at one sequence, adaptive 1.26x, n-grams K 4 1.23x; at 8 sequences 1.02x,
 1.07x, 0.98x (passes of 8 or more rows keep both threads).

@@ -21,12 +21,19 @@ from trtspec.runtimes.inflight.kv_pool import device_of, synchronize
 from trtspec.runtimes.inflight.packed import packed_forward
 from trtspec.runtimes.inflight.timing import TimedPasses, medians
 
-# Cores a served torch model leaves to the rest of the server: Triton's frontends, the Python stubs' IPC and the
-# response threads, and (on a developer's machine) the clients. Timed on an idle machine at start, one thread per core
-# looked as fast as one thread and was chosen in 4 of 10 starts of the example's server on the 2-core VM, where
+# Cores a served torch engine model of the BLS orchestration (tensorrt_llm_torch: the target's and the draft's, two
+# processes beside the orchestrator) leaves to the rest of the server: Triton's frontends, the Python stubs' IPC and
+# the response threads, and (on a developer's machine) the clients. Timed on an idle machine at start, one thread per
+# core looked as fast as one thread and was chosen in 4 of 10 starts of the example's server on the 2-core VM, where
 # through Triton it then decoded 37.6 tok/s against 51.6 with one thread at concurrency 1 and 214 against 237 at 8
-# (target-only, two server starts each, alternated; benchmarks: README, "Serving with Triton").
+# (target-only, two server starts each, alternated; benchmarks: README, "Serving with Triton"). That was when each
+# kernel call opened its own OpenMP region; with a pass in one region (LlamaStep.one_region) the in-process model
+# (tensorrt_llm_spec_torch, one process for both models) reserves none: through its OpenAI port on the same VM
+# (benchmarks/peers_cpu.py, 2026-12-07 19:20 UTC) two threads decoded 87.9 tok/s against 60.8 with one at
+# concurrency 1 and 331.7 against 206.6 at 8 (target-only; n-grams 146.8 / 82.6 and 230.9 / 139.5), the one-thread
+# figures from the run at 16:55 UTC.
 SERVED_RESERVE = 1
+IN_PROCESS_RESERVE = 0
 
 
 def fastest_threads(

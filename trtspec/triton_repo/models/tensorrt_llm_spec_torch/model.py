@@ -142,10 +142,10 @@ class TritonPythonModel:
         kind = p.get("drafter") or "model"  # speculative.drafter (trtspec.speculative.drafters.registry)
         pool = p.get("ngram_pool") or None  # ngram_pool.npz; none: prompt lookup only
         target = load_model(p["model_dir"], p.get("dtype") or "float32")
-        if threads <= 0:  # one thread or every core but the server's, whichever decodes faster here (trtspec.threads)
-            from trtspec.runtimes.torch.costs import SERVED_RESERVE, fastest_threads
+        if threads <= 0:  # one thread or every core, whichever decodes faster here (trtspec.threads)
+            from trtspec.runtimes.torch.costs import IN_PROCESS_RESERVE, fastest_threads
 
-            fastest_threads(target, reserve=SERVED_RESERVE)
+            fastest_threads(target, reserve=IN_PROCESS_RESERVE)
         runs_model = drafter_entry(kind).runs_draft_model and p.get("draft_model_dir")
         draft = load_model(p["draft_model_dir"], p.get("draft_dtype") or "float32") if runs_model else None
         slots, capacity = int(p["kv_cache_slots"]), int(p["max_seq_len"])
