@@ -314,7 +314,8 @@ static inline void softmax_exp(float *sc, int L, float m) {
    NAME_rows: the table of the pass's rows (segment, row in it), in order; returns their number (the longest window in
    *longest). NAME_write_part: rows [part] of the segments' keys and values into the cache. NAME_items_part: the
    work items over the cache dealt in turn (item part, part + parts, ...: a prefill's later rows attend over more
-   keys), with ``scratch``, NAME_scratch(...) floats for this thread. Which items a pass
+   keys), with ``scratch``, NAME_scratch(...) floats for this thread (enough for either kind of item: the kind
+   depends on the number of parts, and OpenMP may give a region fewer threads than asked). Which items a pass
    has (per (row, query head) or per (row, KV head)) depends on the number of parts; each (row, query head) computes
    the same sums either way. */
 #define ATTEND(NAME, T, LOAD8, STORE8, TO_F32)                                                                      \
@@ -352,9 +353,9 @@ static inline void softmax_exp(float *sc, int L, float m) {
     }                                                                                                             \
     static inline int NAME##_grouped(int n, int hk, int parts) { return n * hk >= 2 * parts; }                    \
     static inline int NAME##_per(int hq, int hk) { return hq / hk < ATT_GROUP ? hq / hk : ATT_GROUP; }            \
-    size_t NAME##_scratch(int n, int hq, int hk, int d, int longest, int parts) {                                 \
-        int stride = longest > 0 ? longest : 1;                                                                   \
-        return NAME##_grouped(n, hk, parts) ? (size_t)NAME##_per(hq, hk) * stride : (size_t)stride + d;           \
+    size_t NAME##_scratch(int hq, int hk, int d, int longest) { /* for either kind of item */                    \
+        size_t stride = longest > 0 ? (size_t)longest : 1, grouped = (size_t)NAME##_per(hq, hk) * stride;        \
+        return grouped > stride + d ? grouped : stride + d;                                                       \
     }                                                                                                             \
     void NAME##_items_part(const T *q, const T *keys, const T *values, T *out, const int64_t *segs,               \
                            const int64_t *rows, int n, int hq, int hk, int cap, int d, float scale, int longest,  \
@@ -398,7 +399,7 @@ static inline void softmax_exp(float *sc, int L, float m) {
         _Pragma("omp parallel num_threads(threads)") {                                                            \
             int parts = omp_get_num_threads(), part = omp_get_thread_num();                                       \
             /* on the heap: a long context's scores for several heads outgrow a worker thread's stack */          \
-            float *scratch = (float *)malloc(sizeof(float) * NAME##_scratch(n, hq, hk, d, longest, parts));       \
+            float *scratch = (float *)malloc(sizeof(float) * NAME##_scratch(hq, hk, d, longest));                  \
             if (!scratch) abort();                                                                                \
             NAME##_items_part(q, keys, values, out, segs, rows, n, hq, hk, cap, d, scale, longest, scratch, part, \
                               parts);                                                                             \

@@ -37,7 +37,7 @@
     int trtspec_attend_##S##_rows(const int64_t *segs, int S_, int64_t *rows, int *longest);                      \
     void trtspec_attend_##S##_write_part(const T *k, const T *v, T *keys, T *values, const int64_t *segs,         \
                                          const int64_t *rows, int n, int hk, int cap, int d, int part, int parts); \
-    size_t trtspec_attend_##S##_scratch(int n, int hq, int hk, int d, int longest, int parts);                    \
+    size_t trtspec_attend_##S##_scratch(int hq, int hk, int d, int longest);                                      \
     void trtspec_attend_##S##_items_part(const T *q, const T *keys, const T *values, T *out, const int64_t *segs, \
                                          const int64_t *rows, int n, int hq, int hk, int cap, int d, float scale, \
                                          int longest, float *scratch, int part, int parts);
@@ -139,7 +139,7 @@ static void pass_wait(pass_barrier *b, int parts) {
         for (int s = 0; s < nseg; s++) total += (int)segs[4 * s + 3];                                              \
         int64_t *rows = (int64_t *)malloc(sizeof(int64_t) * 2 * (total > 0 ? total : 1));                         \
         int longest = 0, n = rows ? trtspec_attend_##S##_rows(segs, nseg, rows, &longest) : 0;                     \
-        const size_t per = trtspec_attend_##S##_scratch(n, hq, hk, d, longest, team);                             \
+        const size_t per = trtspec_attend_##S##_scratch(hq, hk, d, longest);                                      \
         float *scratch = rows ? (float *)malloc(sizeof(float) * per * team) : NULL;                                \
         if (!scratch) {                                                                                            \
             free(rows);                                                                                            \
