@@ -291,8 +291,11 @@ def test_client_that_disconnects_mid_stream_frees_its_request(served, reference)
         assert any('"content":"' in next(lines) for _ in range(8))  # text is flowing: the request is running
     after = _settled(served) - before
     # (Triton's request metrics cannot tell: a decoupled model's request counts as a success when execute returns.)
-    # A finished request would have taken at least n / (K + 1) target steps.
-    assert after < n / (1 + 4) / 4, f"{after} target steps after the client left"
+    # A finished request would have taken at least n / (K + 1) target steps (every draft token accepted): fewer
+    # means it was cut short. How many fewer depends on the step's speed, not on the cancellation: the watcher asks
+    # every 100 ms, and at a few milliseconds a step the request runs some tens of steps before its abort (31 once
+    # each pass ran in one OpenMP region, 2026-12-07, where a quarter of n / (K + 1) had been the bound).
+    assert after < n / (1 + 4), f"{after} target steps after the client left"
     # The next request is served alone and right.
     text = (
         _client(served)
