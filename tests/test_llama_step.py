@@ -169,6 +169,7 @@ def test_whole_pass_in_one_call_equals_the_kernels_called_one_by_one(bf16_pair, 
     segments = [(1, 0, 0, m), (0, 300, m, 5), (2, 40, m + 5, 1)][0 if m else 1 :]
     results = {}
     teams: list[int] = []
+    whole_pass = cpu_kernels.whole_pass
     with torch.inference_mode():
         for mode in (0, 1, 2, 3):  # 0: one by one; else the whole pass with a team of that many threads
             monkeypatch.setattr(cpu_kernels, "pass_team", lambda _m=mode: max(1, _m))
@@ -176,9 +177,10 @@ def test_whole_pass_in_one_call_equals_the_kernels_called_one_by_one(bf16_pair, 
             assert step.whole_pass and step.one_region  # where trtspec's kernels run, the defaults
             step.whole_pass = mode > 0
             calls: list[int] = []
-            if mode:  # the pass under test must go through the one call, with its team
-                team = cpu_kernels.pass_team
-                step._whole_pass = lambda *a, _f=step._whole_pass, _c=calls, _t=team: _c.append(_t()) or _f(*a)
+            if mode:  # the pass under test must go through the one call, with its team (whole_pass's last argument)
+                monkeypatch.setattr(
+                    cpu_kernels, "whole_pass", lambda *a, _c=calls, _f=whole_pass: _c.append(a[-1]) or _f(*a)
+                )
             if m:
                 pool = pool_with_two_cached(step, target, prompt, other, 512)
             else:

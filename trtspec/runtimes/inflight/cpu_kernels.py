@@ -28,7 +28,7 @@ max-subtracted softmax; in bfloat16 it takes every segment, prefills included (f
 16-1000 tokens, measured), in float32 the segments of at most :data:`ATTEND_ROWS` tokens.
 
 **The whole pass** (``cpu_kernels_pass.c``, :func:`whole_pass`): every layer's kernels in one call from C, in the
-order the step calls them one by one (9 a layer), with the same arguments and thread counts, so the same bits; a
+order the step calls them one by one (9 a layer), with the same arguments, so the same bits; a
 one-token pass of SmolLM2-135M spent 2.4 of its 13.4 ms in Python between its 270 kernel calls. Its threads are one
 OpenMP region for the whole pass (:func:`pass_team`), each step dealt between them (a multiply's tiles of outputs,
 the attention's work items, the elementwise steps' rows) with a spinning barrier between steps, where each call in
@@ -245,7 +245,8 @@ def whole_pass(
     gate/up, silu x up and down, then the final norm; the same kernels and arguments as the calls one by one, so the
     same bits. ``h`` [T, H] (updated in place), ``layers`` [L, len(PASS_SLOTS)] int64 addresses, ``cos``/``sin`` [T,
     head_dim], ``segments`` as :func:`attend`'s (every slot within the caches, every segment within a slot's
-    capacity: checked), ``geometry`` (heads, kv_heads, head_dim, intermediate, cache capacity).
+    capacity: the caller checks, ``SlotKVPool.check_segments``), ``geometry`` (heads, kv_heads, head_dim,
+    intermediate, cache capacity).
 
     ``team`` 1: each kernel with its own thread count, ``threads`` for the q/k/v, o, gate/up and down multiplies and
     the attention (as :func:`threads_for` gives them). ``team`` > 1: one OpenMP region of that many threads for the

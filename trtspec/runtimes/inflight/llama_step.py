@@ -213,10 +213,16 @@ class LlamaStep:
         thread counts each kernel call would take from Python."""
         t, d = h.shape[0], self.head_dim
         layer = self.layers[0]
-        threads = [
-            cpu_kernels.threads_for(t, h.dtype, lin.weight.numel())
-            for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)
-        ] + [cpu_kernels.threads_for(t, h.dtype)]
+        team = cpu_kernels.pass_team() if self.one_region else 1
+        threads = (  # each kernel's own threads: read only by a pass without a team
+            [
+                cpu_kernels.threads_for(t, h.dtype, lin.weight.numel())
+                for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)
+            ]
+            + [cpu_kernels.threads_for(t, h.dtype)]
+            if team == 1
+            else [1] * 5
+        )
         geometry = (self.heads, self.kv_heads, d, layer.intermediate, int(pool.keys[0].shape[2]))
         return cpu_kernels.whole_pass(
             h,
@@ -229,7 +235,7 @@ class LlamaStep:
             self.eps,
             self.scaling,
             threads,
-            cpu_kernels.pass_team() if self.one_region else 1,
+            team,
         )
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
