@@ -77,6 +77,7 @@ def test_cost_ratios_are_measured_through_the_engine_passes(model):
     assert c > 0 and v > 0  # timings: their size is for benchmarks/cpu_runtime.py
     costs = measure_step_costs(model, model, context=16, k_max=3, prompt_len=12, reps=3)
     assert sorted(costs.body) == [0, 1, 2, 3] and costs.head > 0 and costs.target_prefill > 0
+    assert all(costs.body[k] <= costs.body[k + 1] for k in range(3))  # the isotonic fit: more tokens cost no less
     by_batch = batch_step_costs(model, model, context=16, batches=(1, 3), ks=(1, 4), reps=3)
     assert sorted(by_batch) == [1, 3]
     for row in by_batch.values():

@@ -20,6 +20,7 @@ import torch
 from trtspec.runtimes.inflight.kv_pool import device_of, synchronize
 from trtspec.runtimes.inflight.packed import packed_forward
 from trtspec.runtimes.inflight.timing import TimedPasses, medians
+from trtspec.speculative.pass_costs import isotonic
 
 # Cores a served torch engine model of the BLS orchestration (tensorrt_llm_torch: the target's and the draft's, two
 # processes beside the orchestrator) leaves to the rest of the server: Triton's frontends, the Python stubs' IPC and
@@ -152,9 +153,14 @@ def measure_step_costs(
         fns["dp"] = prefill(d)
     med = medians(fns, reps)
     t1 = med["t1"]
+    # A pass over more tokens does not cost less: the medians' order between sizes that cost about the same is noise,
+    # and a replay on it took the noise for a fact (one run's 4-token pass at 0.750 of a step, its 3-token one at
+    # 0.802: the fixed K 3 replayed 1.4 % above the adaptive policy, which prices passes on such a fit; on this fit
+    # they were level). So the body is its non-decreasing (isotonic) fit.
+    body = isotonic({k: med[f"b{k}"] / t1 for k in range(0, k_max + 1)})
     return StepCosts(
         c=med.get("d1", 0.0) / t1,
-        body={k: med[f"b{k}"] / t1 for k in range(0, k_max + 1)},
+        body=body,
         head=med.get("head", 0.0) / t1,
         target_prefill=med["tp"] / t1,
         draft_prefill=med.get("dp", 0.0) / t1,
