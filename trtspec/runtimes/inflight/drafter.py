@@ -21,6 +21,7 @@ from trtspec.runtimes.inflight.jobs import Job
 from trtspec.runtimes.inflight.kv_pool import KVGeometry, Slot, SlotKVPool, device_of, synchronize
 from trtspec.runtimes.inflight.llama_step import step_of
 from trtspec.runtimes.inflight.packed import packed_forward, prepare_model
+from trtspec.runtimes.torch.frequent_head import FrequentHead
 from trtspec.speculative.drafters import Proposal
 from trtspec.speculative.sampling import logits_to_probs, sample
 from trtspec.speculative.words import banned_tokens
@@ -85,15 +86,23 @@ class ModelDrafter:
                 offset += len(fed)
                 keep.append(offset - 1)
             t_round = time.perf_counter()
-            logits = packed_forward(self.model, self.pool, feeds, keep, fast=self.fast)
+            # Greedy rows without bad words need only each row's argmax; a frequent head gives it without the
+            # full-vocabulary logits (FrequentHead.argmax: the same tokens).
+            plain = all(jobs[i].sampling.greedy and not jobs[i].bad_words for i in rows)
+            frequent = plain and isinstance(self.model.lm_head, FrequentHead)
+            out = packed_forward(self.model, self.pool, feeds, keep, hidden=frequent, fast=self.fast)
+            tops = self.model.lm_head.argmax(out) if frequent else out.argmax(-1).tolist() if plain else None
             self.passes += 1
             if self.on_round is not None and offset <= 2 * len(rows):  # a catch-up (a long round 0) is no round
-                synchronize(logits.device)
+                synchronize(out.device)
                 self.on_round(len(rows), time.perf_counter() - t_round)
             for row, i in enumerate(rows):
                 job, state = jobs[i], jobs[i].draft_state
                 state.slot.tokens.extend(feeds[row][2])
-                lg = logits[row]
+                if tops is not None:
+                    props[i].tokens.append(int(tops[row]))
+                    continue
+                lg = out[row]
                 banned = banned_tokens(histories[i] + props[i].tokens, job.bad_words) if job.bad_words else []
                 if banned:
                     lg = lg.clone()

@@ -46,15 +46,24 @@ class FrequentHead(nn.Module):
     def out_features(self) -> int:
         return int(self.weight.shape[0])
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+    def scores(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The logits of the N frequent tokens only ([..., N], in ``token_ids`` order)."""
         flat = hidden.reshape(-1, hidden.shape[-1])
         if flat.shape[0] <= cpu_kernels.MAX_ROWS and hidden.dtype == self.rows.dtype and cpu_kernels.applies(self.rows):
-            sub = cpu_kernels.linear(flat, self.rows).view(*hidden.shape[:-1], -1)  # a draft step's few rows
-        else:
-            sub = hidden @ self.rows.T.to(hidden.dtype)
+            return cpu_kernels.linear(flat, self.rows).view(*hidden.shape[:-1], -1)  # a draft step's few rows
+        return hidden @ self.rows.T.to(hidden.dtype)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        sub = self.scores(hidden)
         out = sub.new_full((*sub.shape[:-1], self.out_features), float("-inf"))
         out[..., self.token_ids] = sub
         return out
+
+    def argmax(self, hidden: torch.Tensor) -> list[int]:
+        """Each row's argmax of :meth:`forward` without the full-vocabulary logits: the frequent tokens' argmax,
+        mapped to its token id. ``token_ids`` ascend, so a tie resolves to the lowest id, as over the full logits
+        (measured on the example's draft, one row: 0.6 + 0.2 ms for the full logits and their argmax)."""
+        return self.token_ids[self.scores(hidden).reshape(-1, len(self.token_ids)).argmax(-1)].tolist()
 
 
 def frequent_rows(weight: torch.Tensor) -> torch.Tensor:
