@@ -78,6 +78,9 @@ def test_cost_ratios_are_measured_through_the_engine_passes(model):
     costs = measure_step_costs(model, model, context=16, k_max=3, prompt_len=12, reps=3)
     assert sorted(costs.body) == [0, 1, 2, 3] and costs.head > 0 and costs.target_prefill > 0
     assert all(costs.body[k] <= costs.body[k + 1] for k in range(3))  # the isotonic fit: more tokens cost no less
+    assert sorted(costs.head_rows) == [1, 2, 3, 4] and all(
+        costs.head_rows[n] <= costs.head_rows[n + 1] for n in (1, 2, 3)
+    )
     by_batch = batch_step_costs(model, model, context=16, batches=(1, 3), ks=(1, 4), reps=3)
     assert sorted(by_batch) == [1, 3]
     for row in by_batch.values():

@@ -3,6 +3,7 @@ one for one when both policies' costs are fixed, and the least-cost bound is bel
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -137,3 +138,19 @@ def test_replayed_adaptive_speculation_is_at_least_the_best_fixed_n_gram_k_where
     policy = AdaptivePolicy()
     replay(policy, answers, costs, 8)  # a server that has seen such traffic before
     assert replay(policy, answers, costs, 8).speedup >= fixed
+
+
+def test_a_step_s_head_is_charged_as_the_engine_computes_it():
+    """Up to ``flat_rows`` rows the engine's decide computes every row in one multiply, whatever was accepted; past
+    it the first row, then the later K rows in one more multiply when the first proposal was accepted. Without
+    ``head_rows`` (costs given by hand) the head is charged per position decided."""
+    rows = {n: 0.1 + 0.01 * n for n in range(1, 10)}
+    flat = StepCosts(0.1, {k: 0.8 for k in range(9)}, head=0.11, head_rows=rows, flat_rows=8)
+    assert flat.head_computed(4, 4) == (5, rows[5]) and flat.head_computed(4, 0) == (5, rows[5])
+    assert flat.head_computed(8, 0) == (1, rows[1])  # 9 rows: past flat_rows, the first one alone
+    assert flat.head_computed(8, 2) == (9, rows[1] + rows[8])
+    assert flat.step(4, 4) == pytest.approx(4 * 0.1 + 0.8 + rows[5])
+    per_position = StepCosts(0.1, {k: 0.8 for k in range(9)}, head=0.11)
+    assert per_position.head_computed(4, 3) == (4, pytest.approx(0.44))
+    again = StepCosts.from_dict(json.loads(json.dumps(flat.to_dict())))
+    assert again.head_rows == pytest.approx(rows) and again.flat_rows == 8

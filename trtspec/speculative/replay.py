@@ -108,9 +108,8 @@ def replay(policy: AdaptivePolicy, answers: Answers, costs: StepCosts, k_max: in
             body = costs.body[k] if p else costs.target_prefill + costs.body[k] - costs.body[0]
             if p or costs.target_prefill > 0:
                 policy.observe_target(base + k, body)
-            if costs.head > 0:  # the head rows computed: the first, and the later ones if it was accepted
-                rows = 1 + (k if acc else 0)
-                policy.observe_verify(rows, rows * costs.head)
+            if costs.head > 0:  # the head rows the engine computes, and their cost (StepCosts.head_computed)
+                policy.observe_verify(*costs.head_computed(k, acc))
             steps += 1
             drafted += k
             accepted += acc

@@ -6,7 +6,7 @@ one number per answer position p: how many of the drafter's proposals from ``pro
 ``answer[p:]`` (``MatchProfile``; capped at ``k_max``). From it, every K is simulated exactly as
 ``SpeculativeDecoder`` steps: ``k_eff = min(K, max_tokens - p - 1)`` proposals, ``min(L[p], k_eff)`` accepted plus the
 target's own token, until the answer ends. A step's cost, in target steps: ``k_eff c`` for the draft, the target body
-over ``k_eff + 1`` tokens, and its vocabulary head once per position it decides (the decoder's lazy head).
+over ``k_eff + 1`` tokens, and its vocabulary head as the engine computes it (``StepCosts.head_computed``).
 
 This module is pure Python (no torch): `trtspec tune`, the distill report and benchmarks share it; the torch side
 (reference answers, match lengths, measured costs) is ``profiling`` and ``costs``.
@@ -26,7 +26,11 @@ class StepCosts:
     """Costs in units of one target decode step (one token, full head).
 
     ``body[k]``: the target's forward over k + 1 tokens without its head (with ``head == 0``: the whole forward);
-    ``head``: the head at one position; ``c``: one draft step; prefills: one request's prompt, mean."""
+    ``head``: the head at one position; ``c``: one draft step; prefills: one request's prompt, mean.
+    ``head_rows[n]``: the head over n rows in one multiply, and ``flat_rows``: up to how many rows a step computes
+    every row in one multiply (the engine's ``decide``, trtspec.speculative.acceptance); without them the head is
+    charged once per position decided. On trtspec's CPU kernels a multiply over 5 rows costs 1.28 one row's
+    (bfloat16, the example's target): charged per position, a K 4 step that accepted 4 cost 5 heads instead of 1.28."""
 
     c: float
     body: dict[int, float]
@@ -34,6 +38,8 @@ class StepCosts:
     target_prefill: float = 0.0
     draft_prefill: float = 0.0
     measured: bool = True  # False: given by the user (--costs), not timed here
+    head_rows: dict[int, float] = field(default_factory=dict)
+    flat_rows: int = 0
 
     def step(self, k_eff: int, accepted: int, draft_cost: float | None = None) -> float:
         """One speculative step: ``k_eff`` proposals (each ``draft_cost``, default c), ``accepted`` of them taken."""
@@ -41,10 +47,27 @@ class StepCosts:
         body = self.body.get(k_eff)
         if body is None:
             raise KeyError(f"no verification cost for K={k_eff}: costs cover K in {sorted(self.body)}")
-        return k_eff * (self.c if draft_cost is None else draft_cost) + body + (accepted + 1) * self.head
+        return k_eff * (self.c if draft_cost is None else draft_cost) + body + self.head_computed(k_eff, accepted)[1]
+
+    def head_computed(self, k_eff: int, accepted: int) -> tuple[int, float]:
+        """(rows, cost) of the head in a step of ``k_eff`` proposals that accepted ``accepted``: every row in one
+        multiply up to ``flat_rows``; else the first row, then the later ``k_eff`` rows in one more multiply when the
+        first proposal was accepted; without ``head_rows``, one head per position decided."""
+        if not self.head_rows:
+            return accepted + 1, (accepted + 1) * self.head
+        if k_eff + 1 <= self.flat_rows:
+            return k_eff + 1, self._rows(k_eff + 1)
+        later = k_eff if accepted > 0 else 0
+        return 1 + later, self._rows(1) + (self._rows(later) if later else 0.0)
+
+    def _rows(self, n: int) -> float:
+        cost = self.head_rows.get(n)
+        return n * self.head if cost is None else cost
 
     def v(self, k: int, tokens_per_step: float) -> float:
         """Verification of K + 1 tokens relative to one target step, as the decoder does it."""
+        if self.head_rows and k + 1 <= self.flat_rows:
+            return self.body[k] + self._rows(k + 1)
         return self.body[k] + tokens_per_step * self.head
 
     @classmethod
@@ -65,11 +88,14 @@ class StepCosts:
             float(data.get("target_prefill", 0.0)),
             float(data.get("draft_prefill", 0.0)),
             measured=False,
+            head_rows={int(k): float(x) for k, x in (data.get("head_rows") or {}).items()},
+            flat_rows=int(data.get("flat_rows", 0)),
         )
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["body"] = {str(k): round(v, 4) for k, v in sorted(self.body.items())}
+        d["head_rows"] = {str(k): round(v, 4) for k, v in sorted(self.head_rows.items())}
         return d
 
 

@@ -27,6 +27,17 @@ from trtspec.speculative.sampling import logits_to_probs, sample
 from trtspec.speculative.words import banned_tokens
 
 
+def draft_pass(
+    model: Any, pool: SlotKVPool, feeds: list[tuple[int, int, list[int]]], keep: list[int], fast: Any, plain: bool
+) -> tuple[torch.Tensor, list[int] | None]:
+    """One draft round's packed pass: (its output, each kept row's argmax where ``plain``, else None). Greedy rows
+    without bad words (``plain``) need only the argmax, which a frequent head gives without full-vocabulary logits
+    (FrequentHead.argmax: the same tokens; the output is then the hidden states); otherwise the output is logits."""
+    frequent = plain and isinstance(model.lm_head, FrequentHead)
+    out = packed_forward(model, pool, feeds, keep, hidden=frequent, fast=fast)
+    return out, model.lm_head.argmax(out) if frequent else out.argmax(-1).tolist() if plain else None
+
+
 @dataclass
 class _DraftState:
     slot: Slot
@@ -86,12 +97,8 @@ class ModelDrafter:
                 offset += len(fed)
                 keep.append(offset - 1)
             t_round = time.perf_counter()
-            # Greedy rows without bad words need only each row's argmax; a frequent head gives it without the
-            # full-vocabulary logits (FrequentHead.argmax: the same tokens).
             plain = all(jobs[i].sampling.greedy and not jobs[i].bad_words for i in rows)
-            frequent = plain and isinstance(self.model.lm_head, FrequentHead)
-            out = packed_forward(self.model, self.pool, feeds, keep, hidden=frequent, fast=self.fast)
-            tops = self.model.lm_head.argmax(out) if frequent else out.argmax(-1).tolist() if plain else None
+            out, tops = draft_pass(self.model, self.pool, feeds, keep, self.fast, plain)
             self.passes += 1
             if self.on_round is not None and offset <= 2 * len(rows):  # a catch-up (a long round 0) is no round
                 synchronize(out.device)

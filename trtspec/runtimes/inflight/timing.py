@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from trtspec.runtimes.inflight.drafter import draft_pass
 from trtspec.runtimes.inflight.head import lazy_head
 from trtspec.runtimes.inflight.kv_pool import KVGeometry, SlotKVPool, device_of, synchronize
 from trtspec.runtimes.inflight.llama_step import step_of
@@ -50,9 +51,14 @@ class TimedPasses:
 
         return once
 
-    def head_once(self) -> Callable[[], float]:
+    def draft_round(self, seqs: int = 1) -> Callable[[], float]:
+        """One greedy draft round of ``seqs`` sequences, as the engine's draft model runs it (its argmax included)."""
+        return _engine_pass(self, seqs, 1, False, last_only=True)
+
+    def head_once(self, rows: int = 1) -> Callable[[], float]:
+        """One timed multiply of the lazily applied head over ``rows`` rows."""
         param = next(self.model.parameters())
-        hidden = torch.randn(1, self.model.config.hidden_size, dtype=param.dtype, device=self.device)
+        hidden = torch.randn(rows, self.model.config.hidden_size, dtype=param.dtype, device=self.device)
         head = self.head
         assert head is not None  # timed only when the head is applied lazily
 
@@ -92,14 +98,17 @@ def calibration_batches(max_batch: int) -> set[int]:
 def _engine_pass(passes: TimedPasses, b: int, n: int, hidden: bool, last_only: bool = False) -> Callable[[], float]:
     """One timed pass of ``b`` sequences feeding ``n`` tokens each after the context, as the in-flight engine runs
     it: every fed row kept and the body alone (``hidden``, the engine's lazy head; else logits on every row), or one
-    row per sequence with logits (``last_only``: a draft round)."""
+    row per sequence, as a greedy draft round (``last_only``)."""
     feeds = [(s, passes.context, torch.randint(0, passes.vocab, (n,)).tolist()) for s in range(b)]
     keep = [s * n + n - 1 for s in range(b)] if last_only else list(range(b * n))
 
     def once() -> float:
         synchronize(passes.device)
         t0 = time.perf_counter()
-        packed_forward(passes.model, passes.pool, feeds, keep, hidden=hidden, fast=passes.fast)
+        if last_only:  # as the draft model's greedy round (its tokens' argmax included)
+            draft_pass(passes.model, passes.pool, feeds, keep, passes.fast, plain=True)
+        else:
+            packed_forward(passes.model, passes.pool, feeds, keep, hidden=hidden, fast=passes.fast)
         synchronize(passes.device)
         return time.perf_counter() - t0
 
@@ -142,7 +151,7 @@ def calibrate(
         for n in CALIBRATION_TOKENS if b == 1 else CALIBRATION_BATCH_TOKENS:
             fns[f"t{b}x{n}"] = _engine_pass(t, b, n, hidden)
         if d is not None:
-            fns[f"d{b}"] = _engine_pass(d, b, 1, False, last_only=True)
+            fns[f"d{b}"] = d.draft_round(b)
     med = medians(fns, reps)
     target_s: dict[int, dict[int, float]] = {}
     for name, s in med.items():

@@ -97,7 +97,7 @@ def step_cost_ratios(
     what the engine does: with a lazily applied head (trtspec.runtimes.inflight.head) the body over K + 1 tokens
     plus the head at ``tokens_per_step`` positions (one per emitted token); otherwise a full K + 1-token pass."""
     t, d = TimedPasses(target, context, fast_step), TimedPasses(draft, context, fast_step)
-    fns = {"t1": t.forward(1), "d1": d.forward(1)}
+    fns = {"t1": t.forward(1), "d1": d.draft_round()}
     if t.head is not None:
         fns |= {"body": t.forward(k + 1, body_only=True), "head": t.head_once()}
     else:
@@ -147,9 +147,11 @@ def measure_step_costs(
         fns[f"b{k}"] = t.forward(k + 1, body_only=lazy)
     if lazy:
         fns["head"] = t.head_once()
+        for n in range(2, k_max + 2):  # the head over a step's rows in one multiply (StepCosts.head_computed)
+            fns[f"h{n}"] = t.head_once(n)
     if draft is not None:
         d = TimedPasses(draft, context, fast_step, slots=2)
-        fns["d1"] = d.forward(1)
+        fns["d1"] = d.draft_round()
         fns["dp"] = prefill(d)
     med = medians(fns, reps)
     t1 = med["t1"]
@@ -158,7 +160,10 @@ def measure_step_costs(
     # 0.802: the fixed K 3 replayed 1.4 % above the adaptive policy, which prices passes on such a fit; on this fit
     # they were level). So the body is its non-decreasing (isotonic) fit.
     body = isotonic({k: med[f"b{k}"] / t1 for k in range(0, k_max + 1)})
+    head_rows = isotonic({n: med["head" if n == 1 else f"h{n}"] / t1 for n in range(1, k_max + 2)}) if lazy else {}
     return StepCosts(
+        head_rows=head_rows,
+        flat_rows=int(getattr(t.head, "flat_rows", 0)) if lazy else 0,
         c=med.get("d1", 0.0) / t1,
         body=body,
         head=med.get("head", 0.0) / t1,
@@ -214,7 +219,7 @@ def batch_step_costs(
             f"v{k}": _batch_step(t, b, context, k + 1, True) for k in ks
         }
         if d is not None:
-            fns["d1"] = _batch_step(d, b, context, 1, True)
+            fns["d1"] = d.draft_round(b)
         med = medians(fns, reps)
         out[b] = {
             "step_s": med["t1"],
