@@ -21,7 +21,6 @@ from trtspec.runtimes.inflight.jobs import Job
 from trtspec.runtimes.inflight.kv_pool import KVGeometry, Slot, SlotKVPool, device_of, synchronize
 from trtspec.runtimes.inflight.llama_step import step_of
 from trtspec.runtimes.inflight.packed import packed_forward, prepare_model
-from trtspec.runtimes.torch.frequent_head import FrequentHead
 from trtspec.speculative.drafters import Proposal
 from trtspec.speculative.sampling import logits_to_probs, sample
 from trtspec.speculative.words import banned_tokens
@@ -32,10 +31,12 @@ def draft_pass(
 ) -> tuple[torch.Tensor, list[int] | None]:
     """One draft round's packed pass: (its output, each kept row's argmax where ``plain``, else None). Greedy rows
     without bad words (``plain``) need only the argmax, which a frequent head gives without full-vocabulary logits
-    (FrequentHead.argmax: the same tokens; the output is then the hidden states); otherwise the output is logits."""
-    frequent = plain and isinstance(model.lm_head, FrequentHead)
-    out = packed_forward(model, pool, feeds, keep, hidden=frequent, fast=fast)
-    return out, model.lm_head.argmax(out) if frequent else out.argmax(-1).tolist() if plain else None
+    (trtspec.runtimes.torch.frequent_head.FrequentHead.argmax: the same tokens; the output is then the hidden
+    states); otherwise the output is logits. A head offers that as its ``argmax`` method (this layer does not import
+    the torch runtime's loader)."""
+    argmax = getattr(model.lm_head, "argmax", None) if plain else None
+    out = packed_forward(model, pool, feeds, keep, hidden=argmax is not None, fast=fast)
+    return out, argmax(out) if argmax is not None else out.argmax(-1).tolist() if plain else None
 
 
 @dataclass
