@@ -14,8 +14,10 @@
    the kernels ran calls of fewer than 8 rows on one thread. Measured on the 2-core AMD EPYC (AVX512-BF16),
    SmolLM2-135M in bfloat16 after 150 cached tokens, the body of a pass alternated in one process, medians of 11,
    a region a kernel -> one region: 1 token 10.1 -> 7.8 ms, 5 tokens 11.1 -> 8.8, 8 tokens 19.9 -> 12.0 (beside
-   two busy loops on the same 2 cores: 23.1 -> 15.4, 25.0 -> 24.6, 50.0 -> 32.1). The caller gives the residual stream h [M, H] (the embeddings, updated in place), out [M, H] for
-   the final norm's result, and per layer the 12 addresses of ``layers`` (PASS_SLOTS below: the norms, the fused
+   two busy loops on the same 2 cores: 23.1 -> 15.4, 25.0 -> 24.6, 50.0 -> 32.1).
+
+   The caller gives the residual stream h [M, H] (the embeddings, updated in place), out [M, H] for the final
+   norm's result, and per layer the 12 addresses of ``layers`` (PASS_SLOTS below: the norms, the fused
    q/k/v, o, fused gate/up and down weights and their biases or 0, the layer's key and value caches). */
 #include "cpu_kernels.h"
 #include <omp.h>

@@ -36,7 +36,9 @@ def draft_pass(
     the torch runtime's loader)."""
     argmax = getattr(model.lm_head, "argmax", None) if plain else None
     out = packed_forward(model, pool, feeds, keep, hidden=argmax is not None, fast=fast)
-    return out, argmax(out) if argmax is not None else out.argmax(-1).tolist() if plain else None
+    if argmax is not None:
+        return out, argmax(out)
+    return out, out.argmax(-1).tolist() if plain else None
 
 
 @dataclass

@@ -166,7 +166,7 @@ def measure_step_costs(
         flat_rows=int(getattr(t.head, "flat_rows", 0)) if lazy else 0,
         c=med.get("d1", 0.0) / t1,
         body=body,
-        head=med.get("head", 0.0) / t1,
+        head=head_rows.get(1, 0.0),  # one row: the fit's, so that a step is priced on one measurement of it
         target_prefill=med["tp"] / t1,
         draft_prefill=med.get("dp", 0.0) / t1,
     )
