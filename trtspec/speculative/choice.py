@@ -124,6 +124,8 @@ class StepChoice:
         option that gains more tokens than it costs at that rate can still lower the rate the step achieves (a long
         K whose last tokens are rarely accepted)."""
         rate = self.step.base_yield / self.step.t_base
+        if len(seqs) == 1:
+            return [self._best_alone(seqs[0], asks[0], rate)]
         choices: list[Choice] = []
         for _ in range(6):
             choices = self.assign(seqs, asks, rate)
@@ -132,6 +134,19 @@ class StepChoice:
                 break
             rate = achieved
         return choices
+
+    def _best_alone(self, seq: SequenceArms, ask: Ask, plain: float) -> Choice:
+        """One sequence's best choice: its option of the highest ratio (base + E) / (T + extra), if that beats the
+        plain step's rate ``plain`` (and gains more than ``min_gain`` net at it). Dinkelbach's iteration converges to
+        this option, in two to four rounds of pricing every option again; a sequence alone (every step at
+        concurrency 1) is planned in one."""
+        step = self.step
+        best, best_rate = NO_SPECULATION, plain
+        for choice, gain, extra in self.options(seq, ask, step.n_base, 1, ()):
+            r = (step.base_yield + gain) / (step.t_base + extra)
+            if r > best_rate and gain - plain * extra > self.min_gain:
+                best, best_rate = choice, r
+        return best
 
     def rate(self, seqs: Sequence[SequenceArms], choices: Sequence[Choice]) -> float:
         """The expected tokens per second of a step that makes ``choices``."""

@@ -58,6 +58,11 @@ SHAPE_WEIGHT_CAP = 64  # the isotonic fit weighs a size by its passes, up to thi
 STALE_PASSES = 64
 STALE_PASSES_MAX = 1024  # ... doubled after each re-timing that confirmed the size's price, up to this
 CONFIRM_LOG = 0.1  # a re-timed pass within about 10 % of its size's fitted price confirms it
+# Shapes out of order (the fit pools some of them): a size past its weight cap is fitted again once its shape moved
+# this share since the last fit, so the fit stays within it of the full fit (isotonic regression does not move
+# further than its inputs). A pass moves a shape by at most SHAPE_RATE x DRIFT_CLIP (0.5 %) there, and refitting on
+# every one was most of what learning a pass cost.
+REFIT_TOL = 0.01
 
 
 @dataclass
@@ -118,6 +123,7 @@ class PassCosts:
         self._raw: dict[int, float] = {}  # live, per bucket: exp of its log shape
         self._fit: dict[int, float] = {}  # live, per bucket: the isotonic fit of the shape (seconds at drift 1)
         self._ordered = True  # live: the fit is the shapes themselves (they are non-decreasing in size)
+        self._fitted_at: dict[int, float] = {}  # live, per bucket: its shape when the shapes were last fitted
         self._sizes: list[int] = []  # the measured buckets, ascending
         self.scale: float | None = None  # seconds per prior unit
         self.anchored: dict[int, float] = {}  # per size: the controlled measurement's fit (empty: live)
@@ -178,7 +184,8 @@ class PassCosts:
         drift = self._drift_of
         last = self._last_seen.get(b)
         window = self._stale_after.get(b, STALE_PASSES)
-        if last is not None and self._observed - last > window:
+        retimed = last is not None and self._observed - last > window
+        if retimed:
             # Measured anew after a long while: its old passes may all come from one slow stretch (a size the
             # policy then stopped choosing, for the price they gave it), so this pass counts as much as they do.
             # Where it finds the size at its price, the size is dear in fact: it waits twice as long to be re-timed.
@@ -198,15 +205,16 @@ class PassCosts:
             n = self._passes[b] = self._passes[b] + 1
             drift.log += DRIFT_RATE * residual
             self._log_shape[b] = shape + max(SHAPE_RATE, 1.0 / n) * residual
-        self._refit(b, shape is None)
+        self._refit(b, shape is None, reweighted=retimed)
         ratio = seconds / max(1e-12, float(self.prior(size)))
         self.scale = ratio if self.scale is None else self.scale + self.alpha * (ratio - self.scale)
 
-    def _refit(self, b: int, new: bool) -> None:
-        """The isotonic fit after bucket ``b``'s shape moved (``new``: its first pass). Where the shapes were in
-        order and ``b``'s still is between its neighbours', the fit is the shapes themselves and only ``b`` moves
-        (every pass of every step comes here: the full fit over a dozen buckets was a third of the policy's time
-        per step at batch 1)."""
+    def _refit(self, b: int, new: bool, reweighted: bool = False) -> None:
+        """The isotonic fit after bucket ``b``'s shape moved (``new``: its first pass; ``reweighted``: its weight
+        changed). Where the shapes were in order and ``b``'s still is between its neighbours', the fit is the shapes
+        themselves and only ``b`` moves; out of order, the fit is made again once ``b`` moved by REFIT_TOL (every
+        pass of every step comes here: the full fit over a dozen buckets was a third of the policy's time per step
+        at batch 1)."""
         value = self._raw[b] = math.exp(self._log_shape[b])
         if new:
             self._sizes = sorted(self._raw)
@@ -217,10 +225,17 @@ class PassCosts:
             if below <= value <= above:
                 self._fit[b] = value
                 return
+        elif (
+            not reweighted
+            and self._passes[b] > SHAPE_WEIGHT_CAP  # its weight has not changed since the last fit
+            and abs(value - self._fitted_at.get(b, 0.0)) <= REFIT_TOL * value
+        ):
+            return
         # weighted by the passes behind each estimate: a size chosen rarely (one noisy pass) must not pull the sizes
         # chosen every step up to itself (measured: K 1 and K 2 chosen a few times at 41 and 51 ms pooled K 3 and 4's
         # 33 ms up to 40, and the policy then stepped aside on a fifth of its steps)
         self._fit = isotonic(self._raw, {k: float(min(SHAPE_WEIGHT_CAP, n)) for k, n in self._passes.items()})
+        self._fitted_at = dict(self._raw)
         self._ordered = all(self._fit[k] == self._raw[k] for k in self._sizes)
 
     def measured(self, size: int, within: int | None = None) -> bool:
