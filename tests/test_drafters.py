@@ -8,7 +8,7 @@ import pytest
 
 from trtspec.speculative.drafters import DrafterKind, Proposal
 from trtspec.speculative.drafters.hybrid import HybridRule
-from trtspec.speculative.drafters.ngram import NgramDrafter, NgramPool, prompt_lookup, read_pool_meta
+from trtspec.speculative.drafters.ngram import NgramDrafter, NgramPool, PromptIndex, prompt_lookup, read_pool_meta
 
 
 def test_prompt_lookup_takes_the_longest_suffix_and_its_latest_occurrence():
@@ -41,6 +41,27 @@ def test_prompt_lookup_equals_its_definition_on_random_contexts():
         k, max_match, min_match = int(rng.integers(0, 7)), int(rng.integers(1, 7)), int(rng.integers(1, 4))
         want = _lookup_by_windows(ctx, k, max_match, min_match) if len(ctx) >= 2 and k > 0 else Proposal()
         assert prompt_lookup(ctx, k, max_match, min_match) == want, (ctx, k, max_match, min_match)
+
+
+def test_the_incremental_prompt_index_answers_as_prompt_lookup_as_its_sequence_grows():
+    """The engine's per-job index must propose what prompt lookup over the whole context proposes, step after step
+    as tokens are committed (one to five at a time), and start over on a context that is shorter or differs at the
+    last position it indexed (its guard: an engine job's history only grows)."""
+    rng = np.random.default_rng(1)
+    for _ in range(300):
+        vocab = int(rng.choice([2, 3, 6, 40]))
+        max_match, min_match = int(rng.integers(1, 6)), int(rng.integers(1, 4))
+        index = PromptIndex(max_match)
+        ctx: list[int] = []
+        for _step in range(int(rng.integers(1, 30))):
+            ctx += [int(t) for t in rng.integers(0, vocab, size=int(rng.integers(1, 6)))]
+            k = int(rng.integers(0, 6))
+            assert index.lookup(ctx, k, min_match) == prompt_lookup(ctx, k, max_match, min_match), ctx
+        # not the indexed sequence grown: shorter, or another token at the last position indexed
+        shorter = ctx[: int(rng.integers(0, len(ctx)))]
+        changed = ctx[:-2] + [vocab] + ctx[-1:] + [int(t) for t in rng.integers(0, vocab, size=3)]
+        for other in (shorter, changed):
+            assert index.lookup(other, 4, min_match) == prompt_lookup(other, 4, max_match, min_match), (ctx, other)
 
 
 def test_the_pool_s_lookup_hash_is_its_tables_hash():

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trtspec.speculative.drafters import DrafterKind, Proposal, StatelessLocalDrafter, finish_proposals, in_vocab
-from trtspec.speculative.drafters.ngram import NgramDrafter
+from trtspec.speculative.drafters.ngram import JobIndexes, NgramDrafter, PromptIndex
 
 HYBRID_MIN_MATCH = 2
 HYBRID_MODEL_K = 3
@@ -39,8 +39,9 @@ class HybridRule(StatelessLocalDrafter):
         self.min_match = min_match
         self.model_k = model_k
 
-    def choose(self, context: Sequence[int], k: int) -> Choice:
-        proposal = self.ngram.propose(context, k)
+    def choose(self, context: Sequence[int], k: int, index: PromptIndex | None = None) -> Choice:
+        """What to do after ``context`` (``index``: its prompt-lookup index, trtspec.speculative.drafters.ngram)."""
+        proposal = self.ngram.propose(context, k, index)
         if proposal.tokens and proposal.match_len >= self.min_match:
             return Choice(DrafterKind.NGRAM, len(proposal.tokens), proposal)
         return Choice(DrafterKind.MODEL, min(k, self.model_k))
@@ -68,6 +69,7 @@ class HybridEngineDrafter:
         self.ngram_steps = 0
         self.model_steps = 0
         self._by_model: set[int] = set()  # ids of the jobs whose proposals this step are the model's
+        self.indexes = JobIndexes(rule.ngram.max_match)
 
     @property
     def passes(self) -> int:
@@ -79,9 +81,11 @@ class HybridEngineDrafter:
 
     def admit(self, job: Any) -> None:
         self.model.admit(job)
+        self.indexes.track(job)
 
     def release(self, job: Any, keep: bool = True) -> None:
         self._by_model.discard(id(job))
+        self.indexes.untrack(job)
         self.model.release(job, keep)
 
     def propose(self, jobs: list[Any], ks: list[int], batch_tokens: int = 0, batch_seqs: int = 0) -> list[Proposal]:
@@ -89,7 +93,7 @@ class HybridEngineDrafter:
         out: list[Proposal] = [Proposal() for _ in jobs]
         to_model, model_ks = [], []
         for i, (job, k) in enumerate(zip(jobs, ks)):
-            choice = self.rule.choose(job.history(), k)
+            choice = self.rule.choose(job.history(), k, self.indexes.of(job))
             tokens = in_vocab(choice.proposal.tokens[:k], self.vocab) if choice.proposal is not None else []
             if choice.kind is DrafterKind.NGRAM and tokens:
                 out[i] = Proposal(tokens)

@@ -246,6 +246,59 @@ def prompt_lookup(context: Sequence[int], k: int, max_match: int = MAX_MATCH, mi
     return Proposal([int(t) for t in ctx[end + 1 : end + 1 + k]], n, "prompt")
 
 
+class PromptIndex:
+    """Prompt lookup over one sequence that only grows (an engine job's history), learned incrementally: every
+    n-gram (1..``max_match`` tokens) mapped to the most recent position it ended at with a token after it. A lookup is
+    then up to ``max_match`` dictionary reads, and each step indexes only its new tokens, where :func:`prompt_lookup`
+    compares over the whole context every step (measured in the engine, one sequence of the workloads: the n-gram
+    proposal was 0.2 ms of a 12 ms step, 1.6 %, about half of it prompt lookup). The answers are
+    :func:`prompt_lookup`'s (tests/test_drafters.py). A context that is not the indexed one grown (shorter, or another
+    token where one was indexed) is indexed anew."""
+
+    def __init__(self, max_match: int = MAX_MATCH) -> None:
+        self.max_match = max_match
+        self._ends: dict[tuple[int, ...], int] = {}  # n-gram -> the last position it ended at, before ``_done``
+        self._done = 0  # positions 0.._done - 1 are indexed as ends
+        self._last = -1  # the token at position _done - 1 when it was indexed
+
+    def lookup(self, context: Sequence[int], k: int, min_match: int = MIN_MATCH) -> Proposal:
+        """:func:`prompt_lookup` (``context``, ``k``, this index's ``max_match``, ``min_match``)."""
+        n_ctx = len(context)
+        if n_ctx < 2 or k <= 0:
+            return Proposal()
+        done, ends, top = self._done, self._ends, self.max_match
+        if done > n_ctx - 1 or (done and context[done - 1] != self._last):
+            ends.clear()
+            done = 0
+        for e in range(done, n_ctx - 1):  # every position with a token after it ends an n-gram for each n
+            for n in range(1, min(top, e + 1) + 1):
+                ends[tuple(context[e - n + 1 : e + 1])] = e
+        self._done, self._last = n_ctx - 1, context[n_ctx - 2]
+        for n in range(min(top, n_ctx - 1), max(1, min_match) - 1, -1):
+            end = ends.get(tuple(context[n_ctx - n :]))
+            if end is not None:
+                return Proposal([int(t) for t in context[end + 1 : end + 1 + k]], n, "prompt")
+        return Proposal()
+
+
+class JobIndexes:
+    """The :class:`PromptIndex` of each engine job's history (which only grows), from its admission to its release."""
+
+    def __init__(self, max_match: int = MAX_MATCH) -> None:
+        self.max_match = max_match
+        self._of: dict[int, PromptIndex] = {}
+
+    def track(self, job: Any) -> None:
+        self._of[id(job)] = PromptIndex(self.max_match)
+
+    def untrack(self, job: Any) -> None:
+        self._of.pop(id(job), None)
+
+    def of(self, job: Any) -> PromptIndex | None:
+        """``job``'s index (None for a job not tracked, or None)."""
+        return self._of.get(id(job)) if job is not None else None
+
+
 class NgramDrafter(StatelessLocalDrafter):
     """Prompt lookup over the request's tokens, else (or for a longer match) the pool; the pool extends a short
     prompt-lookup continuation to ``k`` tokens. Draft cost: a few array lookups per step."""
@@ -262,10 +315,17 @@ class NgramDrafter(StatelessLocalDrafter):
         self.min_match = min_match
         self.use_prompt = use_prompt
 
-    def propose(self, context: Sequence[int], k: int) -> Proposal:
+    def propose(self, context: Sequence[int], k: int, index: PromptIndex | None = None) -> Proposal:
+        """Up to ``k`` tokens after ``context`` (``index``: that context's :class:`PromptIndex`, which then answers
+        the prompt lookup)."""
         if k <= 0 or not context:
             return Proposal()
-        local = prompt_lookup(context, k, self.max_match, self.min_match) if self.use_prompt else Proposal()
+        local = Proposal()
+        if self.use_prompt:
+            if index is not None:
+                local = index.lookup(context, k, self.min_match)
+            else:
+                local = prompt_lookup(context, k, self.max_match, self.min_match)
         # the pool's chain only where it could win: a longer match than the prompt's, or the prompt has none
         pooled = Proposal()
         if self.pool is not None and (local.match_len < self.pool.max_match or not local.tokens):
@@ -294,6 +354,7 @@ class NgramEngineDrafter:
         self.vocab = vocab
         self.passes = 0
         self.proposals = 0  # proposals with at least one token
+        self.indexes = JobIndexes(ngram.max_match)
 
     @property
     def free(self) -> int:
@@ -301,20 +362,23 @@ class NgramEngineDrafter:
 
     def admit(self, job: Any) -> None:
         job.draft_state = self.kind
+        self.indexes.track(job)
 
     def release(self, job: Any, keep: bool = True) -> None:
         job.draft_state = None
+        self.indexes.untrack(job)
 
     def propose(self, jobs: list[Any], ks: list[int], batch_tokens: int = 0, batch_seqs: int = 0) -> list[Proposal]:
         t0 = time.perf_counter()
-        out = [self.propose_one(job.history(), k) for job, k in zip(jobs, ks)]
+        out = [self.propose_one(job.history(), k, job) for job, k in zip(jobs, ks)]
         dt = time.perf_counter() - t0
         for job in jobs:
             job.stats.draft_s += dt
         return out
 
-    def propose_one(self, history: Sequence[int], k: int) -> Proposal:
-        found = self.ngram.propose(history, k)
+    def propose_one(self, history: Sequence[int], k: int, job: Any = None) -> Proposal:
+        """The n-gram proposal after ``history`` (``job``: the tracked job it is the history of)."""
+        found = self.ngram.propose(history, k, self.indexes.of(job))
         tokens = in_vocab(found.tokens[:k], self.vocab)
         self.proposals += bool(tokens)
         return Proposal(tokens, found.match_len, found.source)
