@@ -72,7 +72,7 @@ class ModelDrafter:
     def lag(self, job: Job) -> int:
         """Tokens of the job's sequence the draft's cache lacks before it can draft (all of them before admission)."""
         state = job.draft_state
-        return len(state.pending) if isinstance(state, _DraftState) else len(job.history())
+        return len(state.pending) if isinstance(state, _DraftState) else job.length
 
     def release(self, job: Job, keep: bool = True) -> None:
         state: _DraftState | None = job.draft_state

@@ -250,7 +250,7 @@ class InflightEngine:
                     q = logits_to_probs(job.draft_logits[: len(job.draft)].to(self.device).float(), job.sampling)
                 out[i] = Proposal(list(job.draft or []), q=q)
                 continue
-            room = self.pool.capacity - len(job.history())
+            room = self.pool.capacity - job.length
             k = min(job.num_draft_tokens, job.max_new - len(job.out) - 1, room - 1)
             if k > 0 and job.draft_state is not None:
                 asking.append(i)

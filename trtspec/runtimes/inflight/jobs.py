@@ -64,6 +64,11 @@ class Job:
     def history(self) -> list[int]:
         return self.tokens + self.out
 
+    @property
+    def length(self) -> int:
+        """len(history()), without building it."""
+        return len(self.tokens) + len(self.out)
+
     def end_ids(self) -> list[int]:
         """The tokens that end the sequence by themselves: end_id and one-token stop words. Before
         ``sampling.min_tokens`` tokens they are banned (and longer stop words not matched): nothing ends it sooner."""
