@@ -64,6 +64,23 @@ def test_the_incremental_prompt_index_answers_as_prompt_lookup_as_its_sequence_g
             assert index.lookup(other, 4, min_match) == prompt_lookup(other, 4, max_match, min_match), (ctx, other)
 
 
+def test_the_bls_drafters_keep_a_prompt_index_per_request_and_plan_as_without_it():
+    """The BLS orchestrator's n-gram, hybrid and adaptive drafters keep a request's prompt-lookup index in its state;
+    their plans step by step are those made without one."""
+    from trtspec.speculative.drafters.adaptive import AdaptiveLocalDrafter
+
+    pool = NgramPool.from_sequences([[1, 2, 3, 4, 5, 6], [2, 3, 7]], vocab_size=10, max_match=3)
+    rng = np.random.default_rng(2)
+    for drafter in (NgramDrafter(pool), HybridRule(NgramDrafter(pool), min_match=1)):
+        state = drafter.new_state()
+        assert isinstance(state, PromptIndex)
+        seq: list[int] = []
+        for _ in range(60):
+            seq += [int(t) for t in rng.integers(0, 8, size=int(rng.integers(1, 4)))]
+            assert drafter.plan(state, seq, 4) == drafter.plan(None, seq, 4), seq
+    assert isinstance(AdaptiveLocalDrafter(NgramDrafter(pool), has_model=False).new_state().index, PromptIndex)
+
+
 def test_the_pool_s_lookup_hash_is_its_tables_hash():
     """Lookups hash in Python integers, the tables in numpy's uint64 arithmetic: the values must agree (mod 2**64),
     or the pool would find nothing."""

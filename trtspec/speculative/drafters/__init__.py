@@ -145,10 +145,11 @@ class LocalDrafter(Protocol):
 
 
 class StatelessLocalDrafter:
-    """A ``LocalDrafter`` that keeps nothing per request and learns nothing (n-grams, the hybrid's rule): only
-    ``plan`` is its own; a step it proposes nothing for is one plain target step, then it looks again."""
+    """A ``LocalDrafter`` that learns nothing (n-grams, the hybrid's rule): ``plan`` is its own, and ``new_state``
+    where it keeps something per request (the n-grams' prompt-lookup index); a step it proposes nothing for is one
+    plain target step, then it looks again."""
 
-    def new_state(self, sampling: Any = None) -> None:
+    def new_state(self, sampling: Any = None) -> Any:
         return None
 
     def plain_run(self, state: Any) -> int:

@@ -58,7 +58,7 @@ from trtspec.speculative.adaptive import AdaptivePolicy
 from trtspec.speculative.arms import MODEL, NGRAM, SequenceArms
 from trtspec.speculative.choice import NO_SPECULATION, Ask, OtherSequences
 from trtspec.speculative.drafters import UNLIMITED, DrafterKind, Proposal, finish_proposals
-from trtspec.speculative.drafters.ngram import NgramDrafter, NgramEngineDrafter
+from trtspec.speculative.drafters.ngram import NgramDrafter, NgramEngineDrafter, PromptIndex
 from trtspec.speculative.gate import RealizedGate
 
 
@@ -233,6 +233,7 @@ class LocalSequence(SequenceArms):
     quiet: int = 0  # plans in a row that did not speculate
     run: int = 1  # the tokens this step's target call generates when it does not speculate (a plain stretch)
     verdict_at: float = 0.0  # perf_counter at its last verdict (0: none yet)
+    index: PromptIndex | None = None  # its sequence's prompt-lookup index (trtspec.speculative.drafters.ngram)
 
 
 class AdaptiveLocalDrafter:
@@ -277,7 +278,7 @@ class AdaptiveLocalDrafter:
         return len(self._live)
 
     def new_state(self, sampling: Any = None) -> LocalSequence:
-        state = LocalSequence(reproducible=_reproducible(sampling), feed=0)
+        state = LocalSequence(reproducible=_reproducible(sampling), feed=0, index=self.ngram.new_state())
         self._live[id(state)] = state
         return state
 
@@ -304,7 +305,7 @@ class AdaptiveLocalDrafter:
             tokens: list[int] = []
             choice = NO_SPECULATION
         else:
-            p = self.ngram.propose(seq, k)
+            p = self.ngram.propose(seq, k, state.index)
             tokens = list(p.tokens[:k])
             ask = Ask(k, tokens, p.match_len, self.has_model, own)
             (choice,) = self.policy.plan([state], [ask], batch_seqs=others.seqs + 1, others=others)

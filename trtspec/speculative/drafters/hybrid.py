@@ -47,9 +47,12 @@ class HybridRule(StatelessLocalDrafter):
         return Choice(DrafterKind.MODEL, min(k, self.model_k))
 
     # -- as the BLS orchestrator's drafter (trtspec.speculative.drafters.LocalDrafter) ---------------------------
+    def new_state(self, sampling: Any = None) -> PromptIndex | None:
+        return self.ngram.new_state(sampling)
+
     def plan(self, state: Any, seq: Sequence[int], k: int) -> tuple[list[int] | None, int]:
         """(n-gram tokens, 0) on a confident match, else (None, how many tokens to ask the draft engine for)."""
-        choice = self.choose(seq, k)
+        choice = self.choose(seq, k, state if isinstance(state, PromptIndex) else None)
         if choice.kind is DrafterKind.NGRAM and choice.proposal is not None:
             return choice.proposal.tokens[:k], 0
         return None, min(choice.k, k)

@@ -338,9 +338,13 @@ class NgramDrafter(StatelessLocalDrafter):
         return local if local.tokens else pooled
 
     # -- as the BLS orchestrator's drafter (trtspec.speculative.drafters.LocalDrafter) ---------------------------
+    def new_state(self, sampling: Any = None) -> PromptIndex | None:
+        """A request's prompt-lookup index (its sequence only grows from step to step)."""
+        return PromptIndex(self.max_match) if self.use_prompt else None
+
     def plan(self, state: Any, seq: Sequence[int], k: int) -> tuple[list[int] | None, int]:
         """This step's n-gram tokens (possibly none: the target steps alone); the draft engine is never asked."""
-        return self.propose(seq, k).tokens[:k], 0
+        return self.propose(seq, k, state if isinstance(state, PromptIndex) else None).tokens[:k], 0
 
 
 class NgramEngineDrafter:
