@@ -144,7 +144,7 @@ class AdaptiveEngineDrafter:
         if shared and batch > 1 and not self.gate.allows(batch):
             self.policy.record_plain(len(jobs))  # speculating has not paid at this batch size, as realized
             return [Proposal() for _ in jobs]
-        found = [self.ngram.propose_one(job.history(), k, job) for job, k in zip(jobs, ks)]
+        found = [self.ngram.propose_one(job, k) for job, k in zip(jobs, ks)]
         ready = [self._model_ready(job) for job in jobs]
         asks = [
             Ask(k, p.tokens, p.match_len, r, max(1, len(job.pending)), self.model.lag(job) if r else 0)

@@ -52,7 +52,7 @@ class HybridRule(StatelessLocalDrafter):
 
     def plan(self, state: Any, seq: Sequence[int], k: int) -> tuple[list[int] | None, int]:
         """(n-gram tokens, 0) on a confident match, else (None, how many tokens to ask the draft engine for)."""
-        choice = self.choose(seq, k, state if isinstance(state, PromptIndex) else None)
+        choice = self.choose(seq, k, state)  # state: new_state's index, or None
         if choice.kind is DrafterKind.NGRAM and choice.proposal is not None:
             return choice.proposal.tokens[:k], 0
         return None, min(choice.k, k)

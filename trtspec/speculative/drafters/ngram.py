@@ -295,8 +295,8 @@ class JobIndexes:
         self._of.pop(id(job), None)
 
     def of(self, job: Any) -> PromptIndex | None:
-        """``job``'s index (None for a job not tracked, or None)."""
-        return self._of.get(id(job)) if job is not None else None
+        """``job``'s index (None for a job not tracked)."""
+        return self._of.get(id(job))
 
 
 class NgramDrafter(StatelessLocalDrafter):
@@ -320,12 +320,12 @@ class NgramDrafter(StatelessLocalDrafter):
         the prompt lookup)."""
         if k <= 0 or not context:
             return Proposal()
-        local = Proposal()
-        if self.use_prompt:
-            if index is not None:
-                local = index.lookup(context, k, self.min_match)
-            else:
-                local = prompt_lookup(context, k, self.max_match, self.min_match)
+        if not self.use_prompt:
+            local = Proposal()
+        elif index is not None:
+            local = index.lookup(context, k, self.min_match)
+        else:
+            local = prompt_lookup(context, k, self.max_match, self.min_match)
         # the pool's chain only where it could win: a longer match than the prompt's, or the prompt has none
         pooled = Proposal()
         if self.pool is not None and (local.match_len < self.pool.max_match or not local.tokens):
@@ -344,7 +344,7 @@ class NgramDrafter(StatelessLocalDrafter):
 
     def plan(self, state: Any, seq: Sequence[int], k: int) -> tuple[list[int] | None, int]:
         """This step's n-gram tokens (possibly none: the target steps alone); the draft engine is never asked."""
-        return self.propose(seq, k, state if isinstance(state, PromptIndex) else None).tokens[:k], 0
+        return self.propose(seq, k, state).tokens[:k], 0  # state: new_state's index, or None
 
 
 class NgramEngineDrafter:
@@ -374,15 +374,15 @@ class NgramEngineDrafter:
 
     def propose(self, jobs: list[Any], ks: list[int], batch_tokens: int = 0, batch_seqs: int = 0) -> list[Proposal]:
         t0 = time.perf_counter()
-        out = [self.propose_one(job.history(), k, job) for job, k in zip(jobs, ks)]
+        out = [self.propose_one(job, k) for job, k in zip(jobs, ks)]
         dt = time.perf_counter() - t0
         for job in jobs:
             job.stats.draft_s += dt
         return out
 
-    def propose_one(self, history: Sequence[int], k: int, job: Any = None) -> Proposal:
-        """The n-gram proposal after ``history`` (``job``: the tracked job it is the history of)."""
-        found = self.ngram.propose(history, k, self.indexes.of(job))
+    def propose_one(self, job: Any, k: int) -> Proposal:
+        """The n-gram proposal after ``job``'s history (through its index when the job is tracked)."""
+        found = self.ngram.propose(job.history(), k, self.indexes.of(job))
         tokens = in_vocab(found.tokens[:k], self.vocab)
         self.proposals += bool(tokens)
         return Proposal(tokens, found.match_len, found.source)
